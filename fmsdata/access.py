@@ -1,0 +1,131 @@
+"""Per-worker access to shard files: local paths, open readers, document counts.
+
+Created lazily inside each DataLoader worker (never pickled with the dataset). Readers are
+kept in one least-recently-used cache shared by every stream of the worker, so a stream's
+current file and the files its buffered lines point into stay open, and the number of
+open files stays bounded.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fmsdata.catalog import Catalog, DatasetFiles
+from fmsdata.errors import ShardFormatError
+from fmsdata.handlers.base import FileHandler
+from fmsdata.stages.documents import Decoration
+
+__all__ = ["ReaderCache", "DatasetAccess", "make_accesses"]
+
+
+class ReaderCache:
+    """Open readers by key, closing the least recently used beyond ``capacity``."""
+
+    def __init__(self, capacity: int):
+        self.capacity = max(1, capacity)
+        self._open: collections.OrderedDict[Any, tuple[FileHandler, Any]] = collections.OrderedDict()
+
+    def get(self, key: Any, handler: FileHandler, path_of: Callable[[Any], str]) -> Any:
+        """The reader for ``key``, opening ``path_of(key)`` with ``handler`` if needed."""
+        entry = self._open.get(key)
+        if entry is not None:
+            self._open.move_to_end(key)
+            return entry[1]
+        reader = handler.open(path_of(key))
+        self._open[key] = (handler, reader)
+        while len(self._open) > self.capacity:
+            _, (old_handler, old_reader) = self._open.popitem(last=False)
+            old_handler.close(old_reader)
+        return reader
+
+    def close(self) -> None:
+        while self._open:
+            _, (handler, reader) = self._open.popitem()
+            handler.close(reader)
+
+
+class DatasetAccess:
+    """One dataset's files as the streams and the line writer of a worker see them.
+
+    Args:
+        index: Position of the dataset in the config (the ``ds`` field of spans).
+        files: The dataset's file list and known counts.
+        handler: Format handler.
+        local_path: Maps a root-relative path to a local file path (downloading if remote).
+        readers: The worker's shared reader cache.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        files: DatasetFiles,
+        handler: FileHandler,
+        local_path: Callable[[str], str],
+        readers: ReaderCache,
+    ):
+        self.index = index
+        self.files = files
+        self.name = files.name
+        self.handler = handler
+        self._local_path = local_path
+        self._readers = readers
+        self._counts = files.docs.copy()
+
+    @property
+    def num_files(self) -> int:
+        return len(self.files.paths)
+
+    def path(self, file: int) -> str:
+        return self.files.paths[file]
+
+    def reader(self, file: int) -> Any:
+        return self._readers.get((self.index, file), self.handler, self._path_of)
+
+    def _path_of(self, key: tuple[int, int]) -> str:
+        return self._local_path(self.files.paths[key[1]])
+
+    def doc_count(self, file: int) -> int:
+        """Documents in a file: from the counts metadata, else by opening it (once)."""
+        n = int(self._counts[file])
+        if n < 0:
+            n = self.handler.num_docs(self.reader(file))
+            self._counts[file] = n
+        return n
+
+    def measure(
+        self, file: int, docs: np.ndarray, decoration: Decoration
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """Raw length, tokens stripped at start and at end, and start in the file's flat
+        token buffer (None when the format has none) of the given documents."""
+        reader = self.reader(file)
+        n = self.handler.num_docs(reader)
+        if n != self.doc_count(file):
+            raise ShardFormatError(
+                f"{self.files.paths[file]}: holds {n} documents but the counts metadata says "
+                f"{int(self._counts[file])}; run `fmsdata index` again"
+            )
+        buffer = self.handler.token_buffer(reader)
+        if buffer is not None:
+            flat, all_starts, all_lengths = buffer
+            starts, lengths = all_starts[docs], all_lengths[docs]
+        else:
+            starts = None
+            lengths = np.asarray(self.handler.doc_lengths(reader, docs), dtype=np.int64)
+        if decoration.strip:
+            first, last = self.handler.doc_edges(reader, docs)
+            lead, trail = decoration.strip_amounts(lengths, first, last)
+        else:
+            lead = trail = np.zeros(len(docs), dtype=np.int64)
+        return lengths, lead, trail, starts
+
+
+def make_accesses(
+    catalog: Catalog, handler: FileHandler, local_path: Callable[[str], str], readers: ReaderCache
+) -> list[DatasetAccess]:
+    return [
+        DatasetAccess(i, files, handler, local_path, readers) for i, files in enumerate(catalog.datasets)
+    ]

@@ -1,0 +1,203 @@
+"""What a data root holds: its datasets, their shard files, and per-file counts.
+
+A data root (local path or fsspec URL) has one folder per dataset, each holding shard
+files, possibly nested. ``meta/*counts*.csv`` (header ``dataset/filename,documents,tokens``,
+the layout of the Bamba release) gives document counts without opening files; files it
+does not list are counted by opening them, lazily and only where a logical shard needs them.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import logging
+import posixpath
+from collections.abc import Sequence
+
+import fsspec
+import numpy as np
+
+from fmsdata.errors import ConfigError, EmptyDatasetError, ShardFormatError
+from fmsdata.handlers.base import FileHandler
+
+__all__ = ["DatasetFiles", "Catalog", "discover", "read_counts", "COUNTS_HEADER"]
+
+logger = logging.getLogger(__name__)
+
+COUNTS_HEADER = ("dataset/filename", "documents", "tokens")
+META_DIR = "meta"
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetFiles:
+    """The shard files of one dataset, in a fixed (sorted) order.
+
+    Attributes:
+        name: Folder name of the dataset under the root.
+        paths: File paths relative to the root (``name/sub/shard.arrow``), sorted.
+        sizes: Byte size of each file as listed.
+        docs: Document count per file from the counts metadata, -1 where unknown.
+    """
+
+    name: str
+    paths: tuple[str, ...]
+    sizes: np.ndarray
+    docs: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+@dataclasses.dataclass(frozen=True)
+class Catalog:
+    """Datasets of a root, in the order the config names them."""
+
+    root: str
+    datasets: tuple[DatasetFiles, ...]
+
+    def url(self, relative: str) -> str:
+        """Full path or URL of a file given relative to the root."""
+        return posixpath.join(self.root.rstrip("/"), relative)
+
+    def dataset(self, name: str) -> DatasetFiles:
+        for ds in self.datasets:
+            if ds.name == name:
+                return ds
+        raise KeyError(name)
+
+    def fingerprint(self) -> str:
+        """Hash of every dataset's file list and sizes: changes when the data changes."""
+        digest = hashlib.blake2b(digest_size=12)
+        for ds in self.datasets:
+            digest.update(ds.name.encode() + b"\0")
+            for path, size in zip(ds.paths, ds.sizes.tolist()):
+                digest.update(f"{path}\0{size}\0".encode())
+        return digest.hexdigest()
+
+
+def _split_root(root: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    fs, path = fsspec.core.url_to_fs(root)
+    return fs, path.rstrip("/")
+
+
+def read_counts(root: str, names: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Counts metadata of a root: ``{"dataset/rel/path": (documents, tokens)}``.
+
+    Reads every ``meta/*counts*.csv``. Paths in the file are relative to the root with an
+    optional leading slash; a row whose path does not start with a known dataset folder
+    is matched at the first ``/<dataset>/`` component (older releases prefix the root name).
+    """
+    fs, base = _split_root(root)
+    meta = f"{base}/{META_DIR}"
+    try:
+        candidates = sorted(p for p in fs.ls(meta, detail=False) if "counts" in posixpath.basename(p))
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    counts: dict[str, tuple[int, int]] = {}
+    for path in candidates:
+        if not path.endswith(".csv"):
+            continue
+        with fs.open(path, "rb") as raw:
+            text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+            reader = csv.reader(text)
+            header = next(reader, None)
+            if header is None or tuple(h.strip() for h in header[:3]) != COUNTS_HEADER:
+                raise ShardFormatError(
+                    f"{path}: counts header must be {','.join(COUNTS_HEADER)}, got {header!r}"
+                )
+            for line_no, row in enumerate(reader, start=2):
+                if not row:
+                    continue
+                if len(row) < 3:
+                    raise ShardFormatError(f"{path}:{line_no}: expected 3 fields, got {row!r}")
+                key = _normalize_count_path(row[0], names)
+                try:
+                    docs, tokens = int(row[1]), int(row[2])
+                except ValueError:
+                    raise ShardFormatError(
+                        f"{path}:{line_no}: documents and tokens must be integers, got {row!r}"
+                    ) from None
+                if docs < 0 or tokens < 0:
+                    raise ShardFormatError(f"{path}:{line_no}: negative count in {row!r}")
+                counts[key] = (docs, tokens)
+    return counts
+
+
+def _normalize_count_path(path: str, names: Sequence[str]) -> str:
+    key = path.strip().lstrip("/")
+    if any(key.startswith(name + "/") for name in names):
+        return key
+    for name in names:
+        marker = f"/{name}/"
+        where = key.find(marker)
+        if where >= 0:
+            return key[where + 1 :]
+    return key
+
+
+def discover(root: str, datasets: Sequence[str] | None, handler: FileHandler) -> Catalog:
+    """List the datasets and shard files of a root.
+
+    Raises:
+        ConfigError: The root or a named dataset folder does not exist.
+        EmptyDatasetError: A dataset folder holds no file the handler reads.
+    """
+    fs, base = _split_root(root)
+    if not fs.exists(base) or not fs.isdir(base):
+        raise ConfigError(f"data_path {root!r} does not exist or is not a folder")
+    if datasets is None:
+        entries = fs.ls(base, detail=True)
+        names = sorted(
+            posixpath.basename(e["name"].rstrip("/"))
+            for e in entries
+            if e["type"] == "directory" and posixpath.basename(e["name"].rstrip("/")) != META_DIR
+        )
+        if not names:
+            raise EmptyDatasetError(f"data_path {root!r} holds no dataset folder")
+    else:
+        names = list(datasets)
+    counts = read_counts(root, names)
+    found = []
+    for name in names:
+        folder = f"{base}/{name}"
+        if not fs.isdir(folder):
+            available = sorted(
+                posixpath.basename(e.rstrip("/")) for e in fs.ls(base, detail=False)
+            )
+            raise ConfigError(
+                f"dataset {name!r} is not a folder of data_path {root!r}; it holds {available}"
+            )
+        listing = fs.find(folder, detail=True)
+        rel_paths: list[str] = []
+        sizes: list[int] = []
+        for full, info in sorted(listing.items()):
+            if info.get("type") != "file" or not handler.is_legal(full):
+                continue
+            rel_paths.append(full[len(base) + 1 :])
+            sizes.append(int(info.get("size") or 0))
+        if not rel_paths:
+            raise EmptyDatasetError(
+                f"dataset {name!r} ({folder}) holds no {handler.name} shard "
+                f"(looked for files ending in {', '.join(handler.extensions)})"
+            )
+        docs = np.array([counts.get(p, (-1, -1))[0] for p in rel_paths], dtype=np.int64)
+        unknown = int((docs < 0).sum())
+        if counts and unknown:
+            logger.warning(
+                "%d file(s) of dataset %r are missing from the counts metadata and will be "
+                "opened to count them; run `fmsdata index %s` to refresh it",
+                unknown,
+                name,
+                root,
+            )
+        found.append(
+            DatasetFiles(
+                name=name,
+                paths=tuple(rel_paths),
+                sizes=np.array(sizes, dtype=np.int64),
+                docs=docs,
+            )
+        )
+    return Catalog(root=root, datasets=tuple(found))

@@ -1,0 +1,283 @@
+"""The loader configuration: one frozen dataclass, loadable from a dict, YAML or CLI overrides.
+
+Field names follow the fms-fsdp / Bamba training config (``data_path``, ``datasets``,
+``weights``, ``col_name``, ``bos_token`` ...), so an existing config file loads unchanged;
+``datasets``, ``weights`` and ``strip_tokens`` also accept that config's comma strings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import yaml
+
+from fmsdata.errors import ConfigError
+
+__all__ = ["LoaderConfig", "PACKING_MODES", "as_config", "parse_overrides"]
+
+PACKING_MODES = ("hard", "pad")
+
+
+def _split_csv(field: str, value: Any) -> tuple[str, ...] | None:
+    """Accept ``"a,b"``, ``["a", "b"]`` or None; return a tuple of stripped strings."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items = [item.strip() for item in value.split(",")]
+        return tuple(item for item in items if item)
+    if isinstance(value, (list, tuple)):
+        return tuple(str(item).strip() for item in value)
+    raise ConfigError(f"{field} must be a comma string or a list, got {value!r}")
+
+
+def _to_number(field: str, value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{field} must be a {kind.__name__}, got {value!r}")
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{field} must be a {kind.__name__}, got {value!r}") from None
+    if kind is int and isinstance(value, float) and value != number:
+        raise ConfigError(f"{field} must be an integer, got {value!r}")
+    return number
+
+
+def _optional_token(field: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    token = _to_number(field, value, int)
+    if token < 0:
+        raise ConfigError(f"{field} must be a non-negative token id or None, got {value!r}")
+    return token
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """Everything that decides which tokens the loader emits and how it runs.
+
+    Attributes:
+        data_path: Data root (local path or fsspec URL) holding one folder per dataset.
+        datasets: Dataset folder names; None means every folder of the root except ``meta``.
+        weights: Token share of each dataset (any positive scale); None means equal shares.
+        file_type: Shard format name (see ``fmsdata.handlers``).
+        col_name: Token column of Arrow/Parquet shards.
+        seq_length: Tokens per training sequence; packed lines hold ``seq_length + 1``.
+        batch_size: Sequences per batch on this rank.
+        bos_token, eos_token: Added at the start / end of every document when set.
+        bol_token, eol_token: Added at the start / end of every packed line when set.
+        strip_tokens: Token ids removed when found as the first or last token of a document
+            (for data that already carries its own BOS/EOS).
+        packing: ``"hard"`` splits documents to fill every line; ``"pad"`` starts a new
+            line rather than splitting and fills the rest with ``pad_token``.
+        pad_token: Padding token id (required by ``packing="pad"``).
+        min_length: Documents with fewer tokens (after stripping) are skipped and counted.
+        logical_shards: Number of independent streams the data is split into; every world
+            size the run may use must be at most this (and divide it for exact rescaling).
+        shuffle_window: Lines held in the shuffle buffer of each logical shard (0 or 1 = off).
+        seed: Seed of every random order (file walk, document walk, shuffle).
+        num_workers: DataLoader worker processes per rank.
+        prefetch_factor: Batches each worker prepares ahead.
+        pin_memory: Pin batch tensors (for asynchronous host-to-device copies).
+        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None (default).
+        vocab_size: When set, a token id at or above it is an error naming the file.
+        return_position_ids: Add ``position_ids`` restarting at each document.
+        return_cu_seqlens: Add ``cu_seqlens`` and ``max_seqlen`` for varlen attention.
+        open_files: Shard files each worker keeps open at most (least recently used closed);
+            None sizes it from the streams the worker runs.
+    """
+
+    data_path: str
+    datasets: tuple[str, ...] | None = None
+    weights: tuple[float, ...] | None = None
+    file_type: str = "arrow"
+    col_name: str = "tokens"
+    seq_length: int = 4096
+    batch_size: int = 8
+    bos_token: int | None = None
+    eos_token: int | None = None
+    bol_token: int | None = None
+    eol_token: int | None = None
+    strip_tokens: tuple[int, ...] = ()
+    packing: str = "hard"
+    pad_token: int | None = None
+    min_length: int = 1
+    logical_shards: int = 64
+    shuffle_window: int = 160
+    seed: int = 42
+    num_workers: int = 1
+    prefetch_factor: int = 2
+    pin_memory: bool = False
+    multiprocessing_context: str | None = None
+    vocab_size: int | None = None
+    return_position_ids: bool = False
+    return_cu_seqlens: bool = False
+    open_files: int | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if not isinstance(self.data_path, (str, os.PathLike)) or not str(self.data_path):
+            raise ConfigError(f"data_path must be a non-empty path or URL, got {self.data_path!r}")
+        set_(self, "data_path", os.fspath(self.data_path))
+
+        datasets = _split_csv("datasets", self.datasets)
+        if datasets is not None:
+            if not datasets or any(not name for name in datasets):
+                raise ConfigError(f"datasets must name at least one folder, got {self.datasets!r}")
+            if len(set(datasets)) != len(datasets):
+                raise ConfigError(f"datasets lists a folder twice: {self.datasets!r}")
+        set_(self, "datasets", datasets)
+
+        weights = _split_csv("weights", self.weights)
+        if weights is not None:
+            numbers = tuple(_to_number("weights", w, float) for w in weights)
+            if any(not (w > 0 and w != float("inf")) for w in numbers):
+                raise ConfigError(f"weights must be positive and finite, got {self.weights!r}")
+            if datasets is None:
+                raise ConfigError("weights need datasets: name the folders the weights belong to")
+            if len(numbers) != len(datasets):
+                raise ConfigError(
+                    f"weights has {len(numbers)} entries but datasets has {len(datasets)}: "
+                    f"{self.weights!r} for {datasets!r}"
+                )
+            set_(self, "weights", numbers)
+
+        strip = _split_csv("strip_tokens", self.strip_tokens) or ()
+        set_(self, "strip_tokens", tuple(_optional_token("strip_tokens", t) for t in strip))
+
+        for name in ("bos_token", "eos_token", "bol_token", "eol_token", "pad_token"):
+            set_(self, name, _optional_token(name, getattr(self, name)))
+        positive = ("seq_length", "batch_size", "logical_shards", "prefetch_factor")
+        for name in positive:
+            value = _to_number(name, getattr(self, name), int)
+            if value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+            set_(self, name, value)
+        for name in ("min_length", "shuffle_window", "num_workers", "seed"):
+            value = _to_number(name, getattr(self, name), int)
+            if value < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+            set_(self, name, value)
+        if self.open_files is not None:
+            files = _to_number("open_files", self.open_files, int)
+            if files < 1:
+                raise ConfigError(f"open_files must be a positive integer or None, got {self.open_files!r}")
+            set_(self, "open_files", files)
+        if self.vocab_size is not None:
+            vocab = _to_number("vocab_size", self.vocab_size, int)
+            if vocab < 1:
+                raise ConfigError(f"vocab_size must be positive or None, got {self.vocab_size!r}")
+            set_(self, "vocab_size", vocab)
+            for name in ("bos_token", "eos_token", "bol_token", "eol_token", "pad_token"):
+                token = getattr(self, name)
+                if token is not None and token >= vocab:
+                    raise ConfigError(f"{name}={token} is outside vocab_size={vocab}")
+
+        if self.packing not in PACKING_MODES:
+            raise ConfigError(f"packing must be one of {PACKING_MODES}, got {self.packing!r}")
+        if self.packing == "pad" and self.pad_token is None:
+            raise ConfigError("packing='pad' needs pad_token, got pad_token=None")
+        if self.content_capacity < 1:
+            raise ConfigError(
+                f"seq_length={self.seq_length} leaves no room for document tokens "
+                "between bol_token and eol_token"
+            )
+        if self.multiprocessing_context not in (None, "fork", "spawn", "forkserver"):
+            raise ConfigError(
+                "multiprocessing_context must be fork, spawn, forkserver or None, "
+                f"got {self.multiprocessing_context!r}"
+            )
+        if not isinstance(self.file_type, str) or not self.file_type:
+            raise ConfigError(f"file_type must be a format name, got {self.file_type!r}")
+        for name in ("pin_memory", "return_position_ids", "return_cu_seqlens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    @property
+    def line_length(self) -> int:
+        """Tokens in one packed line: one more than ``seq_length`` for the causal shift."""
+        return self.seq_length + 1
+
+    @property
+    def content_capacity(self) -> int:
+        """Document tokens that fit in one line after the line delimiters."""
+        return self.line_length - (self.bol_token is not None) - (self.eol_token is not None)
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> LoaderConfig:
+        """Build from a mapping; unknown keys are an error naming them."""
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"a loader config must be a mapping, got {type(values).__name__}")
+        unknown = sorted(set(values) - set(cls.field_names()))
+        if unknown:
+            raise ConfigError(
+                f"unknown config field(s) {unknown}; known fields: {', '.join(cls.field_names())}"
+            )
+        if "data_path" not in values:
+            raise ConfigError("config field data_path is required")
+        return cls(**dict(values))
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str], overrides: Iterable[str] = ()) -> LoaderConfig:
+        """Read a YAML file (optionally under a top-level ``data:`` key) and apply overrides."""
+        try:
+            with open(path, encoding="utf-8") as handle:
+                values = yaml.safe_load(handle) or {}
+        except OSError as err:
+            raise ConfigError(f"cannot read config file {os.fspath(path)!r}: {err}") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {os.fspath(path)!r} is not valid YAML: {err}") from None
+        if isinstance(values, Mapping) and set(values) == {"data"}:
+            values = values["data"]
+        return cls.from_dict({**values, **parse_overrides(overrides)})
+
+    def replace(self, **changes: Any) -> LoaderConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def with_overrides(self, overrides: Iterable[str]) -> LoaderConfig:
+        """A copy with ``key=value`` overrides applied (values parsed as YAML scalars)."""
+        parsed = parse_overrides(overrides)
+        unknown = sorted(set(parsed) - set(self.field_names()))
+        if unknown:
+            raise ConfigError(f"unknown config field(s) in overrides: {unknown}")
+        return self.replace(**parsed)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (lists, not tuples) suitable for YAML or JSON."""
+        out = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """Parse ``["seq_length=2048", "datasets=a,b"]`` into a dict of typed values."""
+    parsed: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = str(item).partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override must look like key=value, got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        parsed[key.strip()] = value
+    return parsed
+
+
+def as_config(config: LoaderConfig | Mapping[str, Any] | str | os.PathLike[str]) -> LoaderConfig:
+    """Accept a config object, a dict or a YAML path."""
+    if isinstance(config, LoaderConfig):
+        return config
+    if isinstance(config, Mapping):
+        return LoaderConfig.from_dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        return LoaderConfig.from_yaml(config)
+    raise ConfigError(f"cannot build a loader config from {type(config).__name__}")

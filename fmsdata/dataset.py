@@ -1,0 +1,236 @@
+"""The rank-level IterableDataset: runs a rank's logical shards and yields batch parts.
+
+Each DataLoader worker runs the shards it owns (``worker_shards``), deals every batch's
+rows over *all* the rank's shards with the same rule, fills the rows that fall to its own
+shards, and yields them (several batches per item, see ``fmsdata.transport``) with their
+row positions and the state updates of the shards it advanced. The loader puts each batch
+back together in canonical order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from fmsdata.access import ReaderCache, make_accesses
+from fmsdata.catalog import Catalog, discover
+from fmsdata.config import LoaderConfig
+from fmsdata.errors import ConfigError, ShardFormatError, StateMismatchError
+from fmsdata.files import local_path_resolver
+from fmsdata.handlers.base import FileHandler
+from fmsdata.pipeline import ShardRecipe, build_shard
+from fmsdata.stages.base import SPAN_WIDTH
+from fmsdata.stages.materialize import LineWriter
+from fmsdata.stages.outputs import segment_lengths
+from fmsdata.stages.shuffle import ShuffleBuffer
+from fmsdata.topology import RowDealer, Topology, owned_shards, worker_shards
+from fmsdata.transport import WorkerItem, item_batch_counts
+
+__all__ = ["RankLineDataset", "Preprocess"]
+
+logger = logging.getLogger(__name__)
+
+# A custom preprocess maps one packed line (int64, seq_length + 1 tokens) and its count of
+# non-pad tokens to named arrays of fixed shapes; it replaces the built-in causal-LM shift.
+Preprocess = Callable[[np.ndarray, int], Mapping[str, np.ndarray]]
+
+
+class RankLineDataset(IterableDataset):
+    """Yields ``WorkerItem``s: this worker's rows of consecutive batches of the rank.
+
+    The object is small when pickled: the catalog and all readers are built lazily in
+    each process and dropped on pickling.
+
+    Args:
+        config: Loader config.
+        topology: Rank and world size.
+        handler: Shard format handler.
+        preprocess: Optional per-line function run in the workers instead of the built-in
+            causal-LM shift (see ``Preprocess``).
+    """
+
+    def __init__(
+        self,
+        config: LoaderConfig,
+        topology: Topology,
+        handler: FileHandler,
+        preprocess: Preprocess | None = None,
+    ):
+        self.config = config
+        self.topology = topology
+        self.handler = handler
+        self.preprocess = preprocess
+        self.shard_ids = list(owned_shards(topology.rank, topology.world_size, config.logical_shards))
+        self.data_fingerprint: str | None = None
+        # Set by the loader before each iteration: where the consumed stream stands, as
+        # shard states plus lines consumed after each (to fast-forward).
+        self.start_states: Mapping[int, Any] = {}
+        self.start_advance: Mapping[int, int] = {}
+        self.start_emitted: list[int] = [0] * len(self.shard_ids)
+        # Shared-memory token rings, one per worker (set by the loader when it uses workers).
+        self.rings: list[torch.Tensor] | None = None
+        self._catalog: Catalog | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_catalog"] = None
+        return state
+
+    def catalog(self) -> Catalog:
+        """The data root's catalog (listed once per process)."""
+        if self._catalog is None:
+            catalog = discover(self.config.data_path, self.config.datasets, self.handler)
+            if self.data_fingerprint is not None and catalog.fingerprint() != self.data_fingerprint:
+                raise StateMismatchError(
+                    f"the files under {self.config.data_path!r} changed while the loader ran "
+                    f"(fingerprint {self.data_fingerprint} became {catalog.fingerprint()})"
+                )
+            self._catalog = catalog
+        return self._catalog
+
+    def __iter__(self) -> Iterator[WorkerItem]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        config = self.config
+        catalog = self.catalog()
+        mine = set(worker_shards(len(self.shard_ids), worker, num_workers))
+        # Each stream reads one file at a time, and buffered lines point into a few more.
+        open_files = config.open_files or 2 * len(mine) * len(catalog.datasets) + 16
+        readers = ReaderCache(open_files)
+        accesses = make_accesses(catalog, self.handler, local_path_resolver(catalog.root), readers)
+        recipe = ShardRecipe.from_config(config, [d.name for d in catalog.datasets])
+        writer = LineWriter(
+            accesses,
+            recipe.decoration,
+            config.line_length,
+            bol=config.bol_token,
+            eol=config.eol_token,
+            pad=config.pad_token if config.packing == "pad" else None,
+            vocab_size=config.vocab_size,
+        )
+        shards: dict[int, ShuffleBuffer] = {}
+
+        def shard(local: int) -> ShuffleBuffer:
+            pipeline = shards.get(local)
+            if pipeline is None:
+                sid = self.shard_ids[local]
+                pipeline = build_shard(sid, recipe, accesses)
+                saved = self.start_states.get(sid)
+                if saved is not None:
+                    pipeline.load_state_dict(saved)
+                # Lines consumed after the saved state: replay them without reading tokens.
+                # Their journal stays queued, so the main process's replica (which still
+                # holds the saved buffer) sees them with this shard's next update.
+                for _ in range(self.start_advance.get(sid, 0)):
+                    next(pipeline)
+                shards[local] = pipeline
+            return pipeline
+
+        dealer = RowDealer(list(self.start_emitted))
+        counts = item_batch_counts(config.batch_size, config.line_length)
+        ring = None
+        if self.rings is not None and info is not None and self.preprocess is None:
+            ring = self.rings[worker].numpy()
+        try:
+            sizes = itertools.chain(counts, itertools.repeat(counts[-1]))
+            for index, n_batches in enumerate(sizes):
+                slot = None if ring is None else index % len(ring)
+                yield self._item(n_batches, dealer, mine, shard, writer, ring, slot)
+        finally:
+            readers.close()
+
+    def _item(
+        self,
+        n_batches: int,
+        dealer: RowDealer,
+        mine: set[int],
+        shard: Callable[[int], ShuffleBuffer],
+        writer: LineWriter,
+        ring: np.ndarray | None,
+        slot: int | None,
+    ) -> WorkerItem:
+        config = self.config
+        lines: list[np.ndarray] = []
+        rows: list[int] = []
+        row_shards: list[int] = []
+        offsets = [0]
+        touched: dict[int, ShuffleBuffer] = {}
+        for _ in range(n_batches):
+            for row, local in enumerate(dealer.deal(config.batch_size)):
+                if local in mine:
+                    sid = self.shard_ids[local]
+                    pipeline = shard(local)
+                    lines.append(next(pipeline))
+                    rows.append(row)
+                    row_shards.append(sid)
+                    touched[sid] = pipeline
+            offsets.append(len(rows))
+        lights = {}
+        ops: list[tuple[int, int]] = []
+        pushed: list[np.ndarray] = []
+        for sid, pipeline in touched.items():
+            lights[sid] = pipeline.light_state()
+            shard_ops, shard_pushed = pipeline.drain_journal()
+            ops.extend((sid, op) for op in shard_ops)
+            pushed.extend(shard_pushed)
+
+        if slot is not None:
+            tokens = ring[slot, : len(lines)]
+        else:
+            tokens = np.empty((len(lines), config.line_length), dtype=np.int32)
+        content = writer.write(lines, tokens)
+        if tokens.size and int(tokens.min()) < 0:
+            raise ShardFormatError(
+                "a document holds a token id of 2**31 or more, or a negative one; set vocab_size "
+                "to find which file"
+            )
+        segments = segment_counts = None
+        if config.return_position_ids or config.return_cu_seqlens:
+            has_bol, has_eol = config.bol_token is not None, config.eol_token is not None
+            per_row = [
+                segment_lengths(spans, has_bol, has_eol, int(n), config.seq_length)
+                for spans, n in zip(lines, content)
+            ]
+            segment_counts = np.array([len(s) for s in per_row], dtype=np.int64)
+            segments = np.concatenate(per_row) if per_row else np.zeros(0, dtype=np.int64)
+        samples = None
+        token_tensor = None if slot is not None else torch.from_numpy(tokens)
+        if self.preprocess is not None:
+            samples = self._run_preprocess(tokens, content)
+            token_tensor = None
+        pushed_offsets = np.zeros(len(pushed) + 1, dtype=np.int64)
+        np.cumsum([len(line) for line in pushed], out=pushed_offsets[1:])
+        return WorkerItem(
+            offsets=np.asarray(offsets, dtype=np.int64),
+            rows=np.asarray(rows, dtype=np.int64),
+            row_shards=np.asarray(row_shards, dtype=np.int64),
+            tokens=token_tensor,
+            slot=slot,
+            content=content,
+            segments=segments,
+            segment_counts=segment_counts,
+            samples=samples,
+            lights=lights,
+            ops=np.asarray(ops, dtype=np.int64).reshape(-1, 2),
+            pushed=np.concatenate(pushed) if pushed else np.zeros((0, SPAN_WIDTH), dtype=np.int64),
+            pushed_offsets=pushed_offsets,
+        )
+
+    def _run_preprocess(self, tokens: np.ndarray, content: np.ndarray) -> dict[str, torch.Tensor]:
+        outputs: dict[str, list[np.ndarray]] = {}
+        for line, n in zip(tokens.astype(np.int64), content.tolist()):
+            sample = self.preprocess(line, n)
+            if not isinstance(sample, Mapping):
+                raise ConfigError(f"preprocess must return a mapping of arrays, got {type(sample).__name__}")
+            for key, value in sample.items():
+                outputs.setdefault(key, []).append(np.asarray(value))
+        try:
+            return {k: torch.from_numpy(np.stack(v)) for k, v in outputs.items()}
+        except ValueError as err:
+            raise ConfigError(f"preprocess outputs must have the same shape for every line: {err}") from None

@@ -1,0 +1,38 @@
+"""The exceptions fmsdata raises.
+
+Each is built from one message string so that a DataLoader worker can re-raise it in the
+main process unchanged.
+"""
+
+__all__ = [
+    "FmsDataError",
+    "ConfigError",
+    "EmptyDatasetError",
+    "ShardFormatError",
+    "StateMismatchError",
+    "RemoteIOError",
+]
+
+
+class FmsDataError(Exception):
+    """Base class of every error fmsdata raises on purpose."""
+
+
+class ConfigError(FmsDataError, ValueError):
+    """A configuration value that cannot work; the message names the field and the value."""
+
+
+class EmptyDatasetError(ConfigError):
+    """A dataset, or a dataset's part in one logical shard, has no usable document."""
+
+
+class ShardFormatError(FmsDataError):
+    """A shard file is corrupt, truncated or not what the handler expects; names the file."""
+
+
+class StateMismatchError(FmsDataError):
+    """A saved loader state does not fit the loader it is loaded into; names field and values."""
+
+
+class RemoteIOError(FmsDataError, OSError):
+    """A remote read failed after every retry; names the URL and the last cause."""

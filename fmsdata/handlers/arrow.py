@@ -1,0 +1,188 @@
+"""Arrow IPC files with one record batch per document (the fms-fsdp / Bamba layout)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from fmsdata.errors import ShardFormatError
+from fmsdata.handlers.arrow_index import index_record_batches
+from fmsdata.handlers.base import FileHandler
+
+__all__ = ["ArrowDocHandler", "write_arrow_docs"]
+
+
+class _DocBatchReader:
+    """An open, memory-mapped Arrow file plus the byte position of each document.
+
+    Positions are filled in lazily, per block of documents the stream asks for, so opening
+    a file with many documents costs only its footer.
+    """
+
+    def __init__(self, path: str, col_name: str) -> None:
+        self.path = path
+        try:
+            self._source = pa.memory_map(path, "r")
+            self._ipc = pa.ipc.open_file(self._source)
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+            raise ShardFormatError(f"{path}: not a readable Arrow IPC file ({err})") from None
+        schema = self._ipc.schema
+        if col_name not in schema.names:
+            raise ShardFormatError(
+                f"{path}: no token column {col_name!r}; columns are {schema.names} "
+                "(set col_name to the column holding token ids)"
+            )
+        column_type = schema.field(col_name).type
+        if not pa.types.is_integer(column_type):
+            raise ShardFormatError(
+                f"{path}: column {col_name!r} has type {column_type}, expected integer token ids "
+                "(a list column means many documents per batch: use file_type='hf_arrow')"
+            )
+        self.col = schema.get_field_index(col_name)
+        self.col_name = col_name
+        self.dtype = np.dtype(column_type.to_pandas_dtype())
+        self.n = self._ipc.num_record_batches
+        self._source.seek(0)
+        self._mapped = self._source.read_buffer(self._source.size())
+        itemsize = self.dtype.itemsize
+        self.flat = np.frombuffer(self._mapped, dtype=self.dtype, count=self._mapped.size // itemsize)
+        self._copies: dict[int, np.ndarray] = {}
+        located = None
+        if all(pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in list(schema)[: self.col + 1]):
+            located = index_record_batches(
+                np.frombuffer(self._mapped, dtype=np.uint8), self.col, itemsize
+            )
+        if located is not None and len(located[0]) == self.n:
+            self.starts, self.lengths = located
+            self._all_located = True
+        else:
+            self.starts = np.full(self.n, -1, dtype=np.int64)  # element offset into flat
+            self.lengths = np.full(self.n, -1, dtype=np.int64)
+            self._all_located = False
+
+    def locate(self, indices: np.ndarray) -> None:
+        """Make sure start and length are known for the given documents."""
+        if self._all_located:
+            return
+        missing = indices[self.starts[indices] < 0]
+        if missing.size == 0:
+            return
+        base = self._mapped.address
+        end = base + self._mapped.size
+        itemsize = self.dtype.itemsize
+        for i in np.unique(missing):
+            i = int(i)
+            try:
+                column = self._ipc.get_batch(i).column(self.col)
+            except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+                raise ShardFormatError(f"{self.path}: record batch {i} is unreadable ({err})") from None
+            if column.null_count:
+                raise ShardFormatError(
+                    f"{self.path}: document {i} has {column.null_count} null token(s) in "
+                    f"column {self.col_name!r}"
+                )
+            values = column.buffers()[1]
+            n = len(column)
+            if values is None:
+                address = base  # empty document
+            else:
+                address = values.address + column.offset * itemsize
+            inside = base <= address and address + n * itemsize <= end
+            if inside and (address - base) % itemsize == 0:
+                self.starts[i] = (address - base) // itemsize
+            else:
+                # Compressed or unaligned bodies are not views of the file: keep a copy.
+                self._copies[i] = column.to_numpy(zero_copy_only=False)
+                self.starts[i] = 0
+            self.lengths[i] = n
+
+    def doc(self, i: int) -> np.ndarray:
+        if not 0 <= i < self.n:
+            raise ShardFormatError(f"{self.path}: document {i} requested, the file holds {self.n}")
+        if not self._all_located:
+            if self.starts[i] < 0:
+                self.locate(np.array([i], dtype=np.int64))
+            copy = self._copies.get(i)
+            if copy is not None:
+                return copy
+        start = int(self.starts[i])
+        return self.flat[start : start + int(self.lengths[i])]
+
+    def close(self) -> None:
+        self.flat = np.empty(0, dtype=self.dtype)
+        self._mapped = None
+        self._ipc = None
+        self._source.close()
+
+
+class ArrowDocHandler(FileHandler):
+    """Arrow IPC *file* format, one record batch per document, one integer token column.
+
+    Documents are zero-copy views of the memory-mapped file.
+
+    Args:
+        col_name: Name of the token column (``tokens`` in the Bamba release; ``input_ids``
+            occurs too).
+    """
+
+    name = "arrow"
+    extensions = (".arrow",)
+
+    def __init__(self, col_name: str = "tokens") -> None:
+        self.col_name = col_name
+
+    def open(self, path: str) -> _DocBatchReader:
+        return _DocBatchReader(path, self.col_name)
+
+    def num_docs(self, reader: _DocBatchReader) -> int:
+        return reader.n
+
+    def get(self, reader: _DocBatchReader, index: int) -> np.ndarray:
+        return reader.doc(index)
+
+    def doc_lengths(self, reader: _DocBatchReader, indices: np.ndarray) -> np.ndarray:
+        reader.locate(indices)
+        return reader.lengths[indices]
+
+    def doc_edges(self, reader: _DocBatchReader, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        reader.locate(indices)
+        if reader._copies:
+            return super().doc_edges(reader, indices)
+        lengths = reader.lengths[indices]
+        starts = reader.starts[indices]
+        nonempty = lengths > 0
+        first = np.full(len(indices), -1, dtype=np.int64)
+        last = np.full(len(indices), -1, dtype=np.int64)
+        first[nonempty] = reader.flat[starts[nonempty]]
+        last[nonempty] = reader.flat[starts[nonempty] + lengths[nonempty] - 1]
+        return first, last
+
+    def token_buffer(self, reader: _DocBatchReader) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        if not reader._all_located:
+            return None
+        return reader.flat, reader.starts, reader.lengths
+
+    def describe(self) -> dict[str, Any]:
+        return {"file_type": self.name, "col_name": self.col_name}
+
+
+def write_arrow_docs(
+    path: str, docs: Iterable[np.ndarray], col_name: str = "tokens", dtype: Any = np.uint32
+) -> None:
+    """Write documents (1-D integer arrays) as an Arrow IPC file, one record batch each.
+
+    The file is written to ``path + ".tmp"`` and renamed, so a crash never leaves a
+    truncated shard under the final name.
+    """
+    arrow_type = pa.from_numpy_dtype(np.dtype(dtype))
+    schema = pa.schema([(col_name, arrow_type)])
+    partial = f"{path}.tmp"
+    with pa.OSFile(partial, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        for doc in docs:
+            array = pa.array(np.asarray(doc, dtype=dtype), type=arrow_type)
+            writer.write_batch(pa.record_batch([array], schema=schema))
+    os.replace(partial, path)

@@ -1,0 +1,106 @@
+"""The contract every shard-format handler follows.
+
+A handler turns one shard file into random access over its documents. The pipeline never
+reads tokens through anything else, so a new format is one subclass: ``open``,
+``num_docs`` and ``get`` are required, the rest have correct (if slower) defaults that a
+format overrides when it can answer from metadata or vectorize.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+
+__all__ = ["FileHandler"]
+
+
+class FileHandler(ABC):
+    """Random access to the documents of one shard format.
+
+    Subclasses set ``name`` (the ``file_type`` users select) and ``extensions`` (the file
+    endings the handler claims), and may take keyword options in ``__init__`` (e.g. the
+    token column). A handler object must be small and picklable: it is sent to every
+    DataLoader worker. Readers it returns stay in the worker that opened them.
+    """
+
+    name: ClassVar[str] = ""
+    extensions: ClassVar[tuple[str, ...]] = ()
+
+    def is_legal(self, path: str) -> bool:
+        """Whether ``path`` is a shard of this format (by its ending)."""
+        return path.endswith(self.extensions)
+
+    @abstractmethod
+    def open(self, path: str) -> Any:
+        """Open a local shard file and return a reader for it.
+
+        Raises:
+            ShardFormatError: The file is not a valid shard of this format.
+        """
+
+    @abstractmethod
+    def num_docs(self, reader: Any) -> int:
+        """Number of documents in an open shard."""
+
+    @abstractmethod
+    def get(self, reader: Any, index: int) -> np.ndarray:
+        """Document ``index`` as a 1-D integer array, a zero-copy view where the format allows."""
+
+    def length(self, path: str) -> int:
+        """Number of documents in the shard at ``path``."""
+        reader = self.open(path)
+        try:
+            return self.num_docs(reader)
+        finally:
+            self.close(reader)
+
+    def slice(self, doc: np.ndarray, start: int, n: int) -> np.ndarray:
+        """Tokens ``[start, start + n)`` of a document returned by ``get``."""
+        return doc[start : start + n]
+
+    def doc_lengths(self, reader: Any, indices: np.ndarray) -> np.ndarray:
+        """Token counts of the given documents (int64 array)."""
+        return np.fromiter(
+            (len(self.get(reader, int(i))) for i in indices), dtype=np.int64, count=len(indices)
+        )
+
+    def doc_edges(self, reader: Any, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """First and last token of each given document (-1 for an empty document)."""
+        first = np.full(len(indices), -1, dtype=np.int64)
+        last = np.full(len(indices), -1, dtype=np.int64)
+        for k, i in enumerate(indices):
+            doc = self.get(reader, int(i))
+            if len(doc):
+                first[k] = int(doc[0])
+                last[k] = int(doc[-1])
+        return first, last
+
+    def token_buffer(self, reader: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``(flat, starts, lengths)`` when every document is ``flat[start : start + length]``.
+
+        Formats that store documents back to back (memory maps) return their whole token
+        array once, so lines are copied from it without a call per document. Default: None.
+        """
+        return None
+
+    def count(self, path: str) -> tuple[int, int]:
+        """(documents, tokens) of a shard, for the counts metadata."""
+        reader = self.open(path)
+        try:
+            n = self.num_docs(reader)
+            tokens = int(self.doc_lengths(reader, np.arange(n, dtype=np.int64)).sum())
+            return n, tokens
+        finally:
+            self.close(reader)
+
+    def close(self, reader: Any) -> None:
+        """Release a reader (default: call its ``close`` when it has one)."""
+        closer = getattr(reader, "close", None)
+        if callable(closer):
+            closer()
+
+    def describe(self) -> dict[str, Any]:
+        """The options that decide what this handler reads, for state fingerprints."""
+        return {"file_type": self.name}

@@ -1,0 +1,187 @@
+"""``build_dataloader`` and the stateful DataLoader it returns."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from fmsdata.config import LoaderConfig, as_config
+from fmsdata.dataset import Preprocess, RankLineDataset
+from fmsdata.errors import StateMismatchError
+from fmsdata.handlers import make_handler
+from fmsdata.state import STATE_VERSION, ConsumedState, gather_shard_states, stream_fingerprint
+from fmsdata.topology import Topology
+from fmsdata.transport import assemble_batch, ring_shape
+
+__all__ = ["FmsDataLoader", "build_dataloader"]
+
+logger = logging.getLogger(__name__)
+
+
+def _keep(part: Any) -> Any:
+    return part
+
+
+class FmsDataLoader(DataLoader):
+    """A DataLoader over a rank's logical shards whose state is exactly what was consumed.
+
+    Iterating yields batches (dicts of tensors). ``state_dict()`` after any batch, loaded
+    into a loader built from the same config in a fresh process — on the same or another
+    world size — continues with the batch that would have come next. Each ``iter()``
+    continues from the consumed position; workers are started per iteration.
+    """
+
+    def __init__(self, dataset: RankLineDataset):
+        config = dataset.config
+        workers = config.num_workers
+        super().__init__(
+            dataset,
+            batch_size=None,
+            num_workers=workers,
+            collate_fn=_keep,
+            pin_memory=False,  # batches are pinned after assembly
+            prefetch_factor=config.prefetch_factor if workers > 0 else None,
+            multiprocessing_context=config.multiprocessing_context if workers > 0 else None,
+        )
+        self.config: LoaderConfig = config
+        self._consumed = ConsumedState(dataset.shard_ids)
+
+    # -- iteration -----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        config = self.config
+        dataset.start_states = self._consumed.shard_states()
+        dataset.start_advance = self._consumed.advances()
+        dataset.start_emitted = self._consumed.emitted()
+        rings = None
+        if self.num_workers > 0 and dataset.preprocess is None:
+            shape = ring_shape(config.batch_size, config.line_length, config.prefetch_factor)
+            rings = [torch.empty(shape, dtype=torch.int32).share_memory_() for _ in range(self.num_workers)]
+        dataset.rings = rings
+        parts = super().__iter__()
+        n_parts = max(1, self.num_workers)
+        while True:
+            items = [next(parts) for _ in range(n_parts)]
+            tokens_of = [
+                item.tokens if item.slot is None else rings[w][item.slot, : len(item.rows)]
+                for w, item in enumerate(items)
+            ]
+            for k in range(len(items[0].offsets) - 1):
+                batch = assemble_batch(
+                    items,
+                    tokens_of,
+                    k,
+                    config.batch_size,
+                    config.return_position_ids,
+                    config.return_cu_seqlens,
+                    config.pin_memory,
+                )
+                for item in items:
+                    self._consumed.consume_batch(item, k)
+                self._consumed.steps += 1
+                yield batch
+            for item in items:
+                self._consumed.finish_item(item)
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """What a state must match to load here: data hash and stream-shaping config."""
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        catalog = dataset.catalog()
+        return stream_fingerprint(
+            self.config, dataset.handler, [d.name for d in catalog.datasets], catalog.fingerprint()
+        )
+
+    @property
+    def steps(self) -> int:
+        """Batches consumed since the start of the run (carried through resumes)."""
+        return self._consumed.steps
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state as plain data (ints, strings, lists, numpy arrays)."""
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        return {
+            "version": STATE_VERSION,
+            "fingerprint": self.fingerprint,
+            "rank": dataset.topology.rank,
+            "world_size": dataset.topology.world_size,
+            "steps": self._consumed.steps,
+            "shards": [
+                {"id": sid, "state": state, "advance": self._consumed.advances()[sid]}
+                for sid, state in self._consumed.shard_states().items()
+            ],
+        }
+
+    def load_state_dict(
+        self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], allow_changes: Sequence[str] = ()
+    ) -> None:
+        """Resume from this rank's own state, or from the list of every rank's states.
+
+        A list from a run with another world size rescales: each logical shard continues
+        from its saved position, on whichever rank now owns it.
+
+        Args:
+            state: One rank state or the states of all ranks of the saving run.
+            allow_changes: Fingerprint fields allowed to differ (an intended config change).
+
+        Raises:
+            StateMismatchError: Wrong version, different data or stream config, or the
+                given states do not hold every shard this rank needs.
+        """
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        shards, steps = gather_shard_states(state, self.fingerprint, self.config.logical_shards, allow_changes)
+        missing = [sid for sid in dataset.shard_ids if sid not in shards]
+        if missing:
+            raise StateMismatchError(
+                f"the given state has no entry for logical shard(s) {missing} of rank "
+                f"{dataset.topology.rank}; to change world size, pass the states of every rank"
+            )
+        self._consumed = ConsumedState(dataset.shard_ids, shards, steps)
+
+
+def build_dataloader(
+    config: LoaderConfig | Mapping[str, Any] | str | os.PathLike[str],
+    rank: int | None = None,
+    world_size: int | None = None,
+    preprocess: Preprocess | None = None,
+) -> FmsDataLoader:
+    """Build this rank's loader.
+
+    Args:
+        config: A ``LoaderConfig``, a dict of its fields, or a YAML file path.
+        rank, world_size: Default to ``torch.distributed``, then ``RANK``/``WORLD_SIZE``.
+        preprocess: Optional per-line function run in the workers in place of the built-in
+            causal-LM shift: ``preprocess(line, n_tokens) -> {name: array}``, where ``line``
+            is the packed int64 line (``seq_length + 1`` tokens, padding after
+            ``n_tokens``); batches then hold those names, stacked.
+
+    Returns:
+        An ``FmsDataLoader`` yielding dicts with ``input_ids`` and ``labels`` of shape
+        ``[batch_size, seq_length]`` (plus ``position_ids`` / ``cu_seqlens`` on request).
+
+    Raises:
+        ConfigError: Invalid config, missing data, more ranks than logical shards.
+        EmptyDatasetError: A dataset without shards.
+    """
+    config = as_config(config)
+    topology = Topology.resolve(rank, world_size)
+    handler = make_handler(config.file_type, col_name=config.col_name)
+    dataset = RankLineDataset(config, topology, handler, preprocess)
+    catalog = dataset.catalog()
+    dataset.data_fingerprint = catalog.fingerprint()
+    if config.logical_shards % topology.world_size:
+        logger.warning(
+            "logical_shards=%d is not a multiple of world_size=%d: ranks get unequal shard counts "
+            "and batches are not world-size invariant",
+            config.logical_shards,
+            topology.world_size,
+        )
+    return FmsDataLoader(dataset)

@@ -1,0 +1,63 @@
+"""The span pipeline of one logical shard: documents -> mixing -> packing -> shuffle.
+
+A logical shard's lines depend only on (data, config, seed, shard id); this module is the
+single place that wires the stages together for a shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from fmsdata.config import LoaderConfig
+from fmsdata.permute import derive_key
+from fmsdata.stages.documents import Decoration, DocumentStream
+from fmsdata.stages.mixing import TokenShareMixer
+from fmsdata.stages.packing import LinePacker
+from fmsdata.stages.shuffle import ShuffleBuffer
+
+__all__ = ["ShardRecipe", "build_shard"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRecipe:
+    """Everything a shard pipeline is built from, taken from the config once."""
+
+    names: tuple[str, ...]
+    weights: tuple[float, ...]
+    seed: int
+    n_shards: int
+    decoration: Decoration
+    capacity: int
+    packing: str
+    window: int
+
+    @staticmethod
+    def from_config(config: LoaderConfig, names: Sequence[str]) -> ShardRecipe:
+        weights = config.weights if config.weights is not None else (1.0,) * len(names)
+        return ShardRecipe(
+            names=tuple(names),
+            weights=tuple(weights),
+            seed=config.seed,
+            n_shards=config.logical_shards,
+            decoration=Decoration(
+                bos=config.bos_token,
+                eos=config.eos_token,
+                strip=frozenset(config.strip_tokens),
+                min_length=config.min_length,
+            ),
+            capacity=config.content_capacity,
+            packing=config.packing,
+            window=config.shuffle_window,
+        )
+
+
+def build_shard(shard: int, recipe: ShardRecipe, accesses: Sequence) -> ShuffleBuffer:
+    """The stage chain of one logical shard, fresh (load a state into it to resume)."""
+    streams = [
+        DocumentStream(access, shard, recipe.n_shards, recipe.seed, recipe.decoration)
+        for access in accesses
+    ]
+    mixer = TokenShareMixer(streams, recipe.names, recipe.weights)
+    packer = LinePacker(mixer, recipe.capacity, recipe.packing)
+    return ShuffleBuffer(packer, recipe.window, derive_key(recipe.seed, "shuffle", shard))

@@ -1,0 +1,263 @@
+"""The documents of one dataset inside one logical shard, in a seeded walk per epoch.
+
+A dataset's files are cut into ``L`` fragments each; laid end to end (file by file), the
+``F * L`` fragments are dealt to the ``L`` logical shards in contiguous runs of ``F``. A
+shard therefore reads a few neighbouring files (one open file at a time) and needs the
+document counts of those files only. Each epoch the shard walks its fragments in a keyed
+random order, and the documents inside each fragment in another keyed order: position
+``p`` of the walk maps to a document by arithmetic, so nothing is materialized and the
+state is two integers.
+
+The stream is read ahead in vectorized blocks and *committed* as the packer uses
+documents, so ``state_dict`` always describes consumed documents only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from fmsdata.errors import EmptyDatasetError, StateMismatchError
+from fmsdata.permute import derive_key, permute
+from fmsdata.stages.base import check_keys
+
+__all__ = ["Decoration", "DocBlock", "DocumentStream", "shard_fragments"]
+
+STATE_KEYS = ("epoch", "pos", "docs", "skipped")
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoration:
+    """How a stored document becomes the token sequence the packer sees.
+
+    Up to one leading and one trailing token found in ``strip`` is removed, then ``bos``
+    and ``eos`` are added when set. Documents with fewer than ``min_length`` tokens left
+    (and always empty ones) are skipped and counted.
+    """
+
+    bos: int | None = None
+    eos: int | None = None
+    strip: frozenset[int] = frozenset()
+    min_length: int = 1
+
+    @property
+    def extra(self) -> int:
+        return (self.bos is not None) + (self.eos is not None)
+
+    def strip_amounts(
+        self, lengths: np.ndarray, first: np.ndarray, last: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens removed at the start and at the end of each document (0 or 1 each)."""
+        if not self.strip:
+            zeros = np.zeros(len(lengths), dtype=np.int64)
+            return zeros, zeros
+        strip = np.fromiter(self.strip, dtype=np.int64)
+        lead = ((lengths > 0) & np.isin(first, strip)).astype(np.int64)
+        trail = ((lengths - lead > 0) & np.isin(last, strip)).astype(np.int64)
+        return lead, trail
+
+
+@dataclasses.dataclass
+class DocBlock:
+    """Read-ahead documents of one stream: kept documents only, in walk order."""
+
+    file: np.ndarray  # file index within the dataset
+    doc: np.ndarray  # document index within the file
+    dlen: np.ndarray  # decorated length
+    base: np.ndarray  # first kept token in the file's flat token buffer, -1 if none
+    gpos: np.ndarray  # epoch * size + position in the walk (monotone)
+
+    def __len__(self) -> int:
+        return len(self.doc)
+
+    def take(self, start: int, stop: int | None = None) -> DocBlock:
+        return DocBlock(*(getattr(self, f)[start:stop] for f in _BLOCK_FIELDS))
+
+    def select(self, index: np.ndarray) -> DocBlock:
+        return DocBlock(*(getattr(self, f)[index] for f in _BLOCK_FIELDS))
+
+    @staticmethod
+    def concat(blocks: list[DocBlock]) -> DocBlock:
+        if len(blocks) == 1:
+            return blocks[0]
+        return DocBlock(*(np.concatenate([getattr(b, f) for b in blocks]) for f in _BLOCK_FIELDS))
+
+    @staticmethod
+    def empty() -> DocBlock:
+        e = np.zeros(0, dtype=np.int64)
+        return DocBlock(e, e, e, e, e)
+
+
+_BLOCK_FIELDS = ("file", "doc", "dlen", "base", "gpos")
+
+
+def shard_fragments(counts: np.ndarray, n_shards: int, shard: int) -> np.ndarray:
+    """Document ranges of one logical shard: rows ``(file, first_doc, end_doc)``, non-empty.
+
+    ``counts`` needs to be correct only for the files the shard touches (the others may
+    be -1); use ``shard_files`` to find which those are.
+    """
+    n_files = len(counts)
+    rows = []
+    for f in shard_files(n_files, n_shards, shard):
+        lo_part = max(shard * n_files, f * n_shards) - f * n_shards
+        hi_part = min((shard + 1) * n_files, (f + 1) * n_shards) - f * n_shards
+        n = int(counts[f])
+        lo, hi = n * lo_part // n_shards, n * hi_part // n_shards
+        if hi > lo:
+            rows.append((f, lo, hi))
+    return np.array(rows, dtype=np.int64).reshape(-1, 3)
+
+
+def shard_files(n_files: int, n_shards: int, shard: int) -> range:
+    """Indices of the files whose fragments fall to ``shard``."""
+    first = shard * n_files // n_shards
+    last = ((shard + 1) * n_files - 1) // n_shards
+    return range(first, last + 1)
+
+
+class DocumentStream:
+    """One dataset's documents in one logical shard, epoch after epoch.
+
+    The walk order is a pure function of (seed, dataset name, shard, epoch), never of
+    rank, world size or worker. State keys: ``epoch``, ``pos`` (next walk position),
+    ``docs`` (documents used), ``skipped`` (documents passed over as too short).
+
+    Args:
+        access: The dataset's files, counts and readers in this worker.
+        shard: Logical shard id.
+        n_shards: Number of logical shards.
+        seed: Run seed.
+        decoration: Stripping, BOS/EOS and minimum length.
+    """
+
+    def __init__(self, access: Any, shard: int, n_shards: int, seed: int, decoration: Decoration):
+        self.access = access
+        self.shard = shard
+        self.n_shards = n_shards
+        self.seed = seed
+        self.decoration = decoration
+        self.epoch = 0
+        self.pos = 0
+        self.docs = 0
+        self.skipped = 0
+        self._fragments: np.ndarray | None = None
+        self._size = 0
+        self._walk_epoch = -1
+        self._walk: np.ndarray = np.zeros((0, 3), dtype=np.int64)
+        self._walk_ends: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._ahead = 0  # global position of the read-ahead cursor
+        self._block_docs = 16
+
+    # -- setup ---------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Documents of this dataset in this shard (one epoch)."""
+        self._setup()
+        return self._size
+
+    def _setup(self) -> None:
+        if self._fragments is not None:
+            return
+        n_files = self.access.num_files
+        counts = np.full(n_files, -1, dtype=np.int64)
+        for f in shard_files(n_files, self.n_shards, self.shard):
+            counts[f] = self.access.doc_count(f)
+        self._fragments = shard_fragments(counts, self.n_shards, self.shard)
+        self._size = int((self._fragments[:, 2] - self._fragments[:, 1]).sum())
+        if self._size == 0:
+            raise EmptyDatasetError(
+                f"dataset {self.access.name!r} gives no document to logical shard {self.shard} "
+                f"of {self.n_shards} (its {n_files} file(s) hold too few documents); use fewer "
+                "logical_shards or more data"
+            )
+        if self.pos >= self._size:
+            raise StateMismatchError(
+                f"dataset {self.access.name!r}, logical shard {self.shard}: saved position "
+                f"{self.pos} is past the {self._size} documents the shard holds"
+            )
+        self._ahead = self.epoch * self._size + self.pos
+
+    def _walk_for(self, epoch: int) -> None:
+        if epoch == self._walk_epoch:
+            return
+        frags = self._fragments
+        order = permute(
+            np.arange(len(frags)), len(frags), derive_key(self.seed, self.access.name, self.shard, epoch)
+        )
+        self._walk = frags[order]
+        self._walk_ends = np.cumsum(self._walk[:, 2] - self._walk[:, 1])
+        self._walk_epoch = epoch
+
+    # -- read ahead / commit -------------------------------------------------------------
+
+    def read_ahead(self) -> DocBlock:
+        """The next block of kept documents after the read-ahead cursor (never empty).
+
+        Raises:
+            EmptyDatasetError: A whole epoch of the shard passed without a usable document.
+        """
+        self._setup()
+        passed = 0
+        while True:
+            block, walked = self._read_fragment_part()
+            passed += walked
+            if len(block):
+                self._block_docs = min(self._block_docs * 2, 1024)
+                return block
+            if passed >= self._size:
+                raise EmptyDatasetError(
+                    f"dataset {self.access.name!r}: no document in logical shard {self.shard} has "
+                    f"at least min_length={self.decoration.min_length} tokens"
+                )
+
+    def _read_fragment_part(self) -> tuple[DocBlock, int]:
+        epoch, pos = divmod(self._ahead, self._size)
+        self._walk_for(epoch)
+        k = int(np.searchsorted(self._walk_ends, pos, side="right"))
+        file, lo, hi = (int(v) for v in self._walk[k])
+        frag_start = int(self._walk_ends[k]) - (hi - lo)
+        local = pos - frag_start
+        take = min(self._block_docs, hi - lo - local)
+        key = derive_key(self.seed, self.access.name, self.shard, epoch, file)
+        docs = lo + permute(np.arange(local, local + take), hi - lo, key)
+        lengths, lead, trail, starts = self.access.measure(file, docs, self.decoration)
+        content = lengths - lead - trail
+        kept = content >= max(1, self.decoration.min_length)
+        gpos = self._ahead + np.arange(take, dtype=np.int64)
+        self._ahead += take
+        base = starts + lead if starts is not None else np.full(take, -1, dtype=np.int64)
+        block = DocBlock(
+            np.full(take, file, dtype=np.int64), docs, content + self.decoration.extra, base, gpos
+        )
+        return block.select(np.flatnonzero(kept)), take
+
+    def commit(self, last_gpos: int, used: int) -> None:
+        """Mark documents up to walk position ``last_gpos`` as consumed, ``used`` of them kept."""
+        current = self.epoch * self._size + self.pos
+        nxt = last_gpos + 1
+        self.skipped += nxt - current - used
+        self.docs += used
+        self.epoch, self.pos = divmod(nxt, self._size)
+
+    def rewind(self) -> None:
+        """Drop read-ahead: the next ``read_ahead`` starts at the consumed position."""
+        if self._fragments is not None:
+            self._ahead = self.epoch * self._size + self.pos
+        self._block_docs = 16
+
+    # -- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "pos": self.pos, "docs": self.docs, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_keys(f"document stream {self.access.name!r}", state, STATE_KEYS)
+        self.epoch = int(state["epoch"])
+        self.pos = int(state["pos"])
+        self.docs = int(state["docs"])
+        self.skipped = int(state["skipped"])
+        self.rewind()

@@ -1,0 +1,262 @@
+"""Pack the mixed document stream into fixed-length lines of spans.
+
+``hard`` packing fills every line exactly, splitting documents across lines (the remainder
+of a split document, the *carry*, starts the next line). ``pad`` packing never splits a
+document that fits in a line: when the next document does not fit, the line is closed and
+padded; only documents longer than a whole line are cut. Lines are planned for a whole
+read-ahead block at once (vectorized for hard packing) and handed out one at a time; each
+hand-out commits exactly the documents that started in that line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from fmsdata.errors import StateMismatchError
+from fmsdata.stages.base import (
+    BASE,
+    DLEN,
+    DOC,
+    DS,
+    FILE,
+    LENGTH,
+    SAVED_SPAN_WIDTH,
+    SPAN_WIDTH,
+    START,
+    Stage,
+    check_keys,
+    empty_spans,
+    restore_spans,
+)
+from fmsdata.stages.mixing import MixedDocs, TokenShareMixer
+
+__all__ = ["LinePacker"]
+
+STATE_KEYS = ("carry", "source")
+
+
+@dataclasses.dataclass
+class _Plan:
+    """Lines planned from read-ahead, handed out in order."""
+
+    spans: np.ndarray  # [pieces, 5]
+    offsets: np.ndarray  # [lines + 1] into spans
+    commits: np.ndarray  # [lines] documents that start in each line
+    carries: np.ndarray  # [lines, 5] carry after each line (length 0 = none)
+    next_line: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.commits) - self.next_line
+
+
+class LinePacker(Stage):
+    """Yields packed lines as span arrays of total length ``capacity`` (hard) or less (pad).
+
+    State keys: ``carry`` (the unused rest of a split document as a span, or an empty
+    list) and ``source`` (mixer state).
+
+    Args:
+        source: The mixer.
+        capacity: Document tokens per line (line length minus BOL/EOL).
+        mode: ``"hard"`` or ``"pad"``.
+    """
+
+    def __init__(self, source: TokenShareMixer, capacity: int, mode: str = "hard"):
+        if mode not in ("hard", "pad"):
+            raise ValueError(f"unknown packing mode {mode!r}")
+        self.source = source
+        self.capacity = capacity
+        self.mode = mode
+        self._carry: np.ndarray | None = None  # carry before the current plan's first line
+        self._uncommitted = 0  # documents of handed-out lines not yet committed upstream
+        self._plan: _Plan | None = None
+        self._plan_carry: np.ndarray | None = None  # carry after the last planned line
+        self._pending = MixedDocs.empty()  # read-ahead documents not yet in a planned line
+
+    def __next__(self) -> np.ndarray:
+        plan = self._plan
+        while plan is None or not plan.remaining:
+            plan = self._plan_more()
+        j = plan.next_line
+        plan.next_line += 1
+        # Commits are only counted here and passed upstream when state is asked for:
+        # nothing upstream needs them sooner.
+        self._uncommitted += int(plan.commits[j])
+        return plan.spans[plan.offsets[j] : plan.offsets[j + 1]]
+
+    @property
+    def carry(self) -> np.ndarray | None:
+        """The unused rest of the document split by the last line handed out, if any."""
+        plan = self._plan
+        if plan is None or plan.next_line == 0:
+            return self._carry
+        carry = plan.carries[plan.next_line - 1]
+        return carry if carry[LENGTH] > 0 else None
+
+    def _plan_more(self) -> _Plan:
+        self._carry = self.carry
+        self._plan = self._next_plan()
+        return self._plan
+
+    def _next_plan(self) -> _Plan:
+        docs = self._pending.then(self.source.read_ahead())
+        if self.mode == "hard":
+            plan, self._pending, self._plan_carry = _plan_hard(docs, self._plan_carry, self.capacity)
+        else:
+            plan, self._pending, self._plan_carry = _plan_pad(docs, self._plan_carry, self.capacity)
+        return plan
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._uncommitted:
+            self.source.commit(self._uncommitted)
+            self._uncommitted = 0
+        carry = self.carry
+        saved = [] if carry is None else [int(v) for v in carry[:SAVED_SPAN_WIDTH]]
+        return {"carry": saved, "source": self.source.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_keys("packer", state, STATE_KEYS)
+        carry = state["carry"]
+        if len(carry) not in (0, SAVED_SPAN_WIDTH):
+            raise StateMismatchError(
+                f"packer carry must be empty or {SAVED_SPAN_WIDTH} ints, got {carry!r}"
+            )
+        self._carry = restore_spans(np.asarray([carry], dtype=np.int64))[0] if len(carry) else None
+        self._uncommitted = 0
+        self.source.load_state_dict(state["source"])
+        self._plan = None
+        self._plan_carry = self._carry
+        self._pending = MixedDocs.empty()
+
+
+def _pieces(docs: MixedDocs, carry: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``(ds, file, doc, start, length)`` for the carry (if any) then each document,
+    and how many leading rows are carry (0 or 1)."""
+    rows = np.empty((len(docs), SPAN_WIDTH), dtype=np.int64)
+    rows[:, DS] = docs.ds
+    rows[:, FILE] = docs.file
+    rows[:, DOC] = docs.doc
+    rows[:, START] = 0
+    rows[:, LENGTH] = docs.dlen
+    rows[:, DLEN] = docs.dlen
+    rows[:, BASE] = docs.base
+    if carry is None:
+        return rows, 0
+    return np.concatenate([carry[None, :], rows]), 1
+
+
+def _plan_hard(
+    docs: MixedDocs, carry: np.ndarray | None, capacity: int
+) -> tuple[_Plan, MixedDocs, np.ndarray | None]:
+    rows, head = _pieces(docs, carry)
+    lengths = rows[:, LENGTH]
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    n_lines = int(ends[-1]) // capacity
+    if n_lines == 0:
+        return _empty_plan(), docs, carry
+    first = starts // capacity
+    last = np.minimum((ends - 1) // capacity, n_lines - 1)
+    counts = np.where(first < n_lines, last - first + 1, 0)
+    owner = np.repeat(np.arange(len(rows)), counts)
+    rank = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+    line = first[owner] + rank
+    lo = np.maximum(line * capacity, starts[owner])
+    hi = np.minimum((line + 1) * capacity, ends[owner])
+    spans = rows[owner]
+    spans[:, START] += lo - starts[owner]
+    spans[:, LENGTH] = hi - lo
+    offsets = np.searchsorted(line, np.arange(n_lines + 1))
+    doc_first = first[head:]
+    commits = np.bincount(doc_first[doc_first < n_lines], minlength=n_lines)
+    # A carry exists after line j when a row straddles the boundary (j + 1) * capacity.
+    bounds = (np.arange(n_lines) + 1) * capacity
+    straddle = np.searchsorted(ends, bounds, side="right")
+    carries = np.zeros((n_lines, SPAN_WIDTH), dtype=np.int64)
+    has = straddle < len(rows)
+    has[has] = starts[straddle[has]] < bounds[has]
+    idx = straddle[has]
+    carries[has] = rows[idx]
+    carries[has, START] += bounds[has] - starts[idx]
+    carries[has, LENGTH] = ends[idx] - bounds[has]
+    started = np.flatnonzero(doc_first >= n_lines)
+    cut = int(started[0]) if started.size else len(docs)
+    pending = docs.tail(cut)
+    plan_carry = carries[-1] if carries[-1, LENGTH] > 0 else None
+    return _Plan(spans, offsets, commits, carries), pending, plan_carry
+
+
+def _plan_pad(
+    docs: MixedDocs, carry: np.ndarray | None, capacity: int
+) -> tuple[_Plan, MixedDocs, np.ndarray | None]:
+    # Sequential by nature (whether a document fits depends on the line so far); one
+    # Python step per document, which pad packing (mostly fine-tuning data) can afford.
+    rows, head = _pieces(docs, carry)
+    pieces: list[np.ndarray] = []
+    offsets = [0]
+    commits: list[int] = []
+    carries: list[np.ndarray] = []
+    fill = 0
+    line_commits = 0
+    open_row, open_carry = 0, carry  # what opened the unfinished line
+
+    def close(after: np.ndarray | None) -> None:
+        nonlocal fill, line_commits
+        offsets.append(len(pieces))
+        commits.append(line_commits)
+        carries.append(np.zeros(SPAN_WIDTH, dtype=np.int64) if after is None else after)
+        fill = 0
+        line_commits = 0
+
+    def place(row: np.ndarray, start: int, length: int) -> None:
+        piece = row.copy()
+        piece[START], piece[LENGTH] = start, length
+        pieces.append(piece)
+
+    for r in range(len(rows)):
+        row = rows[r]
+        start, length = int(row[START]), int(row[LENGTH])
+        if fill and length > capacity - fill:
+            close(None)
+        if fill == 0:
+            open_row, open_carry = r, (row if r < head else None)
+        if r >= head:
+            line_commits += 1
+        while length > capacity - fill:  # only a document longer than a whole line
+            place(row, start, capacity)
+            start, length = start + capacity, length - capacity
+            rest = row.copy()
+            rest[START], rest[LENGTH] = start, length
+            close(rest)
+            open_row, open_carry = r + 1, rest
+        place(row, start, length)
+        fill += length
+        if fill == capacity:
+            close(None)
+            open_row, open_carry = r + 1, None
+    if not commits:
+        return _empty_plan(), docs, carry
+    if fill == 0:
+        open_row, open_carry = len(rows), None
+    cut = max(open_row - head, 0)
+    pending = docs.tail(cut)
+    plan = _Plan(
+        np.stack(pieces[: offsets[-1]]),
+        np.asarray(offsets, dtype=np.int64),
+        np.asarray(commits, dtype=np.int64),
+        np.stack(carries),
+    )
+    return plan, pending, open_carry
+
+
+def _empty_plan() -> _Plan:
+    return _Plan(
+        empty_spans(),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(0, dtype=np.int64),
+        np.zeros((0, SPAN_WIDTH), dtype=np.int64),
+    )

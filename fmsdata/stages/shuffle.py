@@ -1,0 +1,140 @@
+"""A shuffle buffer over packed lines, held as spans.
+
+The buffer fills two lines per step until it holds ``window`` lines, then one per step;
+each step hands out the line at a stateless pseudo-random slot (a hash of the shard key
+and the step count), so the only randomness state is the step count. Lines are spans,
+so the saved buffer is a few integers per line however long the lines are.
+
+Every change to the buffer is also recorded in a journal — an op list where ``-1`` means
+"push the next recorded line" and ``k >= 0`` "take the line at slot k", plus the pushed
+lines: a DataLoader worker forwards the journal with each batch, and the main process
+replays it on a copy of the buffer to know the state of what was *consumed* without the
+worker sending the whole buffer each time (see ``fmsdata.state``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from fmsdata.errors import StateMismatchError
+from fmsdata.permute import hash_index
+from fmsdata.stages.base import SAVED_SPAN_WIDTH, Stage, check_keys, restore_spans
+
+__all__ = ["ShuffleBuffer", "PUSH", "pack_lines", "unpack_lines", "apply_journal"]
+
+STATE_KEYS = ("emitted", "buffer", "source")
+PUSH = -1
+
+
+class ShuffleBuffer(Stage):
+    """Hands out packed lines in a window-local random order.
+
+    State keys: ``emitted`` (lines handed out), ``buffer`` (``{"spans", "offsets"}``, see
+    ``pack_lines``) and ``source`` (packer state).
+
+    Args:
+        source: The line packer.
+        window: Lines held at most; 0 or 1 passes lines through in order.
+        key: Shuffle key (derived from seed and logical shard).
+    """
+
+    def __init__(self, source: Stage, window: int, key: int):
+        self.source = source
+        self.window = window
+        self.key = key
+        self.emitted = 0
+        self.buffer: list[np.ndarray] = []
+        self._ops: list[int] = []
+        self._pushed: list[np.ndarray] = []
+
+    def __next__(self) -> np.ndarray:
+        if self.window <= 1:
+            self.emitted += 1
+            return next(self.source)
+        buffer = self.buffer
+        for _ in range(2):
+            if len(buffer) < self.window:
+                line = next(self.source)
+                buffer.append(line)
+                self._ops.append(PUSH)
+                self._pushed.append(line)
+        slot = hash_index(self.key, self.emitted, len(buffer))
+        self._ops.append(slot)
+        self.emitted += 1
+        return _take(buffer, slot)
+
+    def drain_journal(self) -> tuple[list[int], list[np.ndarray]]:
+        """Buffer changes since the last call: ``(ops, pushed lines)``."""
+        journal = (self._ops, self._pushed)
+        self._ops, self._pushed = [], []
+        return journal
+
+    def light_state(self) -> dict[str, Any]:
+        """The state without the buffer: what must travel with every batch."""
+        return {"emitted": self.emitted, "source": self.source.state_dict()}
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.light_state()
+        state["buffer"] = pack_lines(self.buffer)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_keys("shuffle buffer", state, STATE_KEYS)
+        self.emitted = int(state["emitted"])
+        self.buffer = unpack_lines(state["buffer"])
+        if len(self.buffer) > max(self.window, 0):
+            raise StateMismatchError(
+                f"shuffle buffer state holds {len(self.buffer)} lines, more than "
+                f"shuffle_window={self.window}"
+            )
+        self._ops, self._pushed = [], []
+        self.source.load_state_dict(state["source"])
+
+
+def _take(buffer: list[np.ndarray], slot: int) -> np.ndarray:
+    line = buffer[slot]
+    last = buffer.pop()
+    if slot < len(buffer):
+        buffer[slot] = last
+    return line
+
+
+def apply_journal(buffer: list[np.ndarray], ops: Iterable[int], pushed: Iterator[np.ndarray]) -> None:
+    """Replay buffer changes recorded by ``ShuffleBuffer`` onto a copy of its buffer."""
+    for op in ops:
+        if op == PUSH:
+            buffer.append(next(pushed))
+        else:
+            _take(buffer, op)
+
+
+def pack_lines(lines: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """Lines of spans as two flat arrays: ``spans`` [n, 5] and ``offsets`` [lines + 1]."""
+    lengths = np.fromiter((len(line) for line in lines), dtype=np.int64, count=len(lines))
+    offsets = np.zeros(len(lines) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if not lines:
+        return {"spans": np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int64), "offsets": offsets}
+    return {"spans": np.concatenate(lines)[:, :SAVED_SPAN_WIDTH].copy(), "offsets": offsets}
+
+
+def unpack_lines(packed: dict[str, Any]) -> list[np.ndarray]:
+    """Inverse of ``pack_lines`` (validating shapes)."""
+    check_keys("shuffle buffer lines", packed, ("spans", "offsets"))
+    spans = np.asarray(packed["spans"], dtype=np.int64)
+    offsets = np.asarray(packed["offsets"], dtype=np.int64)
+    if spans.ndim != 2 or spans.shape[1] != SAVED_SPAN_WIDTH:
+        raise StateMismatchError(
+            f"buffer spans must have shape [n, {SAVED_SPAN_WIDTH}], got {spans.shape}"
+        )
+    if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != len(spans):
+        raise StateMismatchError("buffer offsets do not match the spans they index")
+    if np.any(np.diff(offsets) <= 0):
+        raise StateMismatchError("buffer offsets must be strictly increasing (no empty line)")
+    if (spans[:, 4] <= 0).any() or (spans[:, :4] < 0).any():
+        raise StateMismatchError("buffer spans hold negative fields or empty pieces")
+    spans = restore_spans(spans)
+    return [spans[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]

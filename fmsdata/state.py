@@ -1,0 +1,219 @@
+"""The loader state: its layout, its fingerprint, and the replica of what was consumed.
+
+A rank's state is plain data::
+
+    {"version": 1,
+     "fingerprint": {"data": ..., "seed": ..., "seq_length": ..., ...},
+     "rank": r, "world_size": W, "steps": batches consumed,
+     "shards": [{"id": shard id,
+                 "state": shard pipeline state or None (not started),
+                 "advance": lines the shard emitted after that state}, ...]}
+
+Shard states depend only on the shard, never on the rank, so a rescale is a regrouping of
+the ``shards`` lists of all ranks. Workers run ahead of the training loop; the main
+process keeps a ``ConsumedState`` that it advances with the small per-batch updates the
+workers send (light state plus shuffle-buffer journal), so ``state_dict()`` describes
+exactly the batches handed to the caller.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fmsdata.config import LoaderConfig
+from fmsdata.errors import StateMismatchError
+from fmsdata.handlers.base import FileHandler
+from fmsdata.stages.shuffle import apply_journal, pack_lines, unpack_lines
+from fmsdata.transport import WorkerItem
+
+__all__ = [
+    "STATE_VERSION",
+    "stream_fingerprint",
+    "check_fingerprint",
+    "gather_shard_states",
+    "ConsumedState",
+]
+
+STATE_VERSION = 1
+TOP_KEYS = ("version", "fingerprint", "rank", "world_size", "steps", "shards")
+
+# Config fields that decide the lines of a logical shard (batch size, workers and world
+# size do not: they may change between save and load).
+_STREAM_FIELDS = (
+    "datasets",
+    "weights",
+    "seq_length",
+    "bos_token",
+    "eos_token",
+    "bol_token",
+    "eol_token",
+    "strip_tokens",
+    "packing",
+    "pad_token",
+    "min_length",
+    "logical_shards",
+    "shuffle_window",
+    "seed",
+)
+
+
+def stream_fingerprint(
+    config: LoaderConfig, handler: FileHandler, names: Sequence[str], data: str
+) -> dict[str, Any]:
+    """What a saved state must agree with to be loaded: data hash and stream-shaping config."""
+    values = config.to_dict()
+    fingerprint: dict[str, Any] = {"data": data}
+    for field in _STREAM_FIELDS:
+        fingerprint[field] = values[field]
+    fingerprint["datasets"] = list(names)
+    fingerprint.update(handler.describe())
+    return fingerprint
+
+
+def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any], allow: Iterable[str] = ()) -> None:
+    """Raise StateMismatchError naming the first field that differs (fields in ``allow`` may)."""
+    allowed = set(allow)
+    for field in sorted(set(saved) | set(current)):
+        if field in allowed:
+            continue
+        if _plain(saved.get(field)) != _plain(current.get(field)):
+            raise StateMismatchError(
+                f"saved loader state has {field}={saved.get(field)!r} but this loader has "
+                f"{field}={current.get(field)!r}"
+            )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _check_top(state: Any) -> None:
+    if not isinstance(state, Mapping):
+        raise StateMismatchError(f"a loader state must be a mapping, got {type(state).__name__}")
+    missing = [k for k in TOP_KEYS if k not in state]
+    if missing:
+        raise StateMismatchError(f"loader state lacks {missing}; is this an fmsdata state?")
+    if state["version"] != STATE_VERSION:
+        raise StateMismatchError(
+            f"loader state has version={state['version']!r}, this fmsdata reads version={STATE_VERSION}"
+        )
+
+
+def gather_shard_states(
+    states: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    fingerprint: Mapping[str, Any],
+    n_shards: int,
+    allow: Iterable[str] = (),
+) -> tuple[dict[int, Any], int]:
+    """Collect the shard states of one rank's state or of every rank's states.
+
+    Returns:
+        ``({shard id: (shard state or None, lines consumed after it)}, steps)``.
+
+    Raises:
+        StateMismatchError: Version or fingerprint differ, a shard appears twice, or the
+            states do not cover every logical shard.
+    """
+    if isinstance(states, Mapping):
+        states = [states]
+    if not states:
+        raise StateMismatchError("no loader state given")
+    shards: dict[int, tuple[Any, int]] = {}
+    steps = set()
+    for state in states:
+        _check_top(state)
+        check_fingerprint(state["fingerprint"], fingerprint, allow)
+        steps.add(int(state["steps"]))
+        for entry in state["shards"]:
+            sid = int(entry["id"])
+            if sid in shards:
+                raise StateMismatchError(f"logical shard {sid} appears in more than one saved state")
+            if not 0 <= sid < n_shards:
+                raise StateMismatchError(f"saved state names logical shard {sid}, outside 0..{n_shards - 1}")
+            if set(entry) != {"id", "state", "advance"}:
+                raise StateMismatchError(
+                    f"shard entry has keys {sorted(entry)}, expected ['advance', 'id', 'state']"
+                )
+            advance = int(entry["advance"])
+            if advance < 0:
+                raise StateMismatchError(f"logical shard {sid} has a negative advance {advance}")
+            shards[sid] = (entry["state"], advance)
+    return shards, max(steps)
+
+
+def _lines(spans: np.ndarray, offsets: np.ndarray) -> Iterator[np.ndarray]:
+    for i in range(len(offsets) - 1):
+        yield spans[offsets[i] : offsets[i + 1]]
+
+
+class ConsumedState:
+    """Per-shard pipeline state as of the last batch handed to the caller.
+
+    Each shard is described by a state it passed through (``light`` + ``buffer``) and the
+    number of lines it emitted since (``advance``); a shard's state moves forward when a
+    worker item that advanced it has been consumed completely.
+
+    Args:
+        shard_ids: This rank's logical shards.
+        entries: Saved ``{shard id: (state or None, advance)}``.
+        steps: Batches consumed before.
+    """
+
+    def __init__(
+        self, shard_ids: Sequence[int], entries: Mapping[int, tuple[Any, int]] | None = None, steps: int = 0
+    ):
+        self.shard_ids = list(shard_ids)
+        self.steps = steps
+        self._light: dict[int, dict[str, Any] | None] = {}
+        self._buffers: dict[int, list[np.ndarray]] = {}
+        self._advance: dict[int, int] = {}
+        for sid in self.shard_ids:
+            state, advance = (entries or {}).get(sid, (None, 0))
+            self._advance[sid] = int(advance)
+            if state is None:
+                self._light[sid] = None
+                self._buffers[sid] = []
+            else:
+                self._light[sid] = copy.deepcopy({k: v for k, v in state.items() if k != "buffer"})
+                self._buffers[sid] = unpack_lines(state["buffer"])
+
+    def consume_batch(self, item: WorkerItem, batch: int) -> None:
+        """Count the lines of batch ``batch`` of ``item`` as consumed."""
+        for sid in item.row_shards[item.offsets[batch] : item.offsets[batch + 1]].tolist():
+            self._advance[sid] += 1
+
+    def finish_item(self, item: WorkerItem) -> None:
+        """Move the shards ``item`` advanced to their state at its end (all of it consumed)."""
+        self._light.update(item.lights)
+        pushed = _lines(item.pushed, item.pushed_offsets)
+        for sid, op in item.ops.tolist():
+            apply_journal(self._buffers[sid], (op,), pushed)
+        for sid in item.lights:
+            self._advance[sid] = 0
+
+    def emitted(self) -> list[int]:
+        """Lines consumed so far from each of the rank's shards, in shard order."""
+        return [
+            self._advance[sid] + (0 if self._light[sid] is None else int(self._light[sid]["emitted"]))
+            for sid in self.shard_ids
+        ]
+
+    def shard_state(self, sid: int) -> dict[str, Any] | None:
+        light = self._light[sid]
+        if light is None:
+            return None
+        state = dict(light)
+        state["buffer"] = pack_lines(self._buffers[sid])
+        return state
+
+    def shard_states(self) -> dict[int, Any]:
+        return {sid: self.shard_state(sid) for sid in self.shard_ids}
+
+    def advances(self) -> dict[int, int]:
+        return dict(self._advance)

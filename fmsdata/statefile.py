@@ -1,0 +1,115 @@
+"""A plain, code-free file format for loader states.
+
+A state file is a zip archive holding ``state.json`` (the nested structure, with each
+numpy array replaced by ``{"__array__": name}``) and one ``.npy`` file per array. Reading
+it parses JSON and ``.npy`` headers with ``allow_pickle=False``: a state file cannot run
+code. Writes go to a temporary file that is renamed into place, so a crash mid-write never
+leaves a damaged state under the final name.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from fmsdata.errors import StateMismatchError
+
+__all__ = ["save_state", "load_state", "state_to_bytes", "state_from_bytes"]
+
+_JSON = "state.json"
+_ARRAY_KEY = "__array__"
+
+
+def _flatten(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise TypeError("object arrays cannot be saved in a loader state")
+        name = f"a{len(arrays)}"
+        arrays[name] = value
+        return {_ARRAY_KEY: name}
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise TypeError(f"state keys must be strings, got {key!r}")
+        return {k: _flatten(v, arrays) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_flatten(v, arrays) for v in value]
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"cannot save {type(value).__name__} in a loader state")
+
+
+def _restore(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {_ARRAY_KEY}:
+            return arrays[value[_ARRAY_KEY]]
+        return {k: _restore(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore(v, arrays) for v in value]
+    return value
+
+
+def state_to_bytes(state: Any) -> bytes:
+    """Serialize a state (nested dicts, lists, scalars, numpy arrays) to bytes."""
+    arrays: dict[str, np.ndarray] = {}
+    tree = _flatten(state, arrays)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        archive.writestr(_JSON, json.dumps(tree, separators=(",", ":")))
+        for name, array in arrays.items():
+            data = io.BytesIO()
+            np.lib.format.write_array(data, np.ascontiguousarray(array), allow_pickle=False)
+            archive.writestr(f"{name}.npy", data.getvalue())
+    return buffer.getvalue()
+
+
+def state_from_bytes(data: bytes, source: str = "<bytes>") -> Any:
+    """Inverse of ``state_to_bytes``; never unpickles.
+
+    Raises:
+        StateMismatchError: The bytes are not a loader state file (names ``source``).
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            tree = json.loads(archive.read(_JSON).decode("utf-8"))
+            arrays = {}
+            for info in archive.infolist():
+                if info.filename.endswith(".npy"):
+                    with archive.open(info) as handle:
+                        arrays[info.filename[:-4]] = np.lib.format.read_array(
+                            io.BytesIO(handle.read()), allow_pickle=False
+                        )
+    except (zipfile.BadZipFile, KeyError, ValueError, EOFError, UnicodeDecodeError) as err:
+        raise StateMismatchError(f"{source}: not a readable loader state file ({err})") from None
+    try:
+        return _restore(tree, arrays)
+    except KeyError as err:
+        raise StateMismatchError(f"{source}: state refers to a missing array {err}") from None
+
+
+def save_state(path: str | os.PathLike[str], state: Any) -> None:
+    """Write a state file atomically (temporary file, fsync, rename)."""
+    path = os.fspath(path)
+    data = state_to_bytes(state)
+    partial = f"{path}.tmp"
+    with open(partial, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+
+
+def load_state(path: str | os.PathLike[str]) -> Any:
+    """Read a state file written by ``save_state``."""
+    path = os.fspath(path)
+    with open(path, "rb") as handle:
+        return state_from_bytes(handle.read(), path)

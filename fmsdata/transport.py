@@ -1,0 +1,167 @@
+"""What a DataLoader worker sends to the main process, and how batches come out of it.
+
+Passing tensors between processes has a high fixed cost per item, so a worker sends
+several consecutive batches at once (its rows of each). The tokens go into a ring of
+shared-memory slots the main process allocated before starting the workers (no new
+shared memory per item); the item itself is small metadata: where each row goes and which shard made it, and, for
+the end of the item, the state of each shard it advanced and the shuffle-buffer journal.
+The main process cuts batches out in order and applies the causal-LM shift while widening
+to int64. Its replica of the consumed state moves to a shard's item-end state once the
+whole item is consumed; in between it counts the lines consumed past the last state (a
+resume fast-forwards them, see ``fmsdata.state``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from fmsdata.stages.outputs import IGNORE_INDEX
+
+__all__ = ["WorkerItem", "item_batch_counts", "ring_shape", "assemble_batch"]
+
+# Tokens per item to aim for (the fixed cost of an item is then small beside its bytes),
+# and the most batches one item may carry.
+_ITEM_TOKENS = 1 << 19
+_MAX_BATCHES_PER_ITEM = 16
+
+
+@dataclasses.dataclass
+class WorkerItem:
+    """Rows of ``len(lights)`` consecutive batches produced by one worker.
+
+    Attributes:
+        offsets: [K + 1] start of each batch's rows in ``rows``/``tokens``.
+        rows: [R] row index of each produced line inside its batch.
+        tokens: [R, line_length] int32 tokens, or None when they are in a ring slot or a
+            custom preprocess ran.
+        slot: Ring slot holding the tokens (first R rows), or None.
+        content: [R] non-pad tokens per line.
+        segments: Flat document-piece lengths of every row (None unless requested).
+        segment_counts: [R] pieces per row.
+        samples: Custom preprocess outputs, each [R, ...] (None on the built-in path).
+        row_shards: [R] logical shard of each row.
+        lights: ``{shard id: light state}`` at the end of the item, for the shards advanced.
+        ops: [n, 2] shuffle journal ``(shard id, op)`` of the whole item.
+        pushed: [P, span width] spans of the lines pushed, in op order.
+        pushed_offsets: [pushes + 1] line boundaries in ``pushed``.
+    """
+
+    offsets: np.ndarray
+    rows: np.ndarray
+    row_shards: np.ndarray
+    tokens: torch.Tensor | None
+    slot: int | None
+    content: np.ndarray
+    segments: np.ndarray | None
+    segment_counts: np.ndarray | None
+    samples: dict[str, torch.Tensor] | None
+    lights: dict[int, dict[str, Any]]
+    ops: np.ndarray
+    pushed: np.ndarray
+    pushed_offsets: np.ndarray
+
+
+def ring_shape(batch_size: int, line_length: int, prefetch_factor: int) -> tuple[int, int, int]:
+    """(slots, rows, line_length) of one worker's token ring.
+
+    A worker can be at most ``prefetch_factor`` items ahead of the item the main process is
+    reading, so that many slots plus one are never overwritten while still in use.
+    """
+    rows = max(item_batch_counts(batch_size, line_length)) * batch_size
+    return prefetch_factor + 2, rows, line_length
+
+
+def item_batch_counts(batch_size: int, line_length: int) -> list[int]:
+    """Batches per item for the first items; the last value repeats forever.
+
+    Items start at one batch (a fast first batch) and double up to the size where the
+    per-item cost stops mattering.
+    """
+    target = min(_MAX_BATCHES_PER_ITEM, max(1, _ITEM_TOKENS // (batch_size * line_length)))
+    counts = [1]
+    while counts[-1] < target:
+        counts.append(min(target, counts[-1] * 2))
+    return counts
+
+
+def assemble_batch(
+    items: list[WorkerItem],
+    tokens_of: list[torch.Tensor | None],
+    k: int,
+    batch_size: int,
+    want_position_ids: bool,
+    want_cu_seqlens: bool,
+    pin_memory: bool,
+) -> dict[str, torch.Tensor]:
+    """Batch ``k`` of the given items (one per worker) in canonical row order.
+
+    ``tokens_of[w]`` holds item ``w``'s token rows (from its ring slot or the item).
+    """
+    spans = [(item, int(item.offsets[k]), int(item.offsets[k + 1])) for item in items]
+    single = len(items) == 1
+    if items[0].samples is not None:
+        batch = {}
+        for key in sorted({key for item in items for key in (item.samples or {})}):
+            parts = [(i.samples[key], i.rows, a, b) for i, a, b in spans if key in i.samples]
+            batch[key] = _gather(parts, batch_size, single)
+        return _pin(batch) if pin_memory else batch
+
+    tokens = _gather([(t, i.rows, a, b) for t, (i, a, b) in zip(tokens_of, spans)], batch_size, single)
+    content = np.empty(batch_size, dtype=np.int64)
+    for item, a, b in spans:
+        content[item.rows[a:b]] = item.content[a:b]
+    seq = tokens.shape[1] - 1
+    # One widening copy each, out of the (possibly shared, soon reused) int32 rows.
+    input_ids = torch.empty((batch_size, seq), dtype=torch.int64)
+    input_ids.copy_(tokens[:, :-1])
+    labels = torch.empty((batch_size, seq), dtype=torch.int64)
+    labels.copy_(tokens[:, 1:])
+    if (content <= seq).any():
+        target = torch.arange(1, seq + 1)[None, :]
+        labels[target >= torch.from_numpy(content)[:, None]] = IGNORE_INDEX
+    batch = {"input_ids": input_ids, "labels": labels}
+    if want_position_ids or want_cu_seqlens:
+        segments = _row_segments(spans, batch_size)
+        lengths = np.concatenate(segments)
+        if want_position_ids:
+            starts = np.cumsum(lengths) - lengths
+            flat = np.arange(batch_size * seq, dtype=np.int64) - np.repeat(starts, lengths)
+            batch["position_ids"] = torch.from_numpy(flat.reshape(batch_size, seq))
+        if want_cu_seqlens:
+            cu = np.zeros(len(lengths) + 1, dtype=np.int32)
+            np.cumsum(lengths, out=cu[1:])
+            batch["cu_seqlens"] = torch.from_numpy(cu)
+            batch["max_seqlen"] = torch.tensor(int(lengths.max()))
+    return _pin(batch) if pin_memory else batch
+
+
+def _gather(parts: list[tuple[Any, np.ndarray, int, int]], batch_size: int, single: bool) -> torch.Tensor:
+    if single:
+        values, _, a, b = parts[0]
+        return values[a:b]
+    first = parts[0][0]  # every part has the same trailing shape
+    out = first.new_empty((batch_size, *first.shape[1:]))
+    for values, rows, a, b in parts:
+        if b > a:
+            out[torch.from_numpy(rows[a:b])] = values[a:b]
+    return out
+
+
+def _row_segments(spans: list[tuple[WorkerItem, int, int]], batch_size: int) -> list[np.ndarray]:
+    per_row: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * batch_size
+    for item, a, b in spans:
+        counts = item.segment_counts
+        first = int(counts[:a].sum())
+        bounds = np.cumsum(counts[a:b]) + first
+        starts = bounds - counts[a:b]
+        for row, s, e in zip(item.rows[a:b].tolist(), starts.tolist(), bounds.tolist()):
+            per_row[row] = item.segments[s:e]
+    return per_row
+
+
+def _pin(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.pin_memory() if torch.cuda.is_available() else v for k, v in batch.items()}
