@@ -108,13 +108,9 @@ class DatasetAccess:
                 f"{self.files.paths[file]}: holds {n} documents but the counts metadata says "
                 f"{int(self._counts[file])}; run `fmsdata index` again"
             )
+        lengths = np.asarray(self.handler.doc_lengths(reader, docs), dtype=np.int64)
         buffer = self.handler.token_buffer(reader)
-        if buffer is not None:
-            flat, all_starts, all_lengths = buffer
-            starts, lengths = all_starts[docs], all_lengths[docs]
-        else:
-            starts = None
-            lengths = np.asarray(self.handler.doc_lengths(reader, docs), dtype=np.int64)
+        starts = buffer[1][docs] if buffer is not None else None
         if decoration.strip:
             first, last = self.handler.doc_edges(reader, docs)
             lead, trail = decoration.strip_amounts(lengths, first, last)

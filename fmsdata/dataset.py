@@ -24,7 +24,7 @@ from fmsdata.config import LoaderConfig
 from fmsdata.errors import ConfigError, ShardFormatError, StateMismatchError
 from fmsdata.files import local_path_resolver
 from fmsdata.handlers.base import FileHandler
-from fmsdata.pipeline import ShardRecipe, build_shard
+from fmsdata.pipeline import ShardRecipe, open_shard
 from fmsdata.stages.base import SPAN_WIDTH
 from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.outputs import segment_lengths
@@ -94,17 +94,22 @@ class RankLineDataset(IterableDataset):
             self._catalog = catalog
         return self._catalog
 
+    def shard_context(self, n_shards: int) -> tuple[ReaderCache, list[Any], ShardRecipe]:
+        """Readers, dataset accesses and the shard recipe for running ``n_shards`` shards."""
+        catalog = self.catalog()
+        # Each stream reads one file at a time, and buffered lines point into a few more.
+        open_files = self.config.open_files or 2 * n_shards * len(catalog.datasets) + 16
+        readers = ReaderCache(open_files)
+        accesses = make_accesses(catalog, self.handler, local_path_resolver(catalog.root), readers)
+        recipe = ShardRecipe.from_config(self.config, [d.name for d in catalog.datasets])
+        return readers, accesses, recipe
+
     def __iter__(self) -> Iterator[WorkerItem]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         config = self.config
-        catalog = self.catalog()
         mine = set(worker_shards(len(self.shard_ids), worker, num_workers))
-        # Each stream reads one file at a time, and buffered lines point into a few more.
-        open_files = config.open_files or 2 * len(mine) * len(catalog.datasets) + 16
-        readers = ReaderCache(open_files)
-        accesses = make_accesses(catalog, self.handler, local_path_resolver(catalog.root), readers)
-        recipe = ShardRecipe.from_config(config, [d.name for d in catalog.datasets])
+        readers, accesses, recipe = self.shard_context(len(mine))
         writer = LineWriter(
             accesses,
             recipe.decoration,
@@ -120,16 +125,9 @@ class RankLineDataset(IterableDataset):
             pipeline = shards.get(local)
             if pipeline is None:
                 sid = self.shard_ids[local]
-                pipeline = build_shard(sid, recipe, accesses)
-                saved = self.start_states.get(sid)
-                if saved is not None:
-                    pipeline.load_state_dict(saved)
-                # Lines consumed after the saved state: replay them without reading tokens.
-                # Their journal stays queued, so the main process's replica (which still
-                # holds the saved buffer) sees them with this shard's next update.
-                for _ in range(self.start_advance.get(sid, 0)):
-                    next(pipeline)
-                shards[local] = pipeline
+                pipeline = shards[local] = open_shard(
+                    sid, recipe, accesses, self.start_states.get(sid), self.start_advance.get(sid, 0)
+                )
             return pipeline
 
         dealer = RowDealer(list(self.start_emitted))

@@ -4,30 +4,13 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import fsspec
 
-from fmsdata.catalog import COUNTS_HEADER, META_DIR, Catalog
-from fmsdata.files import local_path_resolver
-from fmsdata.handlers.base import FileHandler
+from fmsdata.catalog import COUNTS_HEADER, META_DIR
 
-__all__ = ["count_files", "write_counts"]
-
-
-def count_files(
-    catalog: Catalog, handler: FileHandler, progress: Callable[[int], None] | None = None
-) -> list[tuple[str, int, int]]:
-    """``(dataset/relative/path, documents, tokens)`` for every shard of the catalog."""
-    local = local_path_resolver(catalog.root)
-    rows = []
-    for ds in catalog.datasets:
-        for rel in ds.paths:
-            docs, tokens = handler.count(local(rel))
-            rows.append((rel, docs, tokens))
-            if progress is not None:
-                progress(1)
-    return rows
+__all__ = ["write_counts"]
 
 
 def write_counts(root: str, rows: Sequence[tuple[str, int, int]], name: str = "counts.csv") -> str:

@@ -14,6 +14,7 @@ from fmsdata.config import LoaderConfig, as_config
 from fmsdata.dataset import Preprocess, RankLineDataset
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers import make_handler
+from fmsdata.pipeline import open_shard
 from fmsdata.state import STATE_VERSION, ConsumedState, gather_shard_states, stream_fingerprint
 from fmsdata.topology import Topology
 from fmsdata.transport import assemble_batch, ring_shape
@@ -50,6 +51,7 @@ class FmsDataLoader(DataLoader):
         )
         self.config: LoaderConfig = config
         self._consumed = ConsumedState(dataset.shard_ids)
+        self._parts: Any = None
 
     # -- iteration -----------------------------------------------------------------------
 
@@ -64,7 +66,7 @@ class FmsDataLoader(DataLoader):
             shape = ring_shape(config.batch_size, config.line_length, config.prefetch_factor)
             rings = [torch.empty(shape, dtype=torch.int32).share_memory_() for _ in range(self.num_workers)]
         dataset.rings = rings
-        parts = super().__iter__()
+        parts = self._parts = super().__iter__()
         n_parts = max(1, self.num_workers)
         while True:
             items = [next(parts) for _ in range(n_parts)]
@@ -89,6 +91,10 @@ class FmsDataLoader(DataLoader):
             for item in items:
                 self._consumed.finish_item(item)
 
+    def worker_pids(self) -> list[int]:
+        """Process ids of the workers of the current iteration (empty without workers)."""
+        return [w.pid for w in getattr(self._parts, "_workers", [])]
+
     # -- state ---------------------------------------------------------------------------
 
     @property
@@ -105,19 +111,36 @@ class FmsDataLoader(DataLoader):
         """Batches consumed since the start of the run (carried through resumes)."""
         return self._consumed.steps
 
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's state as plain data (ints, strings, lists, numpy arrays)."""
+    def state_dict(self, settle: bool = False) -> dict[str, Any]:
+        """This rank's state as plain data (ints, strings, lists, numpy arrays).
+
+        Each shard entry is a pipeline state plus ``advance``, the lines the shard emitted
+        after it (at most a few batches' worth, the rest of a worker's current item); a
+        resume replays them. ``settle=True`` replays them here instead, reading document
+        metadata, so every entry describes its shard exactly (``advance`` 0) — for
+        inspection; resuming does not need it.
+        """
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        shards = [
+            {"id": sid, "state": state, "advance": self._consumed.advances()[sid]}
+            for sid, state in self._consumed.shard_states().items()
+        ]
+        if settle and any(entry["advance"] for entry in shards):
+            readers, accesses, recipe = dataset.shard_context(len(shards))
+            try:
+                for entry in shards:
+                    if entry["advance"]:
+                        pipeline = open_shard(entry["id"], recipe, accesses, entry["state"], entry["advance"])
+                        entry["state"], entry["advance"] = pipeline.state_dict(), 0
+            finally:
+                readers.close()
         return {
             "version": STATE_VERSION,
             "fingerprint": self.fingerprint,
             "rank": dataset.topology.rank,
             "world_size": dataset.topology.world_size,
             "steps": self._consumed.steps,
-            "shards": [
-                {"id": sid, "state": state, "advance": self._consumed.advances()[sid]}
-                for sid, state in self._consumed.shard_states().items()
-            ],
+            "shards": shards,
         }
 
     def load_state_dict(

@@ -10,10 +10,11 @@ needs nothing but p.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["derive_key", "permute", "hash_index"]
+__all__ = ["derive_key", "permute", "Permutations", "hash_index", "hash_values"]
 
 _ROUNDS = 4
 _MASK64 = (1 << 64) - 1
@@ -39,7 +40,23 @@ def hash_index(key: int, counter: int, n: int) -> int:
     return _mix_int(key ^ _mix_int(counter + 0x9E3779B97F4A7C15)) % n
 
 
-def _rounds(key: int, bits: int) -> list[tuple[np.uint64, np.uint64]]:
+def _mix_array(x: np.ndarray) -> np.ndarray:
+    """``_mix_int`` on a uint64 array (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def hash_values(key: int, start: int, count: int) -> list[int]:
+    """``hash_index`` before the modulo, for counters ``start .. start + count - 1``:
+    ``hash_values(k, c, 1)[0] % n == hash_index(k, c, n)``."""
+    counters = np.arange(start, start + count, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    return _mix_array(np.uint64(key & _MASK64) ^ _mix_array(counters)).tolist()
+
+
+def _rounds(key: int, bits: int) -> list[tuple[int, int]]:
     """Per-round (addend, odd multiplier) pairs for a key, each below ``2**bits``."""
     mask = (1 << bits) - 1
     out = []
@@ -48,19 +65,65 @@ def _rounds(key: int, bits: int) -> list[tuple[np.uint64, np.uint64]]:
         state = _mix_int(state + 0x9E3779B97F4A7C15)
         addend = state & mask
         state = _mix_int(state + 0x9E3779B97F4A7C15)
-        out.append((np.uint64(addend), np.uint64((state & mask) | 1)))
+        out.append((addend, (state & mask) | 1))
     return out
 
 
-def _scramble(x: np.ndarray, bits: int, rounds: list[tuple[np.uint64, np.uint64]]) -> np.ndarray:
-    """A bijection of ``range(2**bits)``: add, multiply by an odd number, xor-shift, per round."""
-    mask = np.uint64((1 << bits) - 1)
-    shift = np.uint64((bits + 1) // 2)
-    for addend, multiplier in rounds:
-        x = (x + addend) & mask
-        x = (x * multiplier) & mask
+def _scramble(x: np.ndarray, mask: np.ndarray, shift: np.ndarray, rounds: np.ndarray) -> np.ndarray:
+    """A bijection of each element's ``range(2**bits)``: add, multiply by an odd number,
+    xor-shift, per round (``rounds[:, r]`` holds round r's addend and multiplier)."""
+    for r in range(_ROUNDS):
+        x = (x + rounds[:, 2 * r]) & mask
+        x = (x * rounds[:, 2 * r + 1]) & mask
         x ^= x >> shift
     return x
+
+
+class Permutations:
+    """Many keyed permutations at once: permutation g is of ``range(sizes[g])`` with key
+    ``keys[g]``. Round constants are derived once, so applying costs only vectorized work.
+
+    Args:
+        sizes: Size of each permuted range.
+        keys: 64-bit key of each permutation (see ``derive_key``).
+    """
+
+    def __init__(self, sizes: Sequence[int] | np.ndarray, keys: Sequence[int]):
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        bits = [max(int(n) - 1, 0).bit_length() for n in self.sizes]
+        self._bits = np.asarray(bits, dtype=np.uint64)
+        self._table = np.array(
+            [[v for pair in _rounds(key, b) for v in pair] for key, b in zip(keys, bits)],
+            dtype=np.uint64,
+        ).reshape(len(self.sizes), 2 * _ROUNDS)
+
+    def apply(self, positions: np.ndarray, groups: np.ndarray) -> np.ndarray:
+        """Element i is position ``positions[i]`` of permutation ``groups[i]``.
+
+        Returns:
+            int64 array of permuted values, the shape of ``positions``.
+        """
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.zeros(len(positions), dtype=np.uint64)
+        n = self.sizes[groups].astype(np.uint64)
+        live = np.flatnonzero(n > 1)  # a range of one element maps to 0
+        if not live.size:
+            return out.astype(np.int64)
+        g = groups[live]
+        bits = self._bits[g]
+        mask = (np.uint64(1) << bits) - np.uint64(1)
+        shift = (bits + np.uint64(1)) >> np.uint64(1)
+        rounds = self._table[g]
+        limit = n[live]
+        x = _scramble(positions[live].astype(np.uint64), mask, shift, rounds)
+        # Cycle walking: values that land outside range(n) are scrambled again until they
+        # return; each domain is under twice its range, so this takes about two passes.
+        outside = np.flatnonzero(x >= limit)
+        while outside.size:
+            x[outside] = _scramble(x[outside], mask[outside], shift[outside], rounds[outside])
+            outside = outside[x[outside] >= limit[outside]]
+        out[live] = x
+        return out.astype(np.int64)
 
 
 def permute(positions: np.ndarray, n: int, key: int) -> np.ndarray:
@@ -75,15 +138,6 @@ def permute(positions: np.ndarray, n: int, key: int) -> np.ndarray:
         int64 array of the same shape: the permuted values, all distinct for distinct input.
     """
     positions = np.asarray(positions, dtype=np.int64)
-    if n <= 1:
-        return np.zeros_like(positions)
-    bits = int(n - 1).bit_length()
-    rounds = _rounds(key, bits)
-    out = _scramble(positions.astype(np.uint64), bits, rounds)
-    # Cycle walking: values that land outside range(n) are scrambled again until they
-    # return; the domain is under 2n, so this takes about two passes.
-    outside = np.flatnonzero(out >= np.uint64(n))
-    while outside.size:
-        out[outside] = _scramble(out[outside], bits, rounds)
-        outside = outside[out[outside] >= np.uint64(n)]
-    return out.astype(np.int64)
+    flat = positions.reshape(-1)
+    groups = np.zeros(len(flat), dtype=np.int64)
+    return Permutations([n], [key]).apply(flat, groups).reshape(positions.shape)

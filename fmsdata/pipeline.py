@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from fmsdata.config import LoaderConfig
 from fmsdata.permute import derive_key
@@ -16,7 +17,7 @@ from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.packing import LinePacker
 from fmsdata.stages.shuffle import ShuffleBuffer
 
-__all__ = ["ShardRecipe", "build_shard"]
+__all__ = ["ShardRecipe", "build_shard", "open_shard"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,23 @@ class ShardRecipe:
             packing=config.packing,
             window=config.shuffle_window,
         )
+
+
+def open_shard(
+    shard: int, recipe: ShardRecipe, accesses: Sequence, state: Any = None, advance: int = 0
+) -> ShuffleBuffer:
+    """A shard's pipeline at a saved position: ``state`` (None = start) plus ``advance``
+    lines emitted after it, which are replayed at span level (no tokens are read).
+
+    The replayed lines stay in the shuffle buffer's journal, so a replica that still holds
+    ``state`` learns about them with the shard's next update.
+    """
+    pipeline = build_shard(shard, recipe, accesses)
+    if state is not None:
+        pipeline.load_state_dict(state)
+    for _ in range(advance):
+        next(pipeline)
+    return pipeline
 
 
 def build_shard(shard: int, recipe: ShardRecipe, accesses: Sequence) -> ShuffleBuffer:

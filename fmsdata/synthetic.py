@@ -20,11 +20,19 @@ __all__ = ["CorpusInfo", "write_corpus", "document_lengths"]
 
 @dataclasses.dataclass(frozen=True)
 class CorpusInfo:
-    """Where each dataset's token values lie: ``ranges[name] = (first, end)``."""
+    """What was written.
+
+    Attributes:
+        root: The data root.
+        ranges: ``{dataset: (first token value, end)}``.
+        documents: ``{dataset: document count}``.
+        files: ``{relative path: (first token value of each document, its length)}``.
+    """
 
     root: str
     ranges: dict[str, tuple[int, int]]
     documents: dict[str, int]
+    files: dict[str, tuple[np.ndarray, np.ndarray]]
 
     def tokens(self, name: str) -> int:
         first, end = self.ranges[name]
@@ -74,6 +82,7 @@ def write_corpus(
     next_token = first_token
     ranges: dict[str, tuple[int, int]] = {}
     documents: dict[str, int] = {}
+    written: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for name, n_files in files.items():
         start = next_token
         count = 0
@@ -83,14 +92,15 @@ def write_corpus(
             else:
                 n_docs = docs_per_file
             lengths = document_lengths(rng, n_docs, mean_length, spread)
-            docs = []
-            for length in lengths:
-                docs.append(np.arange(next_token, next_token + length, dtype=np.int64))
-                next_token += int(length)
+            firsts = next_token + np.cumsum(lengths) - lengths
+            docs = [np.arange(a, a + n, dtype=np.int64) for a, n in zip(firsts, lengths)]
+            next_token += int(lengths.sum())
             sub = os.path.join(name, "part") if nested and f % 2 else name
             os.makedirs(os.path.join(root, sub), exist_ok=True)
-            write_arrow_docs(os.path.join(root, sub, f"shard_{f:05d}.arrow"), docs, col_name, dtype)
+            relative = f"{sub}/shard_{f:05d}.arrow".replace(os.sep, "/")
+            write_arrow_docs(os.path.join(root, relative), docs, col_name, dtype)
+            written[relative] = (firsts, lengths)
             count += n_docs
         ranges[name] = (start, next_token)
         documents[name] = count
-    return CorpusInfo(root=root, ranges=ranges, documents=documents)
+    return CorpusInfo(root=root, ranges=ranges, documents=documents, files=written)

@@ -68,20 +68,42 @@ def worker_shards(n_local: int, worker: int, num_workers: int) -> range:
 class RowDealer:
     """Deals batch rows to a rank's shards: fewest lines emitted first, lowest index on ties.
 
+    While the shards are level (each has emitted ``c`` or ``c + 1`` lines, the ``c + 1``
+    ones first) the rule is plain round-robin and is dealt with a pointer; after a rescale
+    leaves them uneven, a heap deals until they are level again.
+
     Args:
         emitted: Lines already emitted by each rank-local shard.
     """
 
     def __init__(self, emitted: list[int]):
-        self._heap = [(count, i) for i, count in enumerate(emitted)]
-        heapq.heapify(self._heap)
+        self._counts = list(emitted)
+        self._next = _level_pointer(self._counts)
 
     def deal(self, batch_size: int) -> list[int]:
         """Rank-local shard index of each row of the next batch."""
+        n = len(self._counts)
+        if self._next is not None:
+            start = self._next
+            self._next = (start + batch_size) % n
+            return [(start + k) % n for k in range(batch_size)]
+        heap = [(count, i) for i, count in enumerate(self._counts)]
+        heapq.heapify(heap)
         rows = []
-        heap = self._heap
         for _ in range(batch_size):
             count, i = heap[0]
             rows.append(i)
             heapq.heapreplace(heap, (count + 1, i))
+        for count, i in heap:
+            self._counts[i] = count
+        self._next = _level_pointer(self._counts)
         return rows
+
+
+def _level_pointer(counts: list[int]) -> int | None:
+    """The next shard to deal if ``counts`` is level (``[c + 1] * p + [c] * (n - p)``), else None."""
+    low = min(counts)
+    higher = [i for i, count in enumerate(counts) if count != low]
+    if any(counts[i] != low + 1 for i in higher) or higher != list(range(len(higher))):
+        return None
+    return len(higher) % len(counts)

@@ -25,8 +25,8 @@ __all__ = ["WorkerItem", "item_batch_counts", "ring_shape", "assemble_batch"]
 
 # Tokens per item to aim for (the fixed cost of an item is then small beside its bytes),
 # and the most batches one item may carry.
-_ITEM_TOKENS = 1 << 19
-_MAX_BATCHES_PER_ITEM = 16
+_ITEM_TOKENS = 1 << 21
+_MAX_BATCHES_PER_ITEM = 64
 
 
 @dataclasses.dataclass

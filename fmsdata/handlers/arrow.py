@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from fmsdata.errors import ShardFormatError
-from fmsdata.handlers.arrow_index import index_record_batches
+from fmsdata.handlers.arrow_index import RecordBatchIndex
 from fmsdata.handlers.base import FileHandler
 
 __all__ = ["ArrowDocHandler", "write_arrow_docs"]
@@ -51,26 +51,26 @@ class _DocBatchReader:
         itemsize = self.dtype.itemsize
         self.flat = np.frombuffer(self._mapped, dtype=self.dtype, count=self._mapped.size // itemsize)
         self._copies: dict[int, np.ndarray] = {}
-        located = None
+        self.starts = np.full(self.n, -1, dtype=np.int64)  # element offset into flat, -1 unknown
+        self.lengths = np.full(self.n, -1, dtype=np.int64)
+        self._bytes = np.frombuffer(self._mapped, dtype=np.uint8)
+        self._index: RecordBatchIndex | None = None
         if all(pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in list(schema)[: self.col + 1]):
-            located = index_record_batches(
-                np.frombuffer(self._mapped, dtype=np.uint8), self.col, itemsize
-            )
-        if located is not None and len(located[0]) == self.n:
-            self.starts, self.lengths = located
-            self._all_located = True
-        else:
-            self.starts = np.full(self.n, -1, dtype=np.int64)  # element offset into flat
-            self.lengths = np.full(self.n, -1, dtype=np.int64)
-            self._all_located = False
+            index = RecordBatchIndex.read(self._bytes)
+            if index is not None and len(index) == self.n:
+                self._index = index
 
     def locate(self, indices: np.ndarray) -> None:
         """Make sure start and length are known for the given documents."""
-        if self._all_located:
-            return
         missing = indices[self.starts[indices] < 0]
         if missing.size == 0:
             return
+        if self._index is not None:
+            missing = np.unique(missing)
+            located = self._index.locate(self._bytes, missing, self.col, self.dtype.itemsize)
+            if located is not None:
+                self.starts[missing], self.lengths[missing] = located
+                return
         base = self._mapped.address
         end = base + self._mapped.size
         itemsize = self.dtype.itemsize
@@ -103,9 +103,9 @@ class _DocBatchReader:
     def doc(self, i: int) -> np.ndarray:
         if not 0 <= i < self.n:
             raise ShardFormatError(f"{self.path}: document {i} requested, the file holds {self.n}")
-        if not self._all_located:
-            if self.starts[i] < 0:
-                self.locate(np.array([i], dtype=np.int64))
+        if self.starts[i] < 0:
+            self.locate(np.array([i], dtype=np.int64))
+        if self._copies:
             copy = self._copies.get(i)
             if copy is not None:
                 return copy
@@ -114,6 +114,7 @@ class _DocBatchReader:
 
     def close(self) -> None:
         self.flat = np.empty(0, dtype=self.dtype)
+        self._bytes = np.empty(0, dtype=np.uint8)
         self._mapped = None
         self._ipc = None
         self._source.close()
@@ -162,7 +163,8 @@ class ArrowDocHandler(FileHandler):
         return first, last
 
     def token_buffer(self, reader: _DocBatchReader) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        if not reader._all_located:
+        # Documents are located on demand: callers locate (doc_lengths) before reading starts.
+        if reader._copies:
             return None
         return reader.flat, reader.starts, reader.lengths
 

@@ -20,12 +20,17 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import EmptyDatasetError, StateMismatchError
-from fmsdata.permute import derive_key, permute
+from fmsdata.permute import Permutations, derive_key, permute
 from fmsdata.stages.base import check_keys
 
 __all__ = ["Decoration", "DocBlock", "DocumentStream", "shard_fragments"]
 
 STATE_KEYS = ("epoch", "pos", "docs", "skipped")
+# Read-ahead starts small (a fast first batch) and grows fourfold; a block spans at most this many
+# fragments, so a stream holds few files open whatever the fragment size.
+_FIRST_BLOCK = 16
+_MAX_BLOCK = 1024
+_MAX_FRAGMENTS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +153,9 @@ class DocumentStream:
         self._walk_epoch = -1
         self._walk: np.ndarray = np.zeros((0, 3), dtype=np.int64)
         self._walk_ends: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._walk_orders: Permutations | None = None
         self._ahead = 0  # global position of the read-ahead cursor
-        self._block_docs = 16
+        self._block_docs = _FIRST_BLOCK
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -182,14 +188,17 @@ class DocumentStream:
         self._ahead = self.epoch * self._size + self.pos
 
     def _walk_for(self, epoch: int) -> None:
+        """The epoch's fragment order, and each fragment's document order."""
         if epoch == self._walk_epoch:
             return
         frags = self._fragments
-        order = permute(
-            np.arange(len(frags)), len(frags), derive_key(self.seed, self.access.name, self.shard, epoch)
-        )
+        name = self.access.name
+        order = permute(np.arange(len(frags)), len(frags), derive_key(self.seed, name, self.shard, epoch))
         self._walk = frags[order]
-        self._walk_ends = np.cumsum(self._walk[:, 2] - self._walk[:, 1])
+        sizes = self._walk[:, 2] - self._walk[:, 1]
+        self._walk_ends = np.cumsum(sizes)
+        keys = [derive_key(self.seed, name, self.shard, epoch, int(f)) for f in self._walk[:, 0]]
+        self._walk_orders = Permutations(sizes, keys)
         self._walk_epoch = epoch
 
     # -- read ahead / commit -------------------------------------------------------------
@@ -197,16 +206,19 @@ class DocumentStream:
     def read_ahead(self) -> DocBlock:
         """The next block of kept documents after the read-ahead cursor (never empty).
 
+        A block covers a few fragments (files) of the walk at most, so a stream keeps only
+        a few files open at a time however small its fragments are.
+
         Raises:
             EmptyDatasetError: A whole epoch of the shard passed without a usable document.
         """
         self._setup()
         passed = 0
         while True:
-            block, walked = self._read_fragment_part()
+            block, walked = self._read_block()
             passed += walked
             if len(block):
-                self._block_docs = min(self._block_docs * 2, 1024)
+                self._block_docs = min(self._block_docs * 4, _MAX_BLOCK)
                 return block
             if passed >= self._size:
                 raise EmptyDatasetError(
@@ -214,26 +226,32 @@ class DocumentStream:
                     f"at least min_length={self.decoration.min_length} tokens"
                 )
 
-    def _read_fragment_part(self) -> tuple[DocBlock, int]:
+    def _read_block(self) -> tuple[DocBlock, int]:
         epoch, pos = divmod(self._ahead, self._size)
         self._walk_for(epoch)
-        k = int(np.searchsorted(self._walk_ends, pos, side="right"))
-        file, lo, hi = (int(v) for v in self._walk[k])
-        frag_start = int(self._walk_ends[k]) - (hi - lo)
-        local = pos - frag_start
-        take = min(self._block_docs, hi - lo - local)
-        key = derive_key(self.seed, self.access.name, self.shard, epoch, file)
-        docs = lo + permute(np.arange(local, local + take), hi - lo, key)
-        lengths, lead, trail, starts = self.access.measure(file, docs, self.decoration)
-        content = lengths - lead - trail
-        kept = content >= max(1, self.decoration.min_length)
-        gpos = self._ahead + np.arange(take, dtype=np.int64)
-        self._ahead += take
-        base = starts + lead if starts is not None else np.full(take, -1, dtype=np.int64)
-        block = DocBlock(
-            np.full(take, file, dtype=np.int64), docs, content + self.decoration.extra, base, gpos
-        )
-        return block.select(np.flatnonzero(kept)), take
+        ends = self._walk_ends
+        first = int(np.searchsorted(ends, pos, side="right"))
+        last = min(first + _MAX_FRAGMENTS, len(ends)) - 1
+        stop = min(pos + self._block_docs, int(ends[last]))
+        positions = np.arange(pos, stop, dtype=np.int64)
+        frag = np.searchsorted(ends, positions, side="right")
+        local = positions - (ends - (self._walk[:, 2] - self._walk[:, 1]))[frag]
+        docs = self._walk[frag, 1] + self._walk_orders.apply(local, frag)
+        files = self._walk[frag, 0]
+        parts = []
+        cuts = np.flatnonzero(np.diff(frag)) + 1
+        for run in np.split(np.arange(len(positions)), cuts):
+            file = int(files[run[0]])
+            lengths, lead, trail, starts = self.access.measure(file, docs[run], self.decoration)
+            base = starts + lead if starts is not None else np.full(len(run), -1, dtype=np.int64)
+            parts.append((lengths - lead - trail, base))
+        content = np.concatenate([p[0] for p in parts])
+        base = np.concatenate([p[1] for p in parts])
+        kept = np.flatnonzero(content >= max(1, self.decoration.min_length))
+        gpos = self._ahead + np.arange(len(positions), dtype=np.int64)
+        self._ahead += len(positions)
+        block = DocBlock(files, docs, content + self.decoration.extra, base, gpos)
+        return block.select(kept), len(positions)
 
     def commit(self, last_gpos: int, used: int) -> None:
         """Mark documents up to walk position ``last_gpos`` as consumed, ``used`` of them kept."""
@@ -247,7 +265,7 @@ class DocumentStream:
         """Drop read-ahead: the next ``read_ahead`` starts at the consumed position."""
         if self._fragments is not None:
             self._ahead = self.epoch * self._size + self.pos
-        self._block_docs = 16
+        self._block_docs = _FIRST_BLOCK
 
     # -- state ---------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """Turn lines of spans into token rows, reading only the slices the spans name.
 
-All spans of a batch part are handled together: where each piece lands, and the BOS/EOS/
-BOL/EOL/pad tokens, come from vectorized arithmetic on the span columns; the only
-per-span Python work left is one slice copy from the document's memory-mapped tokens.
+All spans of a batch part are handled together: where each span lands and where the
+BOS/EOS/BOL/EOL/pad tokens go come from vectorized arithmetic on the span columns (the
+delimiters are placed with one scatter each); the only per-span Python work left is one
+slice copy from the document's memory-mapped tokens.
 """
 
 from __future__ import annotations
@@ -21,8 +22,17 @@ __all__ = ["LineWriter"]
 _INT32_MAX = 2**31 - 1
 
 
+def _check_int32(piece: np.ndarray, access: Any, file: int, doc: int) -> None:
+    """Rows are int32: refuse token ids that do not fit (64-bit token files only)."""
+    if piece.dtype.itemsize > 4 and len(piece) and (int(piece.max()) > _INT32_MAX or int(piece.min()) < 0):
+        raise ShardFormatError(
+            f"{access.path(file)}: document {doc} holds a token id outside [0, 2**31): "
+            f"{int(piece.max()) if int(piece.max()) > _INT32_MAX else int(piece.min())}"
+        )
+
+
 class LineWriter:
-    """Writes packed lines ``[BOL] documents... [EOL] [pad...]`` into int64 rows.
+    """Writes packed lines ``[BOL] documents... [EOL] [pad...]`` into int32 rows.
 
     Args:
         accesses: Dataset accesses by dataset index (the ``ds`` field of spans).
@@ -60,40 +70,40 @@ class LineWriter:
         spans = np.concatenate(lines)
         if (spans[:, DLEN] < 0).any():
             self._find_facts(spans)
-        row = np.repeat(np.arange(n_rows), counts)
 
         bos, eos = self.decoration.bos, self.decoration.eos
         has_bos, has_eos = int(bos is not None), int(eos is not None)
         content = spans[:, DLEN] - has_bos - has_eos
         start = spans[:, START]
         end = start + spans[:, LENGTH]
-        with_bos = ((start == 0) & bool(has_bos)).astype(np.int64)
+        with_bos = (start == 0) & bool(has_bos)
         first = start - has_bos + with_bos  # first content token of the span
         n_copy = np.maximum(np.minimum(end - has_bos, content) - first, 0)
-        with_eos = ((end - has_bos > content) & bool(has_eos)).astype(np.int64)
+        with_eos = (end - has_bos > content) & bool(has_eos)
+        row = np.repeat(np.arange(n_rows), counts)
         written = with_bos + n_copy + with_eos
+        fill = np.bincount(row, weights=written, minlength=n_rows).astype(np.int64)
+        fill += (self.bol is not None) + (self.eol is not None)
+        if self.pad is None and (fill != width).any():
+            raise AssertionError(f"hard-packed lines came out as {fill.tolist()} tokens, not {width}")
 
+        # Where each span's first token lands in the flattened rows.
         head = int(self.bol is not None)
         before = np.cumsum(written) - written
         row_first = np.cumsum(counts) - counts
-        base = row * width + head + before - np.repeat(before[row_first], counts)
+        at = row * width + head + before - np.repeat(before[row_first], counts)
         flat_out = out.reshape(-1)
         if head:
             out[:, 0] = self.bol
         if has_bos:
-            flat_out[base[with_bos == 1]] = bos
+            flat_out[at[with_bos]] = bos
         if has_eos:
-            flat_out[(base + with_bos + n_copy)[with_eos == 1]] = eos
-        self._copy(spans, flat_out, base + with_bos, first, n_copy)
-
-        fill = np.bincount(row, weights=written, minlength=n_rows).astype(np.int64) + head
+            flat_out[(at + with_bos + n_copy)[with_eos]] = eos
         if self.eol is not None:
-            out[np.arange(n_rows), fill] = self.eol
-            fill += 1
-        if (fill < width).any():
-            if self.pad is None:
-                raise AssertionError(f"hard-packed lines came out short: {fill.tolist()} < {width}")
+            out[np.arange(n_rows), fill - 1] = self.eol
+        if self.pad is not None and (fill < width).any():
             out[np.arange(width)[None, :] >= fill[:, None]] = self.pad
+        self._copy(spans, flat_out, at + with_bos, first, n_copy)
         if self.vocab_size is not None:
             self._check_vocab(spans, out)
         return fill
@@ -101,48 +111,33 @@ class LineWriter:
     def _copy(
         self, spans: np.ndarray, flat_out: np.ndarray, dst: np.ndarray, first: np.ndarray, n_copy: np.ndarray
     ) -> None:
-        """Copy each span's document tokens; one slice copy per span.
-
-        The loop walks span metadata (a few integers per document), never tokens.
-        """
-        buffers: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        strip = self.decoration.strip
-        # Copying between equal dtypes is a plain memcpy; int32 rows are written through a
-        # same-width view when the shard's tokens are uint32 (values of 2**31 and above
-        # then read as negative and are caught by the caller's range check).
-        views = {flat_out.dtype: flat_out}
-        if flat_out.dtype == np.int32:
-            views[np.dtype(np.uint32)] = flat_out.view(np.uint32)
-        copy = np.flatnonzero(n_copy)
-        for ds, file, doc, base, d, s, n in zip(
-            spans[copy, DS].tolist(),
-            spans[copy, FILE].tolist(),
-            spans[copy, DOC].tolist(),
-            spans[copy, BASE].tolist(),
-            dst[copy].tolist(),
-            first[copy].tolist(),
-            n_copy[copy].tolist(),
+        """Copy each span's tokens into place: one slice copy per span, where the loop walks
+        span metadata (a few integers per document), never tokens."""
+        keys, group = np.unique(spans[:, DS] * (1 << 40) + spans[:, FILE], return_inverse=True)
+        sources = [self._source(key >> 40, key & ((1 << 40) - 1)) for key in keys.tolist()]
+        # Copies between equal dtypes are plain memcpy: int32 rows take uint32 tokens through
+        # a same-width view (ids of 2**31 and above then read as negative; the caller checks).
+        views = {flat_out.dtype: flat_out, np.dtype(np.uint32): flat_out.view(np.uint32)}
+        targets = [views.get(source[0].dtype, flat_out) if source[0] is not None else flat_out for source in sources]
+        slow = (spans[:, BASE] < 0) | np.array([source[3] for source in sources], dtype=bool)[group]
+        src = first + spans[:, BASE]
+        fast = np.flatnonzero(~slow & (n_copy > 0))
+        for g, d, s, e, n in zip(
+            group[fast].tolist(), dst[fast].tolist(), src[fast].tolist(), (src + n_copy)[fast].tolist(), n_copy[fast].tolist()
         ):
-            if base >= 0:
-                found = buffers.get((ds, file))
-                if found is None:
-                    access = self.accesses[ds]
-                    flat = access.handler.token_buffer(access.reader(file))[0]
-                    found = buffers[ds, file] = (flat, views.get(flat.dtype, flat_out))
-                flat, target = found
-                piece = flat[base + s : base + s + n]
-                if piece.dtype.itemsize > 4 and len(piece) and (piece.max() > _INT32_MAX or piece.min() < 0):
-                    raise ShardFormatError(
-                        f"{self.accesses[ds].path(file)}: document {doc} holds a token id outside "
-                        f"[0, 2**31): {int(piece.max())}"
-                    )
-                target[d : d + n] = piece
-            else:
-                access = self.accesses[ds]
-                handler = access.handler
-                tokens = handler.get(access.reader(file), doc)
-                lead = int(bool(strip) and len(tokens) > 0 and int(tokens[0]) in strip)
-                flat_out[d : d + n] = handler.slice(tokens, lead + s, n)
+            targets[g][d : d + n] = sources[g][0][s:e]
+        for i in np.flatnonzero(slow & (n_copy > 0)).tolist():
+            n = int(n_copy[i])
+            piece = self._slow_piece(spans[i], sources[group[i]], int(first[i]), n)
+            flat_out[int(dst[i]) : int(dst[i]) + n] = piece
+
+    def _source(self, ds: int, file: int) -> tuple[np.ndarray | None, Any, int, bool]:
+        """(flat token buffer or None, access, file, whether pieces need a range check)."""
+        access = self.accesses[ds]
+        buffer = access.handler.token_buffer(access.reader(file))
+        flat = None if buffer is None else buffer[0]
+        wide = flat is None or flat.dtype.itemsize > 4
+        return flat, access, file, wide
 
     def _find_facts(self, spans: np.ndarray) -> None:
         """Fill in ``dlen`` and ``base`` of spans restored from a saved state."""

@@ -42,15 +42,20 @@ STATE_KEYS = ("carry", "source")
 class _Plan:
     """Lines planned from read-ahead, handed out in order."""
 
-    spans: np.ndarray  # [pieces, 5]
+    spans: np.ndarray  # [pieces, span width]
     offsets: np.ndarray  # [lines + 1] into spans
     commits: np.ndarray  # [lines] documents that start in each line
-    carries: np.ndarray  # [lines, 5] carry after each line (length 0 = none)
+    carries: np.ndarray  # [lines, span width] carry after each line (length 0 = none)
     next_line: int = 0
+
+    def __post_init__(self) -> None:
+        # Handed out one line at a time: Python ints index faster than numpy scalars.
+        self.bounds = self.offsets.tolist()
+        self.started = self.commits.tolist()
 
     @property
     def remaining(self) -> int:
-        return len(self.commits) - self.next_line
+        return len(self.started) - self.next_line
 
 
 class LinePacker(Stage):
@@ -85,8 +90,8 @@ class LinePacker(Stage):
         plan.next_line += 1
         # Commits are only counted here and passed upstream when state is asked for:
         # nothing upstream needs them sooner.
-        self._uncommitted += int(plan.commits[j])
-        return plan.spans[plan.offsets[j] : plan.offsets[j + 1]]
+        self._uncommitted += plan.started[j]
+        return plan.spans[plan.bounds[j] : plan.bounds[j + 1]]
 
     @property
     def carry(self) -> np.ndarray | None:

@@ -20,13 +20,14 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import StateMismatchError
-from fmsdata.permute import hash_index
+from fmsdata.permute import hash_values
 from fmsdata.stages.base import SAVED_SPAN_WIDTH, Stage, check_keys, restore_spans
 
 __all__ = ["ShuffleBuffer", "PUSH", "pack_lines", "unpack_lines", "apply_journal"]
 
 STATE_KEYS = ("emitted", "buffer", "source")
 PUSH = -1
+_HASH_BLOCK = 256  # shuffle hashes are computed this many emissions at a time
 
 
 class ShuffleBuffer(Stage):
@@ -49,6 +50,8 @@ class ShuffleBuffer(Stage):
         self.buffer: list[np.ndarray] = []
         self._ops: list[int] = []
         self._pushed: list[np.ndarray] = []
+        self._hashes: list[int] = []  # hash values for emissions _hash_start, ...
+        self._hash_start = 0
 
     def __next__(self) -> np.ndarray:
         if self.window <= 1:
@@ -61,7 +64,11 @@ class ShuffleBuffer(Stage):
                 buffer.append(line)
                 self._ops.append(PUSH)
                 self._pushed.append(line)
-        slot = hash_index(self.key, self.emitted, len(buffer))
+        at = self.emitted - self._hash_start
+        if not 0 <= at < len(self._hashes):
+            self._hash_start, at = self.emitted, 0
+            self._hashes = hash_values(self.key, self.emitted, _HASH_BLOCK)
+        slot = self._hashes[at] % len(buffer)
         self._ops.append(slot)
         self.emitted += 1
         return _take(buffer, slot)

@@ -1,0 +1,1 @@
+"""The ``fmsdata`` command line: one module per subcommand."""

@@ -1,0 +1,69 @@
+"""``fmsdata bench CONFIG``: time to first batch, throughput and state cost of a loader."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from fmsdata.config import LoaderConfig
+from fmsdata.loader import FmsDataLoader, build_dataloader
+from fmsdata.statefile import state_from_bytes, state_to_bytes
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "bench",
+        help="measure a loader config: first batch, tokens/s, state size and save/load time",
+        description="Build the loader of CONFIG (a YAML file) on this machine and time it.",
+    )
+    parser.add_argument("config", help="loader config YAML")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    parser.add_argument("--batches", type=int, default=200, help="batches to time")
+    parser.add_argument("--warmup", type=int, default=20, help="batches before timing")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.set_defaults(run=run)
+
+
+def measure(loader: FmsDataLoader, warmup: int, batches: int) -> dict[str, Any]:
+    """Figures of one loader: first batch latency, steady tokens/s, state size and timings."""
+    start = time.perf_counter()
+    iterator = iter(loader)
+    next(iterator)
+    first = time.perf_counter() - start
+    for _ in range(warmup):
+        next(iterator)
+    tokens = 0
+    start = time.perf_counter()
+    for _ in range(batches):
+        tokens += next(iterator)["input_ids"].numel()
+    elapsed = time.perf_counter() - start
+    start = time.perf_counter()
+    state = loader.state_dict()
+    data = state_to_bytes(state)
+    save = time.perf_counter() - start
+    start = time.perf_counter()
+    loader.load_state_dict(state_from_bytes(data))
+    load = time.perf_counter() - start
+    del iterator
+    return {
+        "first_batch_s": first,
+        "tokens_per_s": tokens / elapsed,
+        "state_bytes": len(data),
+        "state_save_s": save,
+        "state_load_s": load,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    config = LoaderConfig.from_yaml(args.config, args.overrides)
+    figures = measure(build_dataloader(config), args.warmup, args.batches)
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print(f"first batch     {figures['first_batch_s'] * 1e3:9.1f} ms")
+        print(f"throughput      {figures['tokens_per_s'] / 1e6:9.1f} M tokens/s")
+        print(f"state           {figures['state_bytes'] / 1024:9.1f} KiB")
+        print(f"state save/load {figures['state_save_s'] * 1e3:6.1f} / {figures['state_load_s'] * 1e3:.1f} ms")
+    return 0

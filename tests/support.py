@@ -1,0 +1,221 @@
+"""Shared test helpers: tiny corpora, loaders, the resume checker and coverage accounting."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from fmsdata import build_dataloader
+from fmsdata.catalog import discover
+from fmsdata.handlers import ArrowDocHandler
+from fmsdata.statefile import load_state, save_state, state_from_bytes, state_to_bytes
+from fmsdata.synthetic import CorpusInfo, write_corpus
+
+FIRST_TOKEN = 16  # corpus token values start here; smaller ids are special tokens
+BOS, EOS, BOL, EOL, PAD = 1, 2, 3, 4, 5
+
+Batch = dict[str, torch.Tensor]
+
+
+def corpus(root: str | os.PathLike[str], files: dict[str, int] | None = None, **kwargs: Any) -> CorpusInfo:
+    """A small generated corpus (defaults: two datasets, short documents)."""
+    kwargs.setdefault("docs_per_file", 24)
+    kwargs.setdefault("mean_length", 40)
+    return write_corpus(root, files or {"a": 3, "b": 2}, first_token=FIRST_TOKEN, **kwargs)
+
+
+def base_config(info: CorpusInfo, **overrides: Any) -> dict[str, Any]:
+    """A loader config over ``info`` with every stage on, overridable."""
+    config: dict[str, Any] = dict(
+        data_path=info.root,
+        datasets=list(info.ranges),
+        weights=[2.0, 1.0][: len(info.ranges)] + [1.0] * max(0, len(info.ranges) - 2),
+        seq_length=32,
+        batch_size=4,
+        logical_shards=4,
+        shuffle_window=6,
+        seed=7,
+        bos_token=BOS,
+        eos_token=EOS,
+        num_workers=0,
+    )
+    config.update(overrides)
+    return config
+
+
+def take(loader: Iterable[Batch], n: int) -> list[Batch]:
+    out = []
+    if n == 0:
+        return out
+    for batch in loader:
+        out.append(batch)
+        if len(out) == n:
+            break
+    return out
+
+
+def assert_same_batches(expected: Sequence[Batch], actual: Sequence[Batch]) -> None:
+    assert len(expected) == len(actual), (len(expected), len(actual))
+    for i, (a, b) in enumerate(zip(expected, actual)):
+        assert a.keys() == b.keys(), (i, a.keys(), b.keys())
+        for key in a:
+            assert torch.equal(a[key], b[key]), f"batch {i} differs in {key!r}"
+
+
+def roundtrip(state: Any) -> Any:
+    """A state as it comes back from a state file (checks it is plain data)."""
+    return state_from_bytes(state_to_bytes(state))
+
+
+def check_resume(build: Callable[[], Any], total: int, points: Iterable[int]) -> None:
+    """Save after k batches for each k in ``points``, load into a fresh loader, and check the
+    continuation equals the uninterrupted run token for token."""
+    reference = take(build(), total)
+    for k in points:
+        first = build()
+        assert_same_batches(reference[:k], take(first, k))
+        state = roundtrip(first.state_dict())
+        resumed = build()
+        resumed.load_state_dict(state)
+        assert_same_batches(reference[k:], take(resumed, total - k))
+
+
+def run_in_fresh_process(config: dict[str, Any], state_path: str, n: int, out_path: str) -> list[Batch]:
+    """Resume from a state file in a new Python process and return its next ``n`` batches."""
+    script = (
+        "import json, sys, torch\n"
+        "from fmsdata import build_dataloader\n"
+        "from fmsdata.statefile import load_state\n"
+        "config, state_path, n, out = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]\n"
+        "loader = build_dataloader(config)\n"
+        "loader.load_state_dict(load_state(state_path))\n"
+        "batches = []\n"
+        "for batch in loader:\n"
+        "    batches.append(batch)\n"
+        "    if len(batches) == n: break\n"
+        "torch.save(batches, out)\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script, json.dumps(config), state_path, str(n), out_path],
+        check=True,
+        timeout=300,
+    )
+    return torch.load(out_path, weights_only=True)
+
+
+def save_and_load(state: Any, path: str) -> Any:
+    save_state(path, state)
+    return load_state(path)
+
+
+# -- coverage accounting ----------------------------------------------------------------
+
+
+class Ledger:
+    """Counts corpus token values seen in batches and in saved buffers (coverage checks).
+
+    Works for configs without ``strip_tokens``: a document's content is its stored tokens.
+    """
+
+    def __init__(self, info: CorpusInfo, config: dict[str, Any]):
+        self.info = info
+        self.first = FIRST_TOKEN
+        self.end = max(end for _, end in info.ranges.values())
+        self.counts = np.zeros(self.end - self.first, dtype=np.int64)
+        self.has_bos = config.get("bos_token") is not None
+        catalog = discover(info.root, config.get("datasets"), ArrowDocHandler(config.get("col_name", "tokens")))
+        self.paths = [list(ds.paths) for ds in catalog.datasets]
+
+    def add_batches(self, batches: Iterable[Batch]) -> None:
+        for batch in batches:
+            # A line is the inputs plus the last target (the shift drops it from the inputs).
+            last = batch["labels"][:, -1:]
+            tokens = torch.cat([batch["input_ids"], last], dim=1).numpy().ravel()
+            self.add_tokens(tokens[tokens >= self.first])
+
+    def add_tokens(self, tokens: np.ndarray) -> None:
+        np.add.at(self.counts, tokens - self.first, 1)
+
+    def span_tokens(self, ds: int, file: int, doc: int, start: int, length: int) -> np.ndarray:
+        firsts, lengths = self.info.files[self.paths[ds][file]]
+        size = int(lengths[doc])
+        lo = max(start - self.has_bos, 0)
+        hi = min(start + length - self.has_bos, size)
+        return np.arange(int(firsts[doc]) + lo, int(firsts[doc]) + max(hi, lo), dtype=np.int64)
+
+    def add_state(self, state: dict[str, Any]) -> None:
+        """Count the tokens held inside a rank state: buffered lines and packer carries."""
+        for entry in state["shards"]:
+            shard = entry["state"]
+            if shard is None:
+                continue
+            for row in shard["buffer"]["spans"].tolist():
+                self.add_tokens(self.span_tokens(*row))
+            carry = shard["source"]["carry"]
+            if carry:
+                self.add_tokens(self.span_tokens(*carry))
+
+    def dataset_tokens(self, name: str) -> np.ndarray:
+        first, end = self.info.ranges[name]
+        return self.counts[first - self.first : end - self.first]
+
+
+def rank_loaders(config: dict[str, Any], world_size: int, **overrides: Any) -> list[Any]:
+    return [build_dataloader({**config, **overrides}, rank=r, world_size=world_size) for r in range(world_size)]
+
+
+def global_steps(loaders: Sequence[Any], n_steps: int) -> list[list[tuple[int, ...]]]:
+    """Per global step, the sorted list of sequences (as tuples) across ranks."""
+    per_rank = [take(loader, n_steps) for loader in loaders]
+    steps = []
+    for s in range(n_steps):
+        rows = []
+        for batches in per_rank:
+            rows.extend(tuple(r) for r in batches[s]["input_ids"].tolist())
+        steps.append(sorted(rows))
+    return steps
+
+
+def accesses(info: CorpusInfo, datasets: Sequence[str] | None = None, col_name: str = "tokens") -> list[Any]:
+    """Dataset accesses for stage-level tests (one shared reader cache)."""
+    from fmsdata.access import ReaderCache, make_accesses
+    from fmsdata.files import local_path_resolver
+
+    handler = ArrowDocHandler(col_name)
+    catalog = discover(info.root, datasets, handler)
+    return make_accesses(catalog, handler, local_path_resolver(catalog.root), ReaderCache(64))
+
+
+def check_exactly_once_per_epoch(ledger: Ledger, states: Sequence[dict[str, Any]], n_shards: int) -> None:
+    """G4 accounting: with ``states`` settled (advance 0) and the ledger holding every
+    emitted batch plus those states, each document of a logical shard is seen exactly
+    ``epoch`` times, or once more if the shard's walk passed it in the current epoch."""
+    from fmsdata.stages.documents import shard_fragments
+
+    entries = {e["id"]: e for state in states for e in state["shards"]}
+    assert sorted(entries) == list(range(n_shards))
+    for ds, name in enumerate(ledger.info.ranges):
+        files = [ledger.info.files[p] for p in ledger.paths[ds]]
+        counts = np.array([len(firsts) for firsts, _ in files])
+        for sid in range(n_shards):
+            entry = entries[sid]
+            assert entry["advance"] == 0, "settle the states first"
+            stream = entry["state"]["source"]["source"]["sources"][name] if entry["state"] else None
+            epoch, pos = (stream["epoch"], stream["pos"]) if stream else (0, 0)
+            per_doc = []
+            for f, lo, hi in shard_fragments(counts, n_shards, sid).tolist():
+                firsts, lengths = files[f]
+                for d in range(lo, hi):
+                    seen = ledger.counts[firsts[d] - ledger.first : firsts[d] + lengths[d] - ledger.first]
+                    assert (seen == seen[0]).all(), f"document {d} of {name} partly emitted"
+                    per_doc.append(int(seen[0]))
+            per_doc_arr = np.array(per_doc)
+            assert set(per_doc_arr.tolist()) <= {epoch, epoch + 1}, (name, sid, epoch, sorted(set(per_doc)))
+            assert int((per_doc_arr == epoch + 1).sum()) == pos, (name, sid, pos)

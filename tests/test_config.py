@@ -1,0 +1,69 @@
+import pytest
+import yaml
+
+from fmsdata import LoaderConfig
+from fmsdata.config import as_config
+from fmsdata.errors import ConfigError
+
+
+def test_fms_fsdp_style_comma_strings():
+    config = LoaderConfig(data_path="/d", datasets="web, code", weights="0.7,0.3", strip_tokens="0,1")
+    assert config.datasets == ("web", "code")
+    assert config.weights == (0.7, 0.3)
+    assert config.strip_tokens == (0, 1)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"seq_length": 0}, "seq_length must be a positive integer, got 0"),
+        ({"seq_length": "long"}, "seq_length must be a int, got 'long'"),
+        ({"batch_size": -2}, "batch_size must be a positive integer, got -2"),
+        ({"datasets": "a", "weights": "1,2"}, "weights has 2 entries but datasets has 1"),
+        ({"weights": "1,2"}, "weights need datasets"),
+        ({"datasets": "a,b", "weights": "1,-1"}, "weights must be positive"),
+        ({"datasets": "a,a"}, "lists a folder twice"),
+        ({"packing": "tight"}, "packing must be one of"),
+        ({"packing": "pad"}, "needs pad_token"),
+        ({"bos_token": -1}, "bos_token must be a non-negative token id"),
+        ({"vocab_size": 10, "eos_token": 10}, "eos_token=10 is outside vocab_size=10"),
+        ({"seq_length": 1, "bol_token": 1, "eol_token": 2}, "leaves no room"),
+        ({"multiprocessing_context": "threads"}, "multiprocessing_context"),
+        ({"shuffle_window": -1}, "shuffle_window must be a non-negative integer"),
+        ({"pin_memory": "yes"}, "pin_memory must be true or false"),
+    ],
+)
+def test_invalid_values_name_field_and_value(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        LoaderConfig(data_path="/d", **changes)
+
+
+def test_from_dict_rejects_unknown_fields():
+    with pytest.raises(ConfigError, match=r"unknown config field\(s\) \['seq_len'\]"):
+        LoaderConfig.from_dict({"data_path": "/d", "seq_len": 5})
+    with pytest.raises(ConfigError, match="data_path is required"):
+        LoaderConfig.from_dict({"seq_length": 5})
+
+
+def test_yaml_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"data": {"data_path": "/d", "datasets": "a,b", "weights": [1, 3], "seq_length": 128}}))
+    config = LoaderConfig.from_yaml(path, ["seq_length=256", "bos_token=1", "datasets=a,b"])
+    assert config.seq_length == 256 and config.bos_token == 1 and config.weights == (1.0, 3.0)
+    assert as_config(str(path)).seq_length == 128
+    assert config.with_overrides(["shuffle_window=0"]).shuffle_window == 0
+    with pytest.raises(ConfigError, match="key=value"):
+        config.with_overrides(["shuffle_window"])
+    assert LoaderConfig.from_dict(config.to_dict()) == config
+
+
+def test_bad_yaml_is_a_config_error(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data_path: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        LoaderConfig.from_yaml(path)
+
+
+def test_derived_lengths():
+    config = LoaderConfig(data_path="/d", seq_length=100, bol_token=1, eol_token=2)
+    assert config.line_length == 101 and config.content_capacity == 99

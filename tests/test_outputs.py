@@ -1,0 +1,91 @@
+"""What a batch holds: shapes, the causal shift, -100 on padding, document structure."""
+
+import numpy as np
+import pytest
+import torch
+from support import BOL, BOS, EOL, EOS, PAD, base_config, corpus, take
+
+from fmsdata import build_dataloader
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_shapes_and_the_causal_shift(tmp_path, num_workers):
+    info = corpus(tmp_path)
+    config = base_config(info, num_workers=num_workers)
+    for batch in take(build_dataloader(config), 5):
+        assert batch["input_ids"].shape == (4, 32) and batch["labels"].shape == (4, 32)
+        assert batch["input_ids"].dtype == torch.int64 and batch["labels"].dtype == torch.int64
+        assert batch["input_ids"].is_contiguous() and batch["labels"].is_contiguous()
+        assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
+
+
+def test_padding_is_ignored_by_the_loss(tmp_path):
+    info = corpus(tmp_path, mean_length=10)
+    config = base_config(info, packing="pad", pad_token=PAD)
+    batches = take(build_dataloader(config), 10)
+    saw_pad = False
+    for batch in batches:
+        inputs, labels = batch["input_ids"], batch["labels"]
+        # The target of position t is input t + 1 (the last target has no input to show it).
+        padded_target = inputs[:, 1:] == PAD
+        assert (labels[:, :-1][padded_target] == -100).all()
+        assert (labels[:, :-1][~padded_target] != -100).all()
+        assert (labels[inputs[:, -1] == PAD, -1] == -100).all()
+        saw_pad |= bool(padded_target.any())
+    assert saw_pad
+
+
+def test_position_ids_restart_at_each_document(tmp_path):
+    info = corpus(tmp_path)
+    config = base_config(info, bol_token=BOL, eol_token=EOL, return_position_ids=True, return_cu_seqlens=True)
+    for batch in take(build_dataloader(config), 6):
+        inputs, pos = batch["input_ids"].numpy(), batch["position_ids"].numpy()
+        assert pos.shape == inputs.shape
+        for row, p in zip(inputs, pos):
+            # Every BOS starts a document at position 0 (unless the line starts with BOL).
+            starts = np.flatnonzero(row == BOS)
+            for s in starts:
+                if s > 0 and row[s - 1] != BOL:
+                    assert p[s] == 0
+            # Elsewhere positions count up by one.
+            steps = np.diff(p)
+            assert ((steps == 1) | (p[1:] == 0)).all()
+        cu = batch["cu_seqlens"].numpy()
+        assert cu[0] == 0 and cu[-1] == inputs.size
+        assert (np.diff(cu) > 0).all()
+        # cu_seqlens and position_ids describe the same segments.
+        flat = pos.ravel()
+        assert np.array_equal(np.flatnonzero(flat == 0), cu[:-1])
+        assert int(batch["max_seqlen"]) == int(np.diff(cu).max())
+
+
+def test_document_structure_is_the_same_with_workers(tmp_path):
+    info = corpus(tmp_path)
+    config = base_config(info, return_position_ids=True, return_cu_seqlens=True, batch_size=5)
+    one = take(build_dataloader(config), 8)
+    three = take(build_dataloader({**config, "num_workers": 3}), 8)
+    for a, b in zip(one, three):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+
+
+def test_custom_preprocess_runs_in_workers(tmp_path):
+    info = corpus(tmp_path)
+
+    def masked_lm(line, n_tokens):
+        return {"tokens": line[:-1], "mask": (line[:-1] % 2 == 0).astype(np.int64)}
+
+    config = base_config(info, num_workers=2)
+    batches = take(build_dataloader(config, preprocess=masked_lm), 4)
+    reference = take(build_dataloader(base_config(info)), 4)
+    for got, ref in zip(batches, reference):
+        assert set(got) == {"tokens", "mask"}
+        assert torch.equal(got["tokens"], ref["input_ids"])
+
+
+def test_line_delimiters(tmp_path):
+    info = corpus(tmp_path)
+    config = base_config(info, bol_token=BOL, eol_token=EOL)
+    for batch in take(build_dataloader(config), 4):
+        assert (batch["input_ids"][:, 0] == BOL).all()
+        assert (batch["labels"][:, -1] == EOL).all()

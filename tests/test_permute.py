@@ -1,0 +1,53 @@
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fmsdata.permute import derive_key, hash_index, permute
+
+
+@given(n=st.integers(1, 5000), key=st.integers(0, 2**64 - 1))
+def test_permute_is_a_bijection_of_range_n(n, key):
+    values = permute(np.arange(n), n, key)
+    assert np.array_equal(np.sort(values), np.arange(n))
+
+
+@given(n=st.integers(2, 3000), key=st.integers(0, 2**64 - 1), start=st.integers(0, 2999))
+def test_any_window_of_positions_matches_the_whole_order(n, key, start):
+    start = start % n
+    whole = permute(np.arange(n), n, key)
+    assert np.array_equal(permute(np.arange(start, n), n, key), whole[start:])
+
+
+def test_order_depends_on_the_key():
+    n = 1000
+    a = permute(np.arange(n), n, derive_key(1, "a", 0))
+    b = permute(np.arange(n), n, derive_key(1, "a", 1))
+    assert not np.array_equal(a, b)
+    # Not an identity-like order: few fixed points and most neighbours land far apart.
+    assert (a == np.arange(n)).sum() < 20
+    assert np.median(np.abs(np.diff(a))) > n / 20
+
+
+def test_keys_are_stable_and_distinct():
+    assert derive_key(42, "web", 3, 0) == derive_key(42, "web", 3, 0)
+    assert derive_key(42, "web", 3, 0) != derive_key(42, "web", 3, 1)
+    assert derive_key(42, "web", 3) != derive_key(42, "web3")
+
+
+@given(key=st.integers(0, 2**64 - 1), n=st.integers(1, 10_000))
+def test_hash_index_is_in_range(key, n):
+    for counter in range(20):
+        assert 0 <= hash_index(key, counter, n) < n
+
+
+def test_hash_index_spreads_evenly():
+    counts = np.bincount([hash_index(99, c, 10) for c in range(20_000)], minlength=10)
+    assert counts.min() > 1800 and counts.max() < 2200
+
+
+@given(key=st.integers(0, 2**64 - 1), start=st.integers(0, 2**40), n=st.integers(1, 10**9))
+def test_vector_hashes_match_the_scalar_ones(key, start, n):
+    from fmsdata.permute import hash_values
+
+    values = hash_values(key, start, 5)
+    assert [v % n for v in values] == [hash_index(key, start + i, n) for i in range(5)]

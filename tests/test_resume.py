@@ -1,0 +1,91 @@
+"""G1: exact resume, for every worker count and with every stage on."""
+
+import pytest
+from support import (
+    BOL,
+    BOS,
+    EOL,
+    EOS,
+    assert_same_batches,
+    base_config,
+    check_resume,
+    corpus,
+    roundtrip,
+    run_in_fresh_process,
+    take,
+)
+
+from fmsdata import build_dataloader
+from fmsdata.statefile import save_state
+
+
+def every_stage(info, **overrides):
+    """Two weighted datasets, BOS/EOS, stripping, line delimiters, shuffle, doc structure."""
+    return base_config(
+        info,
+        bol_token=BOL,
+        eol_token=EOL,
+        strip_tokens=[EOS],
+        min_length=3,
+        return_position_ids=True,
+        return_cu_seqlens=True,
+        **overrides,
+    )
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_resume_is_exact_for_every_worker_count(tmp_path, num_workers):
+    info = corpus(tmp_path)
+    config = every_stage(info, num_workers=num_workers)
+    # By batch 80 every logical shard has finished an epoch of at least one dataset, so
+    # the last resume point lies across an epoch boundary.
+    probe = build_dataloader(config)
+    take(probe, 80)
+    for entry in probe.state_dict()["shards"]:
+        streams = entry["state"]["source"]["source"]["sources"].values()
+        assert max(s["epoch"] for s in streams) >= 1
+    check_resume(lambda: build_dataloader(config), total=100, points=[0, 37, 80])
+
+
+@pytest.mark.parametrize("packing", ["hard", "pad"])
+def test_resume_in_both_packing_modes(tmp_path, packing):
+    info = corpus(tmp_path, mean_length=20)
+    config = every_stage(info, packing=packing, pad_token=5, shuffle_window=3)
+    check_resume(lambda: build_dataloader(config), total=30, points=[1, 11, 29])
+
+
+def test_worker_count_does_not_change_the_batches(tmp_path):
+    info = corpus(tmp_path)
+    reference = take(build_dataloader(every_stage(info, num_workers=0)), 40)
+    for workers in (1, 2, 3):
+        assert_same_batches(reference, take(build_dataloader(every_stage(info, num_workers=workers)), 40))
+
+
+def test_resume_with_a_different_worker_count(tmp_path):
+    info = corpus(tmp_path)
+    reference = take(build_dataloader(every_stage(info, num_workers=0)), 40)
+    head = build_dataloader(every_stage(info, num_workers=2))
+    take(head, 13)
+    resumed = build_dataloader(every_stage(info, num_workers=3))
+    resumed.load_state_dict(roundtrip(head.state_dict()))
+    assert_same_batches(reference[13:], take(resumed, 27))
+
+
+def test_iterating_again_continues_where_the_caller_stopped(tmp_path):
+    info = corpus(tmp_path)
+    reference = take(build_dataloader(every_stage(info, num_workers=2)), 30)
+    loader = build_dataloader(every_stage(info, num_workers=2))
+    got = take(loader, 7) + take(loader, 1) + take(loader, 22)
+    assert_same_batches(reference, got)
+
+
+@pytest.mark.slow
+def test_resume_in_a_fresh_process(tmp_path):
+    info = corpus(tmp_path / "data")
+    config = every_stage(info, num_workers=2)
+    reference = take(build_dataloader(config), 25)
+    head = build_dataloader(config)
+    take(head, 9)
+    save_state(str(tmp_path / "state.fms"), head.state_dict())
+    resumed = run_in_fresh_process(config, str(tmp_path / "state.fms"), 16, str(tmp_path / "out.pt"))
+    assert_same_batches(reference[9:], resumed)

@@ -1,0 +1,92 @@
+"""G6: the state is plain, small data; the dataset pickles small; spawn works."""
+
+import io
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+from support import assert_same_batches, base_config, corpus, roundtrip, take
+
+from fmsdata import build_dataloader
+from fmsdata.errors import StateMismatchError
+from fmsdata.statefile import load_state, save_state, state_to_bytes
+from fmsdata.synthetic import write_corpus
+
+PLAIN = (int, float, str, bool, type(None))
+
+
+def assert_plain(value, where="state"):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            assert isinstance(k, str), f"{where}: key {k!r}"
+            assert_plain(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            assert_plain(v, f"{where}[{i}]")
+    elif isinstance(value, np.ndarray):
+        assert value.dtype.kind in "iu", f"{where}: array of {value.dtype}"
+    else:
+        assert isinstance(value, PLAIN), f"{where}: {type(value).__name__}"
+
+
+def test_state_is_plain_data(tmp_path):
+    info = corpus(tmp_path)
+    loader = build_dataloader(base_config(info, num_workers=1))
+    take(loader, 7)
+    state = loader.state_dict()
+    assert_plain(state)
+    assert_plain(loader.state_dict(settle=True))
+    again = roundtrip(state)
+    assert_plain(again)
+
+
+def test_state_file_holds_only_json_and_npy_and_never_unpickles(tmp_path):
+    info = corpus(tmp_path / "d")
+    loader = build_dataloader(base_config(info))
+    take(loader, 3)
+    path = tmp_path / "s.fms"
+    save_state(path, loader.state_dict())
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    assert names[0] == "state.json" and all(n.endswith(".npy") for n in names[1:])
+    # A crafted file whose array is a pickle is refused, not executed.
+    evil = io.BytesIO()
+    np.save(evil, np.array([object()], dtype=object), allow_pickle=True)
+    crafted = tmp_path / "evil.fms"
+    with zipfile.ZipFile(crafted, "w") as archive:
+        archive.writestr("state.json", '{"x": {"__array__": "a0"}}')
+        archive.writestr("a0.npy", evil.getvalue())
+    with pytest.raises(StateMismatchError, match="evil.fms"):
+        load_state(crafted)
+
+
+def test_state_size_does_not_grow_with_the_tokens_in_the_buffer(tmp_path):
+    info = write_corpus(tmp_path, {"a": 2}, docs_per_file=40, mean_length=20_000, spread=0.3)
+    sizes = {}
+    for seq in (512, 4096):
+        config = dict(data_path=info.root, seq_length=seq, batch_size=2, logical_shards=2, shuffle_window=20, eos_token=0)
+        loader = build_dataloader(config)
+        take(loader, 20)
+        state = loader.state_dict(settle=True)
+        lines = sum(len(e["state"]["buffer"]["offsets"]) - 1 for e in state["shards"])
+        assert lines >= 38  # both buffers full
+        sizes[seq] = len(state_to_bytes(state))
+    # Eight times the tokens per line, about the same bytes: lines are spans, not tokens.
+    assert sizes[4096] < 1.5 * sizes[512], sizes
+    assert sizes[4096] < 20 * 1024
+
+
+def test_dataset_pickles_small_before_iteration(tmp_path):
+    info = write_corpus(tmp_path, {"a": 300, "b": 300}, docs_per_file=2, mean_length=5)
+    loader = build_dataloader(dict(data_path=info.root, seq_length=16, logical_shards=64))
+    assert len(pickle.dumps(loader.dataset)) < 1_000_000
+    assert len(pickle.dumps(loader.dataset)) < 20_000  # the file list is not in it
+
+
+@pytest.mark.slow
+def test_spawn_workers_give_the_same_batches(tmp_path):
+    info = corpus(tmp_path)
+    reference = take(build_dataloader(base_config(info)), 12)
+    spawned = build_dataloader(base_config(info, num_workers=2, multiprocessing_context="spawn"))
+    assert_same_batches(reference, take(spawned, 12))
