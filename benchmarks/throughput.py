@@ -47,13 +47,19 @@ def ensure_corpus(root: str, files: int, docs: int, mean: float) -> None:
 def index(root: str) -> None:
     handler = ArrowDocHandler()
     catalog = discover(root, None, handler)
-    rows = [(rel, *handler.count(os.path.join(root, rel))) for ds in catalog.datasets for rel in ds.paths]
+    rows = [
+        (rel, *handler.count(os.path.join(root, rel)))
+        for ds in catalog.datasets
+        for rel in ds.paths
+    ]
     write_counts(root, rows)
 
 
 def bare_read(root: str, line_length: int, seconds: float) -> float:
     """Tokens/s of reading consecutive windows of the shard files into int64 tensors."""
-    paths = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in sorted(fs) if f.endswith(".arrow")]
+    paths = [
+        os.path.join(d, f) for d, _, fs in os.walk(root) for f in sorted(fs) if f.endswith(".arrow")
+    ]
     tokens = 0
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -138,8 +144,36 @@ def many_files_root(directory: str, n_files: int) -> str:
     return root
 
 
+def row(label: str, value: str, ratio: float | None = None) -> None:
+    print(f"{label:46} {value:>16} {'' if ratio is None else f'{ratio:12.2f}'}")
+
+
+def print_table(results: dict[str, Any]) -> None:
+    bare = results["bare_read_tokens_per_s"]
+    print(f"\n{'measure':46} {'value':>16} {'vs bare read':>12}")
+    row("bare memmap read (tokens/s)", f"{bare / 1e6:.1f} M", 1.0)
+    for workers in (0, 1, 2):
+        figures = results[f"pipeline_{workers}_workers"]
+        where = "in-process" if workers == 0 else f"{workers} worker(s)"
+        rate = figures["tokens_per_s"]
+        row(f"full pipeline, {where} (tokens/s)", f"{rate / 1e6:.1f} M", rate / bare)
+        if "peak_rss_mb" in figures:
+            memory = f"{figures['peak_rss_mb']:.0f} / {figures['anon_rss_mb']:.0f}"
+            row("  worker peak RSS / private RSS (MB)", memory)
+    for name, value in results["first_batch_s"].items():
+        row(f"time to first batch, {name.replace('_', ' ')} (s)", f"{value:.3f}")
+    state = results["state"]
+    row(
+        f"state per rank ({state['buffered_lines']} lines buffered)",
+        f"{state['state_bytes'] / 1024:.1f} KiB",
+    )
+    row("state save / load (ms)", f"{state['save_s'] * 1e3:.1f} / {state['load_s'] * 1e3:.1f}")
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small corpus, short timings")
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fmsdata-bench"))
     parser.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
@@ -164,37 +198,39 @@ def main() -> int:
     # Fill the shuffle buffers (10k lines pulled at two per step) before timing.
     warmup = 1300
 
-    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "torch": torch.__version__}}
+    results: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+        }
+    }
     results["bare_read_tokens_per_s"] = bare_read(root, seq + 1, seconds)
     for workers in (0, 1, 2):
         key = f"pipeline_{workers}_workers"
         results[key] = pipeline_rate({**base, "num_workers": workers}, warmup, batches)
     results["first_batch_s"] = {
         "64_shards": first_batch_time({**base, "num_workers": 1}),
-        "1024_shards": first_batch_time({**base, "num_workers": 1, "logical_shards": 1024, "shuffle_window": 10}),
+        "1024_shards": first_batch_time(
+            {**base, "num_workers": 1, "logical_shards": 1024, "shuffle_window": 10}
+        ),
     }
     many = many_files_root(args.data, 10_000)
     results["first_batch_s"]["10000_files"] = first_batch_time(
-        dict(data_path=many, seq_length=seq, batch_size=8, logical_shards=64, eos_token=2, num_workers=1)
+        dict(
+            data_path=many,
+            seq_length=seq,
+            batch_size=8,
+            logical_shards=64,
+            eos_token=2,
+            num_workers=1,
+        )
     )
     with tempfile.TemporaryDirectory() as scratch:
         results["state"] = state_cost({**base, "num_workers": 1}, 1300, scratch)
     results["peak_rss_main_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-    bare = results["bare_read_tokens_per_s"]
-    print(f"\n{'measure':44} {'value':>14} {'vs bare read':>13}")
-    print(f"{'bare memmap read (tokens/s)':44} {bare / 1e6:12.1f} M {1:13.2f}")
-    for workers in (0, 1, 2):
-        figures = results[f"pipeline_{workers}_workers"]
-        label = "full pipeline in-process (tokens/s)" if workers == 0 else f"full pipeline, {workers} worker(s) (tokens/s)"
-        print(f"{label:44} {figures['tokens_per_s'] / 1e6:12.1f} M {figures['tokens_per_s'] / bare:13.2f}")
-        if "peak_rss_mb" in figures:
-            print(f"{'  worker peak RSS / private RSS (MB)':44} {figures['peak_rss_mb']:8.0f} / {figures['anon_rss_mb']:.0f}")
-    for name, value in results["first_batch_s"].items():
-        print(f"{'time to first batch, ' + name.replace('_', ' ') + ' (s)':44} {value:14.3f}")
-    state = results["state"]
-    print(f"{'state per rank (KiB, ' + str(state['buffered_lines']) + ' buffered lines)':44} {state['state_bytes'] / 1024:14.1f}")
-    print(f"{'state save / load (ms)':44} {state['save_s'] * 1e3:9.1f} / {state['load_s'] * 1e3:.1f}")
+    print_table(results)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as handle:
         json.dump(results, handle, indent=2)

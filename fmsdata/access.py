@@ -27,7 +27,9 @@ class ReaderCache:
 
     def __init__(self, capacity: int):
         self.capacity = max(1, capacity)
-        self._open: collections.OrderedDict[Any, tuple[FileHandler, Any]] = collections.OrderedDict()
+        self._open: collections.OrderedDict[Any, tuple[FileHandler, Any]] = (
+            collections.OrderedDict()
+        )
 
     def get(self, key: Any, handler: FileHandler, path_of: Callable[[Any], str]) -> Any:
         """The reader for ``key``, opening ``path_of(key)`` with ``handler`` if needed."""
@@ -123,5 +125,6 @@ def make_accesses(
     catalog: Catalog, handler: FileHandler, local_path: Callable[[str], str], readers: ReaderCache
 ) -> list[DatasetAccess]:
     return [
-        DatasetAccess(i, files, handler, local_path, readers) for i, files in enumerate(catalog.datasets)
+        DatasetAccess(i, files, handler, local_path, readers)
+        for i, files in enumerate(catalog.datasets)
     ]

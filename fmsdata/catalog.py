@@ -92,7 +92,9 @@ def read_counts(root: str, names: Sequence[str]) -> dict[str, tuple[int, int]]:
     fs, base = _split_root(root)
     meta = f"{base}/{META_DIR}"
     try:
-        candidates = sorted(p for p in fs.ls(meta, detail=False) if "counts" in posixpath.basename(p))
+        candidates = sorted(
+            p for p in fs.ls(meta, detail=False) if "counts" in posixpath.basename(p)
+        )
     except (FileNotFoundError, NotADirectoryError):
         return {}
     counts: dict[str, tuple[int, int]] = {}
@@ -163,9 +165,7 @@ def discover(root: str, datasets: Sequence[str] | None, handler: FileHandler) ->
     for name in names:
         folder = f"{base}/{name}"
         if not fs.isdir(folder):
-            available = sorted(
-                posixpath.basename(e.rstrip("/")) for e in fs.ls(base, detail=False)
-            )
+            available = sorted(posixpath.basename(e.rstrip("/")) for e in fs.ls(base, detail=False))
             raise ConfigError(
                 f"dataset {name!r} is not a folder of data_path {root!r}; it holds {available}"
             )

@@ -163,7 +163,9 @@ class LoaderConfig:
         if self.open_files is not None:
             files = _to_number("open_files", self.open_files, int)
             if files < 1:
-                raise ConfigError(f"open_files must be a positive integer or None, got {self.open_files!r}")
+                raise ConfigError(
+                    f"open_files must be a positive integer or None, got {self.open_files!r}"
+                )
             set_(self, "open_files", files)
         if self.vocab_size is not None:
             vocab = _to_number("vocab_size", self.vocab_size, int)

@@ -66,7 +66,9 @@ class RankLineDataset(IterableDataset):
         self.topology = topology
         self.handler = handler
         self.preprocess = preprocess
-        self.shard_ids = list(owned_shards(topology.rank, topology.world_size, config.logical_shards))
+        self.shard_ids = list(
+            owned_shards(topology.rank, topology.world_size, config.logical_shards)
+        )
         self.data_fingerprint: str | None = None
         # Set by the loader before each iteration: where the consumed stream stands, as
         # shard states plus lines consumed after each (to fast-forward).
@@ -126,7 +128,11 @@ class RankLineDataset(IterableDataset):
             if pipeline is None:
                 sid = self.shard_ids[local]
                 pipeline = shards[local] = open_shard(
-                    sid, recipe, accesses, self.start_states.get(sid), self.start_advance.get(sid, 0)
+                    sid,
+                    recipe,
+                    accesses,
+                    self.start_states.get(sid),
+                    self.start_advance.get(sid, 0),
                 )
             return pipeline
 
@@ -178,7 +184,7 @@ class RankLineDataset(IterableDataset):
             ops.extend((sid, op) for op in shard_ops)
             pushed.extend(shard_pushed)
 
-        if slot is not None:
+        if ring is not None and slot is not None:
             tokens = ring[slot, : len(lines)]
         else:
             tokens = np.empty((len(lines), config.line_length), dtype=np.int32)
@@ -200,7 +206,7 @@ class RankLineDataset(IterableDataset):
         samples = None
         token_tensor = None if slot is not None else torch.from_numpy(tokens)
         if self.preprocess is not None:
-            samples = self._run_preprocess(tokens, content)
+            samples = self._run_preprocess(self.preprocess, tokens, content)
             token_tensor = None
         pushed_offsets = np.zeros(len(pushed) + 1, dtype=np.int64)
         np.cumsum([len(line) for line in pushed], out=pushed_offsets[1:])
@@ -220,15 +226,22 @@ class RankLineDataset(IterableDataset):
             pushed_offsets=pushed_offsets,
         )
 
-    def _run_preprocess(self, tokens: np.ndarray, content: np.ndarray) -> dict[str, torch.Tensor]:
+    @staticmethod
+    def _run_preprocess(
+        preprocess: Preprocess, tokens: np.ndarray, content: np.ndarray
+    ) -> dict[str, torch.Tensor]:
         outputs: dict[str, list[np.ndarray]] = {}
         for line, n in zip(tokens.astype(np.int64), content.tolist()):
-            sample = self.preprocess(line, n)
+            sample = preprocess(line, n)
             if not isinstance(sample, Mapping):
-                raise ConfigError(f"preprocess must return a mapping of arrays, got {type(sample).__name__}")
+                raise ConfigError(
+                    f"preprocess must return a mapping of arrays, got {type(sample).__name__}"
+                )
             for key, value in sample.items():
                 outputs.setdefault(key, []).append(np.asarray(value))
         try:
             return {k: torch.from_numpy(np.stack(v)) for k, v in outputs.items()}
         except ValueError as err:
-            raise ConfigError(f"preprocess outputs must have the same shape for every line: {err}") from None
+            raise ConfigError(
+                f"preprocess outputs must have the same shape for every line: {err}"
+            ) from None

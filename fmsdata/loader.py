@@ -55,7 +55,7 @@ class FmsDataLoader(DataLoader):
 
     # -- iteration -----------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:  # type: ignore[override]
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         config = self.config
         dataset.start_states = self._consumed.shard_states()
@@ -64,14 +64,19 @@ class FmsDataLoader(DataLoader):
         rings = None
         if self.num_workers > 0 and dataset.preprocess is None:
             shape = ring_shape(config.batch_size, config.line_length, config.prefetch_factor)
-            rings = [torch.empty(shape, dtype=torch.int32).share_memory_() for _ in range(self.num_workers)]
+            rings = [
+                torch.empty(shape, dtype=torch.int32).share_memory_()
+                for _ in range(self.num_workers)
+            ]
         dataset.rings = rings
         parts = self._parts = super().__iter__()
         n_parts = max(1, self.num_workers)
         while True:
             items = [next(parts) for _ in range(n_parts)]
             tokens_of = [
-                item.tokens if item.slot is None else rings[w][item.slot, : len(item.rows)]
+                item.tokens
+                if rings is None or item.slot is None
+                else rings[w][item.slot, : len(item.rows)]
                 for w, item in enumerate(items)
             ]
             for k in range(len(items[0].offsets) - 1):
@@ -130,7 +135,9 @@ class FmsDataLoader(DataLoader):
             try:
                 for entry in shards:
                     if entry["advance"]:
-                        pipeline = open_shard(entry["id"], recipe, accesses, entry["state"], entry["advance"])
+                        pipeline = open_shard(
+                            entry["id"], recipe, accesses, entry["state"], entry["advance"]
+                        )
                         entry["state"], entry["advance"] = pipeline.state_dict(), 0
             finally:
                 readers.close()
@@ -144,7 +151,9 @@ class FmsDataLoader(DataLoader):
         }
 
     def load_state_dict(
-        self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]], allow_changes: Sequence[str] = ()
+        self,
+        state: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        allow_changes: Sequence[str] = (),
     ) -> None:
         """Resume from this rank's own state, or from the list of every rank's states.
 
@@ -160,7 +169,9 @@ class FmsDataLoader(DataLoader):
                 given states do not hold every shard this rank needs.
         """
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        shards, steps = gather_shard_states(state, self.fingerprint, self.config.logical_shards, allow_changes)
+        shards, steps = gather_shard_states(
+            state, self.fingerprint, self.config.logical_shards, allow_changes
+        )
         missing = [sid for sid in dataset.shard_ids if sid not in shards]
         if missing:
             raise StateMismatchError(

@@ -74,7 +74,9 @@ def stream_fingerprint(
     return fingerprint
 
 
-def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any], allow: Iterable[str] = ()) -> None:
+def check_fingerprint(
+    saved: Mapping[str, Any], current: Mapping[str, Any], allow: Iterable[str] = ()
+) -> None:
     """Raise StateMismatchError naming the first field that differs (fields in ``allow`` may)."""
     allowed = set(allow)
     for field in sorted(set(saved) | set(current)):
@@ -101,7 +103,8 @@ def _check_top(state: Any) -> None:
         raise StateMismatchError(f"loader state lacks {missing}; is this an fmsdata state?")
     if state["version"] != STATE_VERSION:
         raise StateMismatchError(
-            f"loader state has version={state['version']!r}, this fmsdata reads version={STATE_VERSION}"
+            f"loader state has version={state['version']!r}, "
+            f"this fmsdata reads version={STATE_VERSION}"
         )
 
 
@@ -133,9 +136,13 @@ def gather_shard_states(
         for entry in state["shards"]:
             sid = int(entry["id"])
             if sid in shards:
-                raise StateMismatchError(f"logical shard {sid} appears in more than one saved state")
+                raise StateMismatchError(
+                    f"logical shard {sid} appears in more than one saved state"
+                )
             if not 0 <= sid < n_shards:
-                raise StateMismatchError(f"saved state names logical shard {sid}, outside 0..{n_shards - 1}")
+                raise StateMismatchError(
+                    f"saved state names logical shard {sid}, outside 0..{n_shards - 1}"
+                )
             if set(entry) != {"id", "state", "advance"}:
                 raise StateMismatchError(
                     f"shard entry has keys {sorted(entry)}, expected ['advance', 'id', 'state']"
@@ -166,7 +173,10 @@ class ConsumedState:
     """
 
     def __init__(
-        self, shard_ids: Sequence[int], entries: Mapping[int, tuple[Any, int]] | None = None, steps: int = 0
+        self,
+        shard_ids: Sequence[int],
+        entries: Mapping[int, tuple[Any, int]] | None = None,
+        steps: int = 0,
     ):
         self.shard_ids = list(shard_ids)
         self.steps = steps
@@ -199,10 +209,11 @@ class ConsumedState:
 
     def emitted(self) -> list[int]:
         """Lines consumed so far from each of the rank's shards, in shard order."""
-        return [
-            self._advance[sid] + (0 if self._light[sid] is None else int(self._light[sid]["emitted"]))
-            for sid in self.shard_ids
-        ]
+        counts = []
+        for sid in self.shard_ids:
+            light = self._light[sid]
+            counts.append(self._advance[sid] + (0 if light is None else int(light["emitted"])))
+        return counts
 
     def shard_state(self, sid: int) -> dict[str, Any] | None:
         light = self._light[sid]

@@ -46,7 +46,9 @@ class CorpusInfo:
         return out
 
 
-def document_lengths(rng: np.random.Generator, n: int, mean: float, spread: float = 1.0) -> np.ndarray:
+def document_lengths(
+    rng: np.random.Generator, n: int, mean: float, spread: float = 1.0
+) -> np.ndarray:
     """Log-normally distributed document lengths (at least 1) with roughly the given mean."""
     sigma = spread
     mu = np.log(mean) - sigma**2 / 2

@@ -101,7 +101,7 @@ class RowDealer:
 
 
 def _level_pointer(counts: list[int]) -> int | None:
-    """The next shard to deal if ``counts`` is level (``[c + 1] * p + [c] * (n - p)``), else None."""
+    """The next shard to deal if ``counts`` is level (``[c + 1] * p + [c] * (n - p)``)."""
     low = min(counts)
     higher = [i for i, count in enumerate(counts) if count != low]
     if any(counts[i] != low + 1 for i in higher) or higher != list(range(len(higher))):

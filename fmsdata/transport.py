@@ -3,8 +3,9 @@
 Passing tensors between processes has a high fixed cost per item, so a worker sends
 several consecutive batches at once (its rows of each). The tokens go into a ring of
 shared-memory slots the main process allocated before starting the workers (no new
-shared memory per item); the item itself is small metadata: where each row goes and which shard made it, and, for
-the end of the item, the state of each shard it advanced and the shuffle-buffer journal.
+shared memory per item); the item itself is small metadata: where each row goes and
+which shard made it, and, for the end of the item, the state of each shard it advanced
+and the shuffle-buffer journal.
 The main process cuts batches out in order and applies the causal-LM shift while widening
 to int64. Its replica of the consumed state moves to a shard's item-end state once the
 whole item is consumed; in between it counts the lines consumed past the last state (a
@@ -106,11 +107,17 @@ def assemble_batch(
     if items[0].samples is not None:
         batch = {}
         for key in sorted({key for item in items for key in (item.samples or {})}):
-            parts = [(i.samples[key], i.rows, a, b) for i, a, b in spans if key in i.samples]
+            parts = [
+                (samples[key], i.rows, a, b)
+                for (i, a, b), samples in ((span, span[0].samples or {}) for span in spans)
+                if key in samples
+            ]
             batch[key] = _gather(parts, batch_size, single)
         return _pin(batch) if pin_memory else batch
 
-    tokens = _gather([(t, i.rows, a, b) for t, (i, a, b) in zip(tokens_of, spans)], batch_size, single)
+    tokens = _gather(
+        [(t, i.rows, a, b) for t, (i, a, b) in zip(tokens_of, spans)], batch_size, single
+    )
     content = np.empty(batch_size, dtype=np.int64)
     for item, a, b in spans:
         content[item.rows[a:b]] = item.content[a:b]
@@ -139,7 +146,9 @@ def assemble_batch(
     return _pin(batch) if pin_memory else batch
 
 
-def _gather(parts: list[tuple[Any, np.ndarray, int, int]], batch_size: int, single: bool) -> torch.Tensor:
+def _gather(
+    parts: list[tuple[Any, np.ndarray, int, int]], batch_size: int, single: bool
+) -> torch.Tensor:
     if single:
         values, _, a, b = parts[0]
         return values[a:b]
@@ -154,12 +163,13 @@ def _gather(parts: list[tuple[Any, np.ndarray, int, int]], batch_size: int, sing
 def _row_segments(spans: list[tuple[WorkerItem, int, int]], batch_size: int) -> list[np.ndarray]:
     per_row: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * batch_size
     for item, a, b in spans:
-        counts = item.segment_counts
+        counts, segments = item.segment_counts, item.segments
+        assert counts is not None and segments is not None, "segments requested"
         first = int(counts[:a].sum())
         bounds = np.cumsum(counts[a:b]) + first
         starts = bounds - counts[a:b]
         for row, s, e in zip(item.rows[a:b].tolist(), starts.tolist(), bounds.tolist()):
-            per_row[row] = item.segments[s:e]
+            per_row[row] = segments[s:e]
     return per_row
 
 

@@ -24,7 +24,9 @@ BOS, EOS, BOL, EOL, PAD = 1, 2, 3, 4, 5
 Batch = dict[str, torch.Tensor]
 
 
-def corpus(root: str | os.PathLike[str], files: dict[str, int] | None = None, **kwargs: Any) -> CorpusInfo:
+def corpus(
+    root: str | os.PathLike[str], files: dict[str, int] | None = None, **kwargs: Any
+) -> CorpusInfo:
     """A small generated corpus (defaults: two datasets, short documents)."""
     kwargs.setdefault("docs_per_file", 24)
     kwargs.setdefault("mean_length", 40)
@@ -87,13 +89,16 @@ def check_resume(build: Callable[[], Any], total: int, points: Iterable[int]) ->
         assert_same_batches(reference[k:], take(resumed, total - k))
 
 
-def run_in_fresh_process(config: dict[str, Any], state_path: str, n: int, out_path: str) -> list[Batch]:
+def run_in_fresh_process(
+    config: dict[str, Any], state_path: str, n: int, out_path: str
+) -> list[Batch]:
     """Resume from a state file in a new Python process and return its next ``n`` batches."""
     script = (
         "import json, sys, torch\n"
         "from fmsdata import build_dataloader\n"
         "from fmsdata.statefile import load_state\n"
-        "config, state_path, n, out = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]\n"
+        "config, state_path = json.loads(sys.argv[1]), sys.argv[2]\n"
+        "n, out = int(sys.argv[3]), sys.argv[4]\n"
         "loader = build_dataloader(config)\n"
         "loader.load_state_dict(load_state(state_path))\n"
         "batches = []\n"
@@ -130,7 +135,9 @@ class Ledger:
         self.end = max(end for _, end in info.ranges.values())
         self.counts = np.zeros(self.end - self.first, dtype=np.int64)
         self.has_bos = config.get("bos_token") is not None
-        catalog = discover(info.root, config.get("datasets"), ArrowDocHandler(config.get("col_name", "tokens")))
+        catalog = discover(
+            info.root, config.get("datasets"), ArrowDocHandler(config.get("col_name", "tokens"))
+        )
         self.paths = [list(ds.paths) for ds in catalog.datasets]
 
     def add_batches(self, batches: Iterable[Batch]) -> None:
@@ -168,7 +175,10 @@ class Ledger:
 
 
 def rank_loaders(config: dict[str, Any], world_size: int, **overrides: Any) -> list[Any]:
-    return [build_dataloader({**config, **overrides}, rank=r, world_size=world_size) for r in range(world_size)]
+    return [
+        build_dataloader({**config, **overrides}, rank=r, world_size=world_size)
+        for r in range(world_size)
+    ]
 
 
 def global_steps(loaders: Sequence[Any], n_steps: int) -> list[list[tuple[int, ...]]]:
@@ -183,7 +193,9 @@ def global_steps(loaders: Sequence[Any], n_steps: int) -> list[list[tuple[int, .
     return steps
 
 
-def accesses(info: CorpusInfo, datasets: Sequence[str] | None = None, col_name: str = "tokens") -> list[Any]:
+def accesses(
+    info: CorpusInfo, datasets: Sequence[str] | None = None, col_name: str = "tokens"
+) -> list[Any]:
     """Dataset accesses for stage-level tests (one shared reader cache)."""
     from fmsdata.access import ReaderCache, make_accesses
     from fmsdata.files import local_path_resolver
@@ -193,7 +205,9 @@ def accesses(info: CorpusInfo, datasets: Sequence[str] | None = None, col_name: 
     return make_accesses(catalog, handler, local_path_resolver(catalog.root), ReaderCache(64))
 
 
-def check_exactly_once_per_epoch(ledger: Ledger, states: Sequence[dict[str, Any]], n_shards: int) -> None:
+def check_exactly_once_per_epoch(
+    ledger: Ledger, states: Sequence[dict[str, Any]], n_shards: int
+) -> None:
     """G4 accounting: with ``states`` settled (advance 0) and the ledger holding every
     emitted batch plus those states, each document of a logical shard is seen exactly
     ``epoch`` times, or once more if the shard's walk passed it in the current epoch."""
@@ -213,9 +227,16 @@ def check_exactly_once_per_epoch(ledger: Ledger, states: Sequence[dict[str, Any]
             for f, lo, hi in shard_fragments(counts, n_shards, sid).tolist():
                 firsts, lengths = files[f]
                 for d in range(lo, hi):
-                    seen = ledger.counts[firsts[d] - ledger.first : firsts[d] + lengths[d] - ledger.first]
+                    seen = ledger.counts[
+                        firsts[d] - ledger.first : firsts[d] + lengths[d] - ledger.first
+                    ]
                     assert (seen == seen[0]).all(), f"document {d} of {name} partly emitted"
                     per_doc.append(int(seen[0]))
             per_doc_arr = np.array(per_doc)
-            assert set(per_doc_arr.tolist()) <= {epoch, epoch + 1}, (name, sid, epoch, sorted(set(per_doc)))
+            assert set(per_doc_arr.tolist()) <= {epoch, epoch + 1}, (
+                name,
+                sid,
+                epoch,
+                sorted(set(per_doc)),
+            )
             assert int((per_doc_arr == epoch + 1).sum()) == pos, (name, sid, pos)

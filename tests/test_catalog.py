@@ -66,9 +66,13 @@ def test_stale_counts_are_detected(tmp_path):
 
     info = corpus(tmp_path, {"a": 1})
     (tmp_path / "meta").mkdir()
-    (tmp_path / "meta" / "counts.csv").write_text("dataset/filename,documents,tokens\n/a/shard_00000.arrow,30,999\n")
+    (tmp_path / "meta" / "counts.csv").write_text(
+        "dataset/filename,documents,tokens\n/a/shard_00000.arrow,30,999\n"
+    )
     loader = build_dataloader(base_config(info, datasets=None, weights=None, logical_shards=1))
-    with pytest.raises(ShardFormatError, match="holds 24 documents but the counts metadata says 30"):
+    with pytest.raises(
+        ShardFormatError, match="holds 24 documents but the counts metadata says 30"
+    ):
         take(loader, 1)
 
 
@@ -87,7 +91,9 @@ def test_counts_let_the_loader_skip_opening_files(tmp_path, monkeypatch):
         return original(self, path)
 
     monkeypatch.setattr(ArrowDocHandler, "open", spy)
-    loader = build_dataloader(base_config(info, datasets=None, weights=None, logical_shards=8, batch_size=1))
+    loader = build_dataloader(
+        base_config(info, datasets=None, weights=None, logical_shards=8, batch_size=1)
+    )
     take(loader, 1)
     # One shard (of eight) emitted a line: it opened its own file only.
     assert len(set(opened)) == 1

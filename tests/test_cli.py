@@ -9,7 +9,11 @@ from fmsdata.cli.main import main
 
 def test_every_command_has_help():
     for command in ("demo", "index", "bench"):
-        out = subprocess.run([sys.executable, "-m", "fmsdata.cli.main", command, "--help"], capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "fmsdata.cli.main", command, "--help"],
+            capture_output=True,
+            text=True,
+        )
         assert out.returncode == 0 and "usage:" in out.stdout
 
 

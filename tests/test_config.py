@@ -7,7 +7,9 @@ from fmsdata.errors import ConfigError
 
 
 def test_fms_fsdp_style_comma_strings():
-    config = LoaderConfig(data_path="/d", datasets="web, code", weights="0.7,0.3", strip_tokens="0,1")
+    config = LoaderConfig(
+        data_path="/d", datasets="web, code", weights="0.7,0.3", strip_tokens="0,1"
+    )
     assert config.datasets == ("web", "code")
     assert config.weights == (0.7, 0.3)
     assert config.strip_tokens == (0, 1)
@@ -47,7 +49,11 @@ def test_from_dict_rejects_unknown_fields():
 
 def test_yaml_and_overrides(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"data": {"data_path": "/d", "datasets": "a,b", "weights": [1, 3], "seq_length": 128}}))
+    path.write_text(
+        yaml.safe_dump(
+            {"data": {"data_path": "/d", "datasets": "a,b", "weights": [1, 3], "seq_length": 128}}
+        )
+    )
     config = LoaderConfig.from_yaml(path, ["seq_length=256", "bos_token=1", "datasets=a,b"])
     assert config.seq_length == 256 and config.bos_token == 1 and config.weights == (1.0, 3.0)
     assert as_config(str(path)).seq_length == 128

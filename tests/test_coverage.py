@@ -34,7 +34,14 @@ def test_every_token_once_per_epoch_across_ranks(tmp_path, num_workers):
     settled = [loader.state_dict(settle=True) for loader in loaders]
     for state in settled:
         ledger.add_state(state)
-    assert max(e["state"]["source"]["source"]["sources"]["b"]["epoch"] for s in settled for e in s["shards"]) >= 2
+    assert (
+        max(
+            e["state"]["source"]["source"]["sources"]["b"]["epoch"]
+            for s in settled
+            for e in s["shards"]
+        )
+        >= 2
+    )
     check_exactly_once_per_epoch(ledger, settled, 4)
 
 
@@ -51,7 +58,13 @@ def test_every_token_once_per_epoch_across_ranks(tmp_path, num_workers):
 def test_coverage_over_configurations(seed, shards, window, weight, mean, steps, packing):
     info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 1}, docs_per_file=15, mean_length=mean)
     config = base_config(
-        info, logical_shards=shards, seed=seed, shuffle_window=window, weights=[weight, 1.0], packing=packing, pad_token=5
+        info,
+        logical_shards=shards,
+        seed=seed,
+        shuffle_window=window,
+        weights=[weight, 1.0],
+        packing=packing,
+        pad_token=5,
     )
     ledger = Ledger(info, config)
     loader = build_dataloader(config)
@@ -85,8 +98,19 @@ def test_coverage_across_a_resume_and_a_rescale(tmp_path):
 @given(weights=st.lists(st.floats(0.2, 5), min_size=2, max_size=3), seed=st.integers(0, 100))
 def test_emitted_token_shares_track_the_weights(weights, seed):
     names = "abc"[: len(weights)]
-    info = corpus(tempfile.mkdtemp(), {n: 2 for n in names}, docs_per_file=60, mean_length=12, spread=0.5)
-    config = base_config(info, weights=weights, seed=seed, seq_length=256, batch_size=8, shuffle_window=2, bos_token=None, eos_token=None)
+    info = corpus(
+        tempfile.mkdtemp(), {n: 2 for n in names}, docs_per_file=60, mean_length=12, spread=0.5
+    )
+    config = base_config(
+        info,
+        weights=weights,
+        seed=seed,
+        seq_length=256,
+        batch_size=8,
+        shuffle_window=2,
+        bos_token=None,
+        eos_token=None,
+    )
     batches = take(build_dataloader(config), 6)  # 12k tokens: a few seq_lengths per dataset
     tokens = np.concatenate([b["input_ids"].numpy().ravel() for b in batches])
     shares = np.bincount(info.dataset_of(tokens), minlength=len(weights)) / len(tokens)

@@ -50,7 +50,9 @@ def test_truncated_shard_error_crosses_the_worker_boundary(tmp_path):
 def test_wrong_column_names_file_and_columns(tmp_path):
     info = corpus(tmp_path)
     loader = build_dataloader(base_config(info, col_name="input_ids"))
-    with pytest.raises(ShardFormatError, match=r"no token column 'input_ids'; columns are \['tokens'\]"):
+    with pytest.raises(
+        ShardFormatError, match=r"no token column 'input_ids'; columns are \['tokens'\]"
+    ):
         take(loader, 1)
 
 
@@ -63,7 +65,10 @@ def test_fewer_logical_shards_than_ranks(tmp_path):
 def test_token_outside_the_vocabulary(tmp_path):
     info = corpus(tmp_path)
     loader = build_dataloader(base_config(info, vocab_size=100))
-    with pytest.raises(ShardFormatError, match=r"shard_\d+\.arrow: document \d+ holds token id \d+, outside vocab_size=100"):
+    with pytest.raises(
+        ShardFormatError,
+        match=r"shard_\d+\.arrow: document \d+ holds token id \d+, outside vocab_size=100",
+    ):
         take(loader, 1)
 
 

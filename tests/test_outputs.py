@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from support import BOL, BOS, EOL, EOS, PAD, base_config, corpus, take
+from support import BOL, BOS, EOL, PAD, base_config, corpus, take
 
 from fmsdata import build_dataloader
 
@@ -37,7 +37,9 @@ def test_padding_is_ignored_by_the_loss(tmp_path):
 
 def test_position_ids_restart_at_each_document(tmp_path):
     info = corpus(tmp_path)
-    config = base_config(info, bol_token=BOL, eol_token=EOL, return_position_ids=True, return_cu_seqlens=True)
+    config = base_config(
+        info, bol_token=BOL, eol_token=EOL, return_position_ids=True, return_cu_seqlens=True
+    )
     for batch in take(build_dataloader(config), 6):
         inputs, pos = batch["input_ids"].numpy(), batch["position_ids"].numpy()
         assert pos.shape == inputs.shape

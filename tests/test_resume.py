@@ -3,7 +3,6 @@
 import pytest
 from support import (
     BOL,
-    BOS,
     EOL,
     EOS,
     assert_same_batches,
@@ -58,7 +57,9 @@ def test_worker_count_does_not_change_the_batches(tmp_path):
     info = corpus(tmp_path)
     reference = take(build_dataloader(every_stage(info, num_workers=0)), 40)
     for workers in (1, 2, 3):
-        assert_same_batches(reference, take(build_dataloader(every_stage(info, num_workers=workers)), 40))
+        assert_same_batches(
+            reference, take(build_dataloader(every_stage(info, num_workers=workers)), 40)
+        )
 
 
 def test_resume_with_a_different_worker_count(tmp_path):
@@ -87,5 +88,7 @@ def test_resume_in_a_fresh_process(tmp_path):
     head = build_dataloader(config)
     take(head, 9)
     save_state(str(tmp_path / "state.fms"), head.state_dict())
-    resumed = run_in_fresh_process(config, str(tmp_path / "state.fms"), 16, str(tmp_path / "out.pt"))
+    resumed = run_in_fresh_process(
+        config, str(tmp_path / "state.fms"), 16, str(tmp_path / "out.pt")
+    )
     assert_same_batches(reference[9:], resumed)

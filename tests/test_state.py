@@ -65,7 +65,14 @@ def test_state_size_does_not_grow_with_the_tokens_in_the_buffer(tmp_path):
     info = write_corpus(tmp_path, {"a": 2}, docs_per_file=40, mean_length=20_000, spread=0.3)
     sizes = {}
     for seq in (512, 4096):
-        config = dict(data_path=info.root, seq_length=seq, batch_size=2, logical_shards=2, shuffle_window=20, eos_token=0)
+        config = dict(
+            data_path=info.root,
+            seq_length=seq,
+            batch_size=2,
+            logical_shards=2,
+            shuffle_window=20,
+            eos_token=0,
+        )
         loader = build_dataloader(config)
         take(loader, 20)
         state = loader.state_dict(settle=True)

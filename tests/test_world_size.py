@@ -36,13 +36,17 @@ def test_a_global_step_holds_the_same_sequences_for_any_world_size(tmp_path):
     seed=st.integers(0, 1000),
     window=st.integers(0, 8),
 )
-def test_world_size_invariance_over_configurations(shards_per_rank, world, lines_per_shard, seed, window):
+def test_world_size_invariance_over_configurations(
+    shards_per_rank, world, lines_per_shard, seed, window
+):
     info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=30)
     n_shards = 4 * shards_per_rank
     global_batch = n_shards * lines_per_shard
     config = base_config(info, logical_shards=n_shards, seed=seed, shuffle_window=window)
     reference = global_steps(rank_loaders(config, 1, batch_size=global_batch), 6)
-    assert global_steps(rank_loaders(config, world, batch_size=global_batch // world), 6) == reference
+    assert (
+        global_steps(rank_loaders(config, world, batch_size=global_batch // world), 6) == reference
+    )
 
 
 @pytest.mark.parametrize("new_world", [2, 8])
@@ -97,7 +101,11 @@ def test_a_rank_state_alone_cannot_rescale(tmp_path):
         wider.load_state_dict(loader.state_dict())
 
 
-@given(counts=st.lists(st.integers(0, 6), min_size=1, max_size=9), batch=st.integers(1, 12), rounds=st.integers(1, 6))
+@given(
+    counts=st.lists(st.integers(0, 6), min_size=1, max_size=9),
+    batch=st.integers(1, 12),
+    rounds=st.integers(1, 6),
+)
 def test_row_dealer_follows_the_fewest_emitted_rule(counts, batch, rounds):
     from fmsdata.topology import RowDealer
 

@@ -65,5 +65,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"first batch     {figures['first_batch_s'] * 1e3:9.1f} ms")
         print(f"throughput      {figures['tokens_per_s'] / 1e6:9.1f} M tokens/s")
         print(f"state           {figures['state_bytes'] / 1024:9.1f} KiB")
-        print(f"state save/load {figures['state_save_s'] * 1e3:6.1f} / {figures['state_load_s'] * 1e3:.1f} ms")
+        save, load = figures["state_save_s"] * 1e3, figures["state_load_s"] * 1e3
+        print(f"state save/load {save:6.1f} / {load:.1f} ms")
     return 0

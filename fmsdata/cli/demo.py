@@ -43,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
     info = write_corpus(root, {"web": 16, "code": 8}, docs_per_file=(200, 400), mean_length=600)
     handler = ArrowDocHandler()
     catalog = discover(root, None, handler)
-    rows = [(rel, *handler.count(os.path.join(root, rel))) for ds in catalog.datasets for rel in ds.paths]
+    rows = [
+        (rel, *handler.count(os.path.join(root, rel)))
+        for ds in catalog.datasets
+        for rel in ds.paths
+    ]
     write_counts(root, rows)
     for name in info.ranges:
         print(f"  {name}: {info.documents[name]:,} documents, {info.tokens(name):,} tokens")
@@ -74,12 +78,19 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     tokens = sum(b["input_ids"].numel() for b in batches[warm + 1 :])
     values = torch.cat([b["input_ids"].ravel() for b in batches]).numpy()
-    shares = {name: float(((values >= lo) & (values < hi)).mean()) for name, (lo, hi) in info.ranges.items()}
+    shares = {
+        name: float(((values >= lo) & (values < hi)).mean())
+        for name, (lo, hi) in info.ranges.items()
+    }
     print(
         f"streamed {len(batches)} batches of {tuple(batches[0]['input_ids'].shape)}: first after "
         f"{first * 1e3:.0f} ms, then {tokens / elapsed / 1e6:.1f} M tokens/s (second half)"
     )
-    print("token shares: " + ", ".join(f"{k} {v:.3f}" for k, v in shares.items()) + " (weights 0.7 / 0.3)")
+    print(
+        "token shares: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in shares.items())
+        + " (weights 0.7 / 0.3)"
+    )
 
     half = args.batches // 2
     head = build_dataloader(config)
@@ -91,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     resumed.load_state_dict(load_state(state_path))
     rest = [b for _, b in zip(range(args.batches - half), resumed)]
     exact = all(torch.equal(a[k], b[k]) for a, b in zip(batches[half:], rest) for k in a)
-    print(f"state after {half} batches: {os.path.getsize(state_path) / 1024:.1f} KiB; "
-          f"resumed run {'matches' if exact else 'DIFFERS FROM'} the uninterrupted one")
+    print(
+        f"state after {half} batches: {os.path.getsize(state_path) / 1024:.1f} KiB; "
+        f"resumed run {'matches' if exact else 'DIFFERS FROM'} the uninterrupted one"
+    )
     return 0 if exact else 1

@@ -24,7 +24,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("root", help="data root (local path or fsspec URL)")
     parser.add_argument("--datasets", help="comma-separated dataset folders (default: all)")
-    parser.add_argument("--file-type", default="arrow", help=f"shard format: {', '.join(handler_names())}")
+    parser.add_argument(
+        "--file-type", default="arrow", help=f"shard format: {', '.join(handler_names())}"
+    )
     parser.add_argument("--col-name", default="tokens", help="token column (Arrow/Parquet)")
     parser.add_argument("--workers", type=int, default=1, help="parallel processes")
     parser.set_defaults(run=run)
@@ -41,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
     handler = make_handler(args.file_type, col_name=args.col_name)
     datasets = [d for d in args.datasets.split(",") if d] if args.datasets else None
     catalog = discover(args.root, datasets, handler)
-    jobs = [(args.file_type, args.col_name, catalog.root, rel) for ds in catalog.datasets for rel in ds.paths]
+    jobs = [
+        (args.file_type, args.col_name, catalog.root, rel)
+        for ds in catalog.datasets
+        for rel in ds.paths
+    ]
     rows = []
     with Progress(len(jobs), "files", label="counting ") as progress:
         if args.workers > 1:

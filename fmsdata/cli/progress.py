@@ -47,7 +47,9 @@ class Progress:
             bar = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
         else:
             bar = f"{self.done}"
-        self._stream.write(f"\r{self.label}{bar} {self.unit} ({rate:,.0f} {self.unit}/s) {self.extra}\033[K")
+        self._stream.write(
+            f"\r{self.label}{bar} {self.unit} ({rate:,.0f} {self.unit}/s) {self.extra}\033[K"
+        )
         self._stream.flush()
 
     def close(self) -> None:

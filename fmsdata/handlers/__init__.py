@@ -18,7 +18,7 @@ _REGISTRY: dict[str, type[FileHandler]] = {}
 
 
 def register_handler(cls: type[FileHandler], name: str | None = None) -> type[FileHandler]:
-    """Make ``cls`` selectable as ``file_type=name`` (default: ``cls.name``). Usable as a decorator."""
+    """Make ``cls`` selectable as ``file_type=name`` (default ``cls.name``); also a decorator."""
     key = name or cls.name
     if not key:
         raise ConfigError(f"handler {cls.__name__} has no name; set the class attribute 'name'")

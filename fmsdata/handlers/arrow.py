@@ -49,13 +49,18 @@ class _DocBatchReader:
         self._source.seek(0)
         self._mapped = self._source.read_buffer(self._source.size())
         itemsize = self.dtype.itemsize
-        self.flat = np.frombuffer(self._mapped, dtype=self.dtype, count=self._mapped.size // itemsize)
+        self.flat = np.frombuffer(
+            self._mapped, dtype=self.dtype, count=self._mapped.size // itemsize
+        )
         self._copies: dict[int, np.ndarray] = {}
         self.starts = np.full(self.n, -1, dtype=np.int64)  # element offset into flat, -1 unknown
         self.lengths = np.full(self.n, -1, dtype=np.int64)
         self._bytes = np.frombuffer(self._mapped, dtype=np.uint8)
         self._index: RecordBatchIndex | None = None
-        if all(pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in list(schema)[: self.col + 1]):
+        if all(
+            pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+            for f in list(schema)[: self.col + 1]
+        ):
             index = RecordBatchIndex.read(self._bytes)
             if index is not None and len(index) == self.n:
                 self._index = index
@@ -79,7 +84,9 @@ class _DocBatchReader:
             try:
                 column = self._ipc.get_batch(i).column(self.col)
             except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
-                raise ShardFormatError(f"{self.path}: record batch {i} is unreadable ({err})") from None
+                raise ShardFormatError(
+                    f"{self.path}: record batch {i} is unreadable ({err})"
+                ) from None
             if column.null_count:
                 raise ShardFormatError(
                     f"{self.path}: document {i} has {column.null_count} null token(s) in "
@@ -149,7 +156,9 @@ class ArrowDocHandler(FileHandler):
         reader.locate(indices)
         return reader.lengths[indices]
 
-    def doc_edges(self, reader: _DocBatchReader, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def doc_edges(
+        self, reader: _DocBatchReader, indices: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         reader.locate(indices)
         if reader._copies:
             return super().doc_edges(reader, indices)
@@ -162,7 +171,9 @@ class ArrowDocHandler(FileHandler):
         last[nonempty] = reader.flat[starts[nonempty] + lengths[nonempty] - 1]
         return first, last
 
-    def token_buffer(self, reader: _DocBatchReader) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def token_buffer(
+        self, reader: _DocBatchReader
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         # Documents are located on demand: callers locate (doc_lengths) before reading starts.
         if reader._copies:
             return None

@@ -115,12 +115,18 @@ class RecordBatchIndex:
             length_field = _field(buf, batch, 0)
             nodes_field = _field(buf, batch, 1)
             buffers_field = _field(buf, batch, 2)
-            if (_field(buf, batch, 3) != 0).any() or (nodes_field == 0).any() or (buffers_field == 0).any():
+            if (
+                (_field(buf, batch, 3) != 0).any()
+                or (nodes_field == 0).any()
+                or (buffers_field == 0).any()
+            ):
                 return None  # compressed bodies, or no column metadata
             lengths = np.where(length_field > 0, _read(buf, batch + length_field, "<i8"), 0)
             nodes = _deref(buf, batch + nodes_field)
             buffers = _deref(buf, batch + buffers_field)
-            if (_read(buf, nodes, "<u4") <= column).any() or (_read(buf, buffers, "<u4") <= 2 * column + 1).any():
+            if (_read(buf, nodes, "<u4") <= column).any() or (
+                _read(buf, buffers, "<u4") <= 2 * column + 1
+            ).any():
                 return None
             null_count = _read(buf, nodes + 4 + 16 * column + 8, "<i8")
             data = buffers + 4 + 16 * (2 * column + 1)

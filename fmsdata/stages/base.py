@@ -59,9 +59,7 @@ def check_keys(stage: str, state: Any, keys: tuple[str, ...]) -> None:
     if not isinstance(state, dict):
         raise StateMismatchError(f"{stage} state must be a mapping, got {type(state).__name__}")
     if set(state) != set(keys):
-        raise StateMismatchError(
-            f"{stage} state has keys {sorted(state)}, expected {sorted(keys)}"
-        )
+        raise StateMismatchError(f"{stage} state has keys {sorted(state)}, expected {sorted(keys)}")
 
 
 class Stage(IterableDataset):

@@ -192,8 +192,11 @@ class DocumentStream:
         if epoch == self._walk_epoch:
             return
         frags = self._fragments
+        assert frags is not None, "set up before walking"
         name = self.access.name
-        order = permute(np.arange(len(frags)), len(frags), derive_key(self.seed, name, self.shard, epoch))
+        order = permute(
+            np.arange(len(frags)), len(frags), derive_key(self.seed, name, self.shard, epoch)
+        )
         self._walk = frags[order]
         sizes = self._walk[:, 2] - self._walk[:, 1]
         self._walk_ends = np.cumsum(sizes)
@@ -236,7 +239,9 @@ class DocumentStream:
         positions = np.arange(pos, stop, dtype=np.int64)
         frag = np.searchsorted(ends, positions, side="right")
         local = positions - (ends - (self._walk[:, 2] - self._walk[:, 1]))[frag]
-        docs = self._walk[frag, 1] + self._walk_orders.apply(local, frag)
+        orders = self._walk_orders
+        assert orders is not None, "walk computed above"
+        docs = self._walk[frag, 1] + orders.apply(local, frag)
         files = self._walk[frag, 0]
         parts = []
         cuts = np.flatnonzero(np.diff(frag)) + 1

@@ -24,7 +24,11 @@ _INT32_MAX = 2**31 - 1
 
 def _check_int32(piece: np.ndarray, access: Any, file: int, doc: int) -> None:
     """Rows are int32: refuse token ids that do not fit (64-bit token files only)."""
-    if piece.dtype.itemsize > 4 and len(piece) and (int(piece.max()) > _INT32_MAX or int(piece.min()) < 0):
+    if (
+        piece.dtype.itemsize > 4
+        and len(piece)
+        and (int(piece.max()) > _INT32_MAX or int(piece.min()) < 0)
+    ):
         raise ShardFormatError(
             f"{access.path(file)}: document {doc} holds a token id outside [0, 2**31): "
             f"{int(piece.max()) if int(piece.max()) > _INT32_MAX else int(piece.min())}"
@@ -85,7 +89,9 @@ class LineWriter:
         fill = np.bincount(row, weights=written, minlength=n_rows).astype(np.int64)
         fill += (self.bol is not None) + (self.eol is not None)
         if self.pad is None and (fill != width).any():
-            raise AssertionError(f"hard-packed lines came out as {fill.tolist()} tokens, not {width}")
+            raise AssertionError(
+                f"hard-packed lines came out as {fill.tolist()} tokens, not {width}"
+            )
 
         # Where each span's first token lands in the flattened rows.
         head = int(self.bol is not None)
@@ -109,7 +115,12 @@ class LineWriter:
         return fill
 
     def _copy(
-        self, spans: np.ndarray, flat_out: np.ndarray, dst: np.ndarray, first: np.ndarray, n_copy: np.ndarray
+        self,
+        spans: np.ndarray,
+        flat_out: np.ndarray,
+        dst: np.ndarray,
+        first: np.ndarray,
+        n_copy: np.ndarray,
     ) -> None:
         """Copy each span's tokens into place: one slice copy per span, where the loop walks
         span metadata (a few integers per document), never tokens."""
@@ -118,18 +129,41 @@ class LineWriter:
         # Copies between equal dtypes are plain memcpy: int32 rows take uint32 tokens through
         # a same-width view (ids of 2**31 and above then read as negative; the caller checks).
         views = {flat_out.dtype: flat_out, np.dtype(np.uint32): flat_out.view(np.uint32)}
-        targets = [views.get(source[0].dtype, flat_out) if source[0] is not None else flat_out for source in sources]
+        targets = [
+            views.get(source[0].dtype, flat_out) if source[0] is not None else flat_out
+            for source in sources
+        ]
         slow = (spans[:, BASE] < 0) | np.array([source[3] for source in sources], dtype=bool)[group]
         src = first + spans[:, BASE]
         fast = np.flatnonzero(~slow & (n_copy > 0))
         for g, d, s, e, n in zip(
-            group[fast].tolist(), dst[fast].tolist(), src[fast].tolist(), (src + n_copy)[fast].tolist(), n_copy[fast].tolist()
+            group[fast].tolist(),
+            dst[fast].tolist(),
+            src[fast].tolist(),
+            (src + n_copy)[fast].tolist(),
+            n_copy[fast].tolist(),
         ):
             targets[g][d : d + n] = sources[g][0][s:e]
         for i in np.flatnonzero(slow & (n_copy > 0)).tolist():
             n = int(n_copy[i])
             piece = self._slow_piece(spans[i], sources[group[i]], int(first[i]), n)
             flat_out[int(dst[i]) : int(dst[i]) + n] = piece
+
+    def _slow_piece(self, span: np.ndarray, source: tuple, first: int, n: int) -> np.ndarray:
+        """A span's tokens through the handler: formats without a flat token buffer, and
+        64-bit token files (whose values must be checked to fit int32 rows)."""
+        flat, access, file, _ = source
+        doc = int(span[DOC])
+        if flat is not None and span[BASE] >= 0:
+            at = int(span[BASE]) + first
+            piece = flat[at : at + n]
+        else:
+            strip = self.decoration.strip
+            tokens = access.handler.get(access.reader(file), doc)
+            lead = int(bool(strip) and len(tokens) > 0 and int(tokens[0]) in strip)
+            piece = access.handler.slice(tokens, lead + first, n)
+        _check_int32(piece, access, file, doc)
+        return piece
 
     def _source(self, ds: int, file: int) -> tuple[np.ndarray | None, Any, int, bool]:
         """(flat token buffer or None, access, file, whether pieces need a range check)."""
@@ -152,18 +186,20 @@ class LineWriter:
             spans[i, BASE] = int(starts[0] + lead[0]) if starts is not None else -1
 
     def _check_vocab(self, spans: np.ndarray, tokens: np.ndarray) -> None:
-        if int(tokens.min()) >= 0 and int(tokens.max()) < self.vocab_size:
+        vocab = self.vocab_size
+        assert vocab is not None, "only called with a vocabulary"
+        if int(tokens.min()) >= 0 and int(tokens.max()) < vocab:
             return
         for row in spans:
             access = self.accesses[int(row[DS])]
             doc = access.handler.get(access.reader(int(row[FILE])), int(row[DOC]))
-            bad = doc[(doc < 0) | (doc >= self.vocab_size)]
+            bad = doc[(doc < 0) | (doc >= vocab)]
             if bad.size:
                 raise ShardFormatError(
                     f"{access.path(int(row[FILE]))}: document {int(row[DOC])} holds token id "
-                    f"{int(bad[0])}, outside vocab_size={self.vocab_size}"
+                    f"{int(bad[0])}, outside vocab_size={vocab}"
                 )
         raise ShardFormatError(
-            f"a line holds a token id outside vocab_size={self.vocab_size} "
+            f"a line holds a token id outside vocab_size={vocab} "
             "(a bos/eos/bol/eol/pad token in the config is too large)"
         )

@@ -47,7 +47,9 @@ class MixedDocs:
         """These documents followed by ``other``."""
         if not len(self):
             return other
-        return MixedDocs(*(np.concatenate([getattr(self, f), getattr(other, f)]) for f in _MIXED_FIELDS))
+        return MixedDocs(
+            *(np.concatenate([getattr(self, f), getattr(other, f)]) for f in _MIXED_FIELDS)
+        )
 
     @staticmethod
     def empty() -> MixedDocs:
@@ -81,7 +83,9 @@ class TokenShareMixer:
         weights: Positive token shares, same order (any scale).
     """
 
-    def __init__(self, streams: Sequence[DocumentStream], names: Sequence[str], weights: Sequence[float]):
+    def __init__(
+        self, streams: Sequence[DocumentStream], names: Sequence[str], weights: Sequence[float]
+    ):
         if not (len(streams) == len(names) == len(weights)):
             raise ValueError("streams, names and weights must have the same length")
         self.streams = list(streams)
@@ -150,7 +154,9 @@ class TokenShareMixer:
             end = ledger.used + take - 1
             # One row of per-dataset counters as Python ints: cheaper than indexing numpy
             # element by element.
-            count, tokens, last = (a[end].tolist() for a in (ledger.count, ledger.tokens, ledger.last_gpos))
+            count, tokens, last = (
+                a[end].tolist() for a in (ledger.count, ledger.tokens, ledger.last_gpos)
+            )
             if ledger.used:
                 count_before = ledger.count[ledger.used - 1].tolist()
                 tokens_before = ledger.tokens[ledger.used - 1].tolist()

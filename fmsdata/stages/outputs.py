@@ -38,7 +38,9 @@ def causal_lm(tokens: np.ndarray, content: np.ndarray) -> tuple[np.ndarray, np.n
     return input_ids, labels
 
 
-def segment_lengths(spans: np.ndarray, has_bol: bool, has_eol: bool, content: int, seq: int) -> np.ndarray:
+def segment_lengths(
+    spans: np.ndarray, has_bol: bool, has_eol: bool, content: int, seq: int
+) -> np.ndarray:
     """Lengths of the document pieces of one line's *inputs* (its first ``seq`` tokens).
 
     BOL joins the first piece and EOL the last; padding is one final segment. The lengths

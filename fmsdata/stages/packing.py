@@ -110,7 +110,9 @@ class LinePacker(Stage):
     def _next_plan(self) -> _Plan:
         docs = self._pending.then(self.source.read_ahead())
         if self.mode == "hard":
-            plan, self._pending, self._plan_carry = _plan_hard(docs, self._plan_carry, self.capacity)
+            plan, self._pending, self._plan_carry = _plan_hard(
+                docs, self._plan_carry, self.capacity
+            )
         else:
             plan, self._pending, self._plan_carry = _plan_pad(docs, self._plan_carry, self.capacity)
         return plan
@@ -138,7 +140,7 @@ class LinePacker(Stage):
         self._pending = MixedDocs.empty()
 
 
-def _pieces(docs: MixedDocs, carry: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _pieces(docs: MixedDocs, carry: np.ndarray | None) -> tuple[np.ndarray, int]:
     """Rows ``(ds, file, doc, start, length)`` for the carry (if any) then each document,
     and how many leading rows are carry (0 or 1)."""
     rows = np.empty((len(docs), SPAN_WIDTH), dtype=np.int64)
@@ -247,7 +249,7 @@ def _plan_pad(
         return _empty_plan(), docs, carry
     if fill == 0:
         open_row, open_carry = len(rows), None
-    cut = max(open_row - head, 0)
+    cut = max(int(open_row) - head, 0)
     pending = docs.tail(cut)
     plan = _Plan(
         np.stack(pieces[: offsets[-1]]),

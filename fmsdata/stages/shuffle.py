@@ -109,7 +109,9 @@ def _take(buffer: list[np.ndarray], slot: int) -> np.ndarray:
     return line
 
 
-def apply_journal(buffer: list[np.ndarray], ops: Iterable[int], pushed: Iterator[np.ndarray]) -> None:
+def apply_journal(
+    buffer: list[np.ndarray], ops: Iterable[int], pushed: Iterator[np.ndarray]
+) -> None:
     """Replay buffer changes recorded by ``ShuffleBuffer`` onto a copy of its buffer."""
     for op in ops:
         if op == PUSH:

@@ -9,7 +9,10 @@ from fmsdata.handlers.arrow import write_arrow_docs
 
 def write(path, batches, schema, compression=None):
     options = pa.ipc.IpcWriteOptions(compression=compression)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema, options=options) as writer:
+    with (
+        pa.OSFile(str(path), "wb") as sink,
+        pa.ipc.new_file(sink, schema, options=options) as writer,
+    ):
         for batch in batches:
             writer.write_batch(pa.record_batch(batch, schema=schema))
 
@@ -68,7 +71,10 @@ def test_unusual_layouts_read_the_same(tmp_path, layout):
         for d in expected:
             batches.append([big.slice(at, len(d))])
             at += len(d)
-        expected = [np.arange(1000 + a, 1000 + a + len(d)) for a, d in zip(np.cumsum([0] + [len(d) for d in expected]), expected)]
+        expected = [
+            np.arange(1000 + a, 1000 + a + len(d))
+            for a, d in zip(np.cumsum([0] + [len(d) for d in expected]), expected)
+        ]
         write(path, batches, schema)
     handler = make_handler("arrow", col_name="input_ids")
     reader = handler.open(str(path))

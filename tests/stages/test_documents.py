@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from support import accesses, corpus
 
 from fmsdata.errors import EmptyDatasetError
-from fmsdata.stages.documents import Decoration, DocumentStream, shard_fragments, shard_files
+from fmsdata.stages.documents import Decoration, DocumentStream, shard_files, shard_fragments
 
 
 def walk(stream: DocumentStream, n: int) -> list[tuple[int, int]]:
@@ -35,7 +35,9 @@ def all_docs(info) -> set[tuple[int, int]]:
     n_shards=st.integers(1, 12),
     seed=st.integers(0, 1000),
 )
-def test_shards_partition_the_dataset_and_each_epoch_covers_its_shard_once(n_files, docs, n_shards, seed):
+def test_shards_partition_the_dataset_and_each_epoch_covers_its_shard_once(
+    n_files, docs, n_shards, seed
+):
     info = corpus(tempfile.mkdtemp(), {"a": n_files}, docs_per_file=docs, mean_length=5)
     access = accesses(info)[0]
     # Sorted paths equal generation order here (no nesting).
@@ -106,7 +108,9 @@ def test_shard_fragments_follow_the_fms_layout():
 
 def test_strip_amounts():
     deco = Decoration(strip=frozenset({7, 8}))
-    lead, trail = deco.strip_amounts(np.array([3, 1, 0, 2]), np.array([7, 8, -1, 1]), np.array([8, 8, -1, 7]))
+    lead, trail = deco.strip_amounts(
+        np.array([3, 1, 0, 2]), np.array([7, 8, -1, 1]), np.array([8, 8, -1, 7])
+    )
     assert lead.tolist() == [1, 1, 0, 0]
     assert trail.tolist() == [1, 0, 0, 1]
 

@@ -10,7 +10,7 @@ from support import accesses
 
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.arrow import write_arrow_docs
-from fmsdata.stages.base import DLEN, BASE, restore_spans
+from fmsdata.stages.base import BASE, DLEN, restore_spans
 from fmsdata.stages.documents import Decoration, DocumentStream
 from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.mixing import TokenShareMixer
@@ -45,13 +45,17 @@ def stripped_corpus(root: str, seed: int) -> CorpusInfo:
 def reference_line(spans, path_of, deco, line_length, bol, eol, pad):
     """Tokens of a line computed from pyarrow reads, one document at a time."""
     out = [] if bol is None else [bol]
-    for ds, f, d, start, n in spans[:, :5].tolist():
+    for _, f, d, start, n in spans[:, :5].tolist():
         tokens = pa.ipc.open_file(path_of(f)).get_batch(d).column(0).to_numpy().tolist()
         if deco.strip and tokens and tokens[0] in deco.strip:
             tokens = tokens[1:]
         if deco.strip and tokens and tokens[-1] in deco.strip:
             tokens = tokens[:-1]
-        decorated = ([deco.bos] if deco.bos is not None else []) + tokens + ([deco.eos] if deco.eos is not None else [])
+        decorated = (
+            ([deco.bos] if deco.bos is not None else [])
+            + tokens
+            + ([deco.eos] if deco.eos is not None else [])
+        )
         out += decorated[start : start + n]
     if eol is not None:
         out.append(eol)
@@ -70,7 +74,9 @@ def reference_line(spans, path_of, deco, line_length, bol, eol, pad):
     seq=st.integers(8, 90),
     seed=st.integers(0, 30),
 )
-def test_written_lines_match_a_document_by_document_reference(bos, eos, bol, eol, strip, pad_mode, seq, seed):
+def test_written_lines_match_a_document_by_document_reference(
+    bos, eos, bol, eol, strip, pad_mode, seq, seed
+):
     root = tempfile.mkdtemp()
     info = stripped_corpus(root, seed)
     acc = accesses(info)
@@ -100,11 +106,15 @@ def test_written_lines_match_a_document_by_document_reference(bos, eos, bol, eol
 
 def test_vocab_check_names_the_file(tmp_path):
     os.makedirs(tmp_path / "a")
-    write_arrow_docs(str(tmp_path / "a" / "bad.arrow"), [np.arange(20, 30), np.array([20, 70000, 21])])
+    write_arrow_docs(
+        str(tmp_path / "a" / "bad.arrow"), [np.arange(20, 30), np.array([20, 70000, 21])]
+    )
     info = CorpusInfo(str(tmp_path), {"a": (20, 30)}, {"a": 2}, {"a/bad.arrow": (None, None)})
     acc = accesses(info)
     deco = Decoration()
-    packer = LinePacker(TokenShareMixer([DocumentStream(acc[0], 0, 1, 0, deco)], ["a"], [1.0]), 13, "hard")
+    packer = LinePacker(
+        TokenShareMixer([DocumentStream(acc[0], 0, 1, 0, deco)], ["a"], [1.0]), 13, "hard"
+    )
     writer = LineWriter(acc, deco, 13, vocab_size=50000)
     with pytest.raises(ShardFormatError, match=r"bad\.arrow: document 1 holds token id 70000"):
         writer.write([next(packer)], np.zeros((1, 13), dtype=np.int32))
@@ -114,6 +124,8 @@ def test_spans_carry_document_facts(tmp_path):
     info = stripped_corpus(str(tmp_path), 0)
     acc = accesses(info)
     deco = Decoration(bos=1, eos=2, strip=frozenset({STRIP}))
-    packer = LinePacker(TokenShareMixer([DocumentStream(acc[0], 0, 1, 0, deco)], ["a"], [1.0]), 50, "hard")
+    packer = LinePacker(
+        TokenShareMixer([DocumentStream(acc[0], 0, 1, 0, deco)], ["a"], [1.0]), 50, "hard"
+    )
     line = next(packer)
     assert (line[:, DLEN] > 0).all() and (line[:, BASE] >= 0).all()

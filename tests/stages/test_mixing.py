@@ -9,7 +9,8 @@ from fmsdata.stages.documents import Decoration, DocumentStream
 from fmsdata.stages.mixing import TokenShareMixer
 
 
-def mixer(info, weights, shard=0, n_shards=1, seed=3, deco=Decoration()):
+def mixer(info, weights, shard=0, n_shards=1, seed=3, deco=None):
+    deco = deco or Decoration()
     names = list(info.ranges)
     acc = accesses(info)
     streams = [DocumentStream(a, shard, n_shards, seed, deco) for a in acc]
@@ -23,7 +24,14 @@ def mix(m: TokenShareMixer, n: int) -> list[tuple[int, int, int, int]]:
     while len(out) < n:
         docs = m.read_ahead()
         take = min(len(docs), n - len(out), bite)
-        out.extend(zip(docs.ds[:take].tolist(), docs.file[:take].tolist(), docs.doc[:take].tolist(), docs.dlen[:take].tolist()))
+        out.extend(
+            zip(
+                docs.ds[:take].tolist(),
+                docs.file[:take].tolist(),
+                docs.doc[:take].tolist(),
+                docs.dlen[:take].tolist(),
+            )
+        )
         m.commit(take)
         m.rewind()
         bite = bite * 5 % 13 + 1
@@ -66,7 +74,9 @@ def test_block_merge_equals_the_one_at_a_time_rule(weights, seed):
 @settings(max_examples=15)
 @given(w=st.floats(0.1, 0.9), seed=st.integers(0, 50))
 def test_token_shares_track_weights_within_one_percent(w, seed):
-    info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=200, mean_length=20, spread=0.5)
+    info = corpus(
+        tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=200, mean_length=20, spread=0.5
+    )
     m = mixer(info, [w, 1 - w], seed=seed)
     docs = mix(m, 3000)
     tokens = np.zeros(2)

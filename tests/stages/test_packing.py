@@ -41,7 +41,7 @@ def test_hard_packing_fills_every_line_and_loses_nothing(capacity, mean, seed):
     assert all(int(line[:, LENGTH].sum()) == capacity for line in lines)
     docs = pieces(lines)
     # Whole documents in order, each from its start; only the last may be unfinished.
-    for ds, f, d, s, n, dlen in docs[:-1]:
+    for _, _, _, s, n, dlen in docs[:-1]:
         assert s == 0 and n == dlen
     assert docs[-1][3] == 0
 
@@ -54,7 +54,7 @@ def test_pad_packing_splits_only_documents_longer_than_a_line(capacity, mean, se
     lines = [next(p) for _ in range(40)]
     for line in lines:
         assert 0 < int(line[:, LENGTH].sum()) <= capacity
-    for ds, f, d, s, n, dlen in pieces(lines)[:-1]:
+    for _, _, _, s, n, dlen in pieces(lines)[:-1]:
         assert s == 0 and n == dlen
     for line in lines:
         for row in line[1:]:
@@ -86,4 +86,6 @@ def test_packer_resumes_exactly(tmp_path, mode):
         for expected in reference[stop:]:
             got = next(resumed)
             # Document facts (dlen/base) may be unknown right after a resume; positions match.
-            assert np.array_equal(got[:, [DS, FILE, DOC, START, LENGTH]], expected[:, [DS, FILE, DOC, START, LENGTH]])
+            assert np.array_equal(
+                got[:, [DS, FILE, DOC, START, LENGTH]], expected[:, [DS, FILE, DOC, START, LENGTH]]
+            )

@@ -66,7 +66,10 @@ def test_resume_and_journal_replay(window, stop):
 
 
 def test_pack_lines_keeps_saved_columns_only():
-    lines = [np.arange(2 * SPAN_WIDTH).reshape(2, SPAN_WIDTH) + 1, np.ones((1, SPAN_WIDTH), dtype=np.int64)]
+    lines = [
+        np.arange(2 * SPAN_WIDTH).reshape(2, SPAN_WIDTH) + 1,
+        np.ones((1, SPAN_WIDTH), dtype=np.int64),
+    ]
     packed = pack_lines(lines)
     assert packed["spans"].shape == (3, 5)
     assert packed["offsets"].tolist() == [0, 2, 3]
