@@ -44,6 +44,11 @@ class ReaderCache:
             old_handler.close(old_reader)
         return reader
 
+    def release(self) -> None:
+        """Let every open reader give back what it can get again (mapped pages)."""
+        for handler, reader in self._open.values():
+            handler.release(reader)
+
     def close(self) -> None:
         while self._open:
             _, (handler, reader) = self._open.popitem()

@@ -24,6 +24,7 @@ from fmsdata.config import LoaderConfig
 from fmsdata.errors import ConfigError, ShardFormatError, StateMismatchError
 from fmsdata.files import local_path_resolver
 from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.mapping import resident_file_bytes
 from fmsdata.pipeline import ShardRecipe, open_shard
 from fmsdata.stages.base import SPAN_WIDTH
 from fmsdata.stages.materialize import LineWriter
@@ -35,6 +36,8 @@ from fmsdata.transport import WorkerItem, item_batch_counts
 __all__ = ["RankLineDataset", "Preprocess"]
 
 logger = logging.getLogger(__name__)
+
+MAPPED_BUDGET = 256 << 20  # resident bytes of mapped shard files before they are released
 
 # A custom preprocess maps one packed line (int64, seq_length + 1 tokens) and its count of
 # non-pad tokens to named arrays of fixed shapes; it replaces the built-in causal-LM shift.
@@ -146,6 +149,11 @@ class RankLineDataset(IterableDataset):
             for index, n_batches in enumerate(sizes):
                 slot = None if ring is None else index % len(ring)
                 yield self._item(n_batches, dealer, mine, shard, writer, ring, slot)
+                # Pages read through memory maps stay resident until given back: keep the
+                # worker's memory flat however much of the corpus it has read.
+                mapped = resident_file_bytes()
+                if mapped is not None and mapped > MAPPED_BUDGET:
+                    readers.release()
         finally:
             readers.close()
 

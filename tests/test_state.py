@@ -97,3 +97,45 @@ def test_spawn_workers_give_the_same_batches(tmp_path):
     reference = take(build_dataloader(base_config(info)), 12)
     spawned = build_dataloader(base_config(info, num_workers=2, multiprocessing_context="spawn"))
     assert_same_batches(reference, take(spawned, 12))
+
+
+def _worker_memory(loader):
+    (pid,) = loader.worker_pids()
+    with open(f"/proc/{pid}/status") as status:
+        fields = dict(line.split(":", 1) for line in status if ":" in line)
+    return int(fields["RssAnon"].split()[0]) * 1024, int(fields["RssFile"].split()[0]) * 1024
+
+
+@pytest.mark.slow
+def test_worker_memory_stays_flat_over_a_long_run(tmp_path, monkeypatch):
+    import fmsdata.dataset
+
+    # A small budget for mapped shard pages, so a small corpus shows the effect.
+    monkeypatch.setattr(fmsdata.dataset, "MAPPED_BUDGET", 4 << 20)
+    info = write_corpus(tmp_path, {"a": 8, "b": 8}, docs_per_file=200, mean_length=4000)
+    corpus_bytes = sum(p.stat().st_size for p in tmp_path.rglob("*.arrow"))
+    config = dict(
+        data_path=info.root,
+        seq_length=1024,
+        batch_size=8,
+        logical_shards=8,
+        shuffle_window=8,
+        eos_token=0,
+        num_workers=1,
+        multiprocessing_context="fork",
+    )
+    loader = build_dataloader(config)
+    iterator = iter(loader)
+    next(iterator)
+    anon_start, mapped_start = _worker_memory(loader)
+    for _ in range(400):
+        next(iterator)
+    anon_early, _ = _worker_memory(loader)
+    for _ in range(1600):
+        next(iterator)
+    anon_late, mapped_late = _worker_memory(loader)
+    assert 2000 * 8 * 1024 * 4 > corpus_bytes > 40 << 20  # the run read all of a 40+ MB corpus
+    assert anon_late - anon_early < 16 << 20, (anon_early, anon_late)
+    # Shard pages read through the maps are given back: what stays resident is the budget
+    # plus at most one item's worth (2M tokens), not the corpus.
+    assert mapped_late - mapped_start < 16 << 20, (mapped_start, mapped_late)

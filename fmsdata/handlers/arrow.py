@@ -12,6 +12,7 @@ import pyarrow as pa
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.arrow_index import RecordBatchIndex
 from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.mapping import MappedFile
 
 __all__ = ["ArrowDocHandler", "write_arrow_docs"]
 
@@ -25,9 +26,9 @@ class _DocBatchReader:
 
     def __init__(self, path: str, col_name: str) -> None:
         self.path = path
+        self.mapped = MappedFile(path)
         try:
-            self._source = pa.memory_map(path, "r")
-            self._ipc = pa.ipc.open_file(self._source)
+            self._ipc = pa.ipc.open_file(pa.py_buffer(self.mapped.bytes))
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
             raise ShardFormatError(f"{path}: not a readable Arrow IPC file ({err})") from None
         schema = self._ipc.schema
@@ -46,16 +47,11 @@ class _DocBatchReader:
         self.col_name = col_name
         self.dtype = np.dtype(column_type.to_pandas_dtype())
         self.n = self._ipc.num_record_batches
-        self._source.seek(0)
-        self._mapped = self._source.read_buffer(self._source.size())
-        itemsize = self.dtype.itemsize
-        self.flat = np.frombuffer(
-            self._mapped, dtype=self.dtype, count=self._mapped.size // itemsize
-        )
+        self.flat = self.mapped.view(self.dtype)
         self._copies: dict[int, np.ndarray] = {}
         self.starts = np.full(self.n, -1, dtype=np.int64)  # element offset into flat, -1 unknown
         self.lengths = np.full(self.n, -1, dtype=np.int64)
-        self._bytes = np.frombuffer(self._mapped, dtype=np.uint8)
+        self._bytes = self.mapped.bytes
         self._index: RecordBatchIndex | None = None
         if all(
             pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
@@ -76,8 +72,8 @@ class _DocBatchReader:
             if located is not None:
                 self.starts[missing], self.lengths[missing] = located
                 return
-        base = self._mapped.address
-        end = base + self._mapped.size
+        base = self.flat.ctypes.data
+        end = base + len(self._bytes)
         itemsize = self.dtype.itemsize
         for i in np.unique(missing):
             i = int(i)
@@ -122,9 +118,8 @@ class _DocBatchReader:
     def close(self) -> None:
         self.flat = np.empty(0, dtype=self.dtype)
         self._bytes = np.empty(0, dtype=np.uint8)
-        self._mapped = None
         self._ipc = None
-        self._source.close()
+        self.mapped.close()
 
 
 class ArrowDocHandler(FileHandler):
@@ -178,6 +173,9 @@ class ArrowDocHandler(FileHandler):
         if reader._copies:
             return None
         return reader.flat, reader.starts, reader.lengths
+
+    def release(self, reader: _DocBatchReader) -> None:
+        reader.mapped.release()
 
     def describe(self) -> dict[str, Any]:
         return {"file_type": self.name, "col_name": self.col_name}

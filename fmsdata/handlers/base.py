@@ -95,6 +95,13 @@ class FileHandler(ABC):
         finally:
             self.close(reader)
 
+    def release(self, reader: Any) -> None:
+        """Give back memory the reader holds that it can get again (e.g. mapped pages).
+
+        Called when the worker's resident memory grows past its budget. Default: nothing.
+        """
+        return None
+
     def close(self, reader: Any) -> None:
         """Release a reader (default: call its ``close`` when it has one)."""
         closer = getattr(reader, "close", None)
