@@ -34,7 +34,7 @@ class MappedFile:
         """The file (from ``offset``) as an array of ``dtype`` (whole items only)."""
         if count < 0:
             count = (len(self.bytes) - offset) // np.dtype(dtype).itemsize
-        return np.frombuffer(self._map, dtype=dtype, count=count, offset=offset)
+        return self.bytes[offset : offset + count * np.dtype(dtype).itemsize].view(dtype)
 
     def release(self) -> None:
         """Give back the resident pages of the mapping (contents stay readable)."""
