@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from fmsdata import build_dataloader
-from fmsdata.catalog import discover
+from fmsdata.cli.bench import tokens_per_second
 from fmsdata.handlers import ArrowDocHandler
-from fmsdata.indexing import write_counts
+from fmsdata.indexing import index_root
 from fmsdata.statefile import load_state, save_state
 from fmsdata.synthetic import write_corpus
 
@@ -40,19 +40,8 @@ def ensure_corpus(root: str, files: int, docs: int, mean: float) -> None:
         return
     print(f"writing corpus under {root} ...", flush=True)
     write_corpus(root, {"web": files, "code": files}, docs_per_file=docs, mean_length=mean, seed=1)
-    index(root)
+    index_root(root, ArrowDocHandler(), workers=2)
     open(marker, "w").close()
-
-
-def index(root: str) -> None:
-    handler = ArrowDocHandler()
-    catalog = discover(root, None, handler)
-    rows = [
-        (rel, *handler.count(os.path.join(root, rel)))
-        for ds in catalog.datasets
-        for rel in ds.paths
-    ]
-    write_counts(root, rows)
 
 
 def bare_read(root: str, line_length: int, seconds: float) -> float:
@@ -87,15 +76,7 @@ def worker_memory(pids: list[int]) -> dict[str, float]:
 
 def pipeline_rate(config: dict[str, Any], warmup: int, batches: int) -> dict[str, float]:
     loader = build_dataloader(config)
-    batch_iter = iter(loader)
-    for _ in range(warmup):
-        next(batch_iter)
-    tokens = 0
-    start = time.perf_counter()
-    for _ in range(batches):
-        tokens += next(batch_iter)["input_ids"].numel()
-    rate = tokens / (time.perf_counter() - start)
-    figures = {"tokens_per_s": rate}
+    figures = {"tokens_per_s": tokens_per_second(iter(loader), warmup, batches)}
     if loader.worker_pids():
         figures.update(worker_memory(loader.worker_pids()))
     return figures
@@ -139,7 +120,7 @@ def many_files_root(directory: str, n_files: int) -> str:
     marker = os.path.join(root, ".complete")
     if not os.path.exists(marker):
         write_corpus(root, {"a": n_files // 2, "b": n_files // 2}, docs_per_file=4, mean_length=50)
-        index(root)
+        index_root(root, ArrowDocHandler(), workers=2)
         open(marker, "w").close()
     return root
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from fmsdata.config import LoaderConfig
@@ -26,19 +27,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def measure(loader: FmsDataLoader, warmup: int, batches: int) -> dict[str, Any]:
-    """Figures of one loader: first batch latency, steady tokens/s, state size and timings."""
-    start = time.perf_counter()
-    iterator = iter(loader)
-    next(iterator)
-    first = time.perf_counter() - start
+def tokens_per_second(iterator: Iterator[dict[str, Any]], warmup: int, batches: int) -> float:
+    """Steady throughput of a batch iterator: ``batches`` timed after ``warmup`` untimed."""
     for _ in range(warmup):
         next(iterator)
     tokens = 0
     start = time.perf_counter()
     for _ in range(batches):
         tokens += next(iterator)["input_ids"].numel()
-    elapsed = time.perf_counter() - start
+    return tokens / (time.perf_counter() - start)
+
+
+def measure(loader: FmsDataLoader, warmup: int, batches: int) -> dict[str, Any]:
+    """Figures of one loader: first batch latency, steady tokens/s, state size and timings."""
+    start = time.perf_counter()
+    iterator = iter(loader)
+    next(iterator)
+    first = time.perf_counter() - start
+    rate = tokens_per_second(iterator, warmup, batches)
     start = time.perf_counter()
     state = loader.state_dict()
     data = state_to_bytes(state)
@@ -49,7 +55,7 @@ def measure(loader: FmsDataLoader, warmup: int, batches: int) -> dict[str, Any]:
     del iterator
     return {
         "first_batch_s": first,
-        "tokens_per_s": tokens / elapsed,
+        "tokens_per_s": rate,
         "state_bytes": len(data),
         "state_save_s": save,
         "state_load_s": load,

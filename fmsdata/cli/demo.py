@@ -13,9 +13,8 @@ import time
 
 import torch
 
-from fmsdata.catalog import discover
 from fmsdata.handlers import ArrowDocHandler
-from fmsdata.indexing import write_counts
+from fmsdata.indexing import index_root
 from fmsdata.loader import build_dataloader
 from fmsdata.statefile import load_state, save_state
 from fmsdata.synthetic import write_corpus
@@ -41,14 +40,7 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(root, exist_ok=True)
     print(f"corpus: {root}")
     info = write_corpus(root, {"web": 16, "code": 8}, docs_per_file=(200, 400), mean_length=600)
-    handler = ArrowDocHandler()
-    catalog = discover(root, None, handler)
-    rows = [
-        (rel, *handler.count(os.path.join(root, rel)))
-        for ds in catalog.datasets
-        for rel in ds.paths
-    ]
-    write_counts(root, rows)
+    index_root(root, ArrowDocHandler())
     for name in info.ranges:
         print(f"  {name}: {info.documents[name]:,} documents, {info.tokens(name):,} tokens")
 
