@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+
 from fmsdata.cli.progress import Progress
 from fmsdata.handlers import handler_names, make_handler
 from fmsdata.indexing import index_root
