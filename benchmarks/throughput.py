@@ -96,7 +96,7 @@ def state_cost(config: dict[str, Any], batches: int, directory: str) -> dict[str
         next(iterator)
     path = os.path.join(directory, "loader_state.fms")
     start = time.perf_counter()
-    save_state(path, loader.state_dict())
+    save_state(path, loader.snapshot())
     save = time.perf_counter() - start
     start = time.perf_counter()
     fresh = build_dataloader(config)

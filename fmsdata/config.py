@@ -87,6 +87,10 @@ class LoaderConfig:
         return_cu_seqlens: Add ``cu_seqlens`` and ``max_seqlen`` for varlen attention.
         open_files: Shard files each worker keeps open at most (least recently used closed);
             None sizes it from the streams the worker runs.
+        checkpoint_dir: Folder of automatic loader checkpoints (``step_NNNNNNNNN/``); when
+            set, the loader resumes from the newest complete one it finds there.
+        checkpoint_every: Save a loader checkpoint every this many batches (0 = never).
+        checkpoint_keep: Automatic checkpoints kept (older ones are removed).
     """
 
     data_path: str
@@ -115,6 +119,9 @@ class LoaderConfig:
     return_position_ids: bool = False
     return_cu_seqlens: bool = False
     open_files: int | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    checkpoint_keep: int = 2
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -155,11 +162,24 @@ class LoaderConfig:
             if value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
             set_(self, name, value)
-        for name in ("min_length", "shuffle_window", "num_workers", "seed"):
+        for name in (
+            "min_length",
+            "shuffle_window",
+            "num_workers",
+            "seed",
+            "checkpoint_every",
+            "checkpoint_keep",
+        ):
             value = _to_number(name, getattr(self, name), int)
             if value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
             set_(self, name, value)
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ConfigError(
+                f"checkpoint_every={self.checkpoint_every} needs checkpoint_dir, got None"
+            )
+        if self.checkpoint_dir is not None:
+            set_(self, "checkpoint_dir", os.fspath(self.checkpoint_dir))
         if self.open_files is not None:
             files = _to_number("open_files", self.open_files, int)
             if files < 1:

@@ -10,12 +10,19 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from fmsdata.checkpoint import AutoCheckpointer, latest_checkpoint, load_loader_state
 from fmsdata.config import LoaderConfig, as_config
 from fmsdata.dataset import Preprocess, RankLineDataset
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers import make_handler
 from fmsdata.pipeline import open_shard
-from fmsdata.state import STATE_VERSION, ConsumedState, gather_shard_states, stream_fingerprint
+from fmsdata.state import (
+    STATE_VERSION,
+    ConsumedState,
+    gather_shard_states,
+    pack_state,
+    stream_fingerprint,
+)
 from fmsdata.topology import Topology
 from fmsdata.transport import assemble_batch, ring_shape
 
@@ -52,6 +59,11 @@ class FmsDataLoader(DataLoader):
         self.config: LoaderConfig = config
         self._consumed = ConsumedState(dataset.shard_ids)
         self._parts: Any = None
+        self.checkpointer = (
+            AutoCheckpointer(config.checkpoint_dir, config.checkpoint_every, config.checkpoint_keep)
+            if config.checkpoint_dir and config.checkpoint_every
+            else None
+        )
 
     # -- iteration -----------------------------------------------------------------------
 
@@ -92,6 +104,8 @@ class FmsDataLoader(DataLoader):
                 for item in items:
                     self._consumed.consume_batch(item, k)
                 self._consumed.steps += 1
+                if self.checkpointer is not None:
+                    self.checkpointer.after_step(self)
                 yield batch
             for item in items:
                 self._consumed.finish_item(item)
@@ -116,8 +130,19 @@ class FmsDataLoader(DataLoader):
         """Batches consumed since the start of the run (carried through resumes)."""
         return self._consumed.steps
 
-    def state_dict(self, settle: bool = False) -> dict[str, Any]:
-        """This rank's state as plain data (ints, strings, lists, numpy arrays).
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's state keyed by logical shard, each entry a uint8 tensor.
+
+        The loader is a ``torch.distributed.checkpoint`` ``Stateful``: this is what DCP
+        saves (tensors only, nothing pickled), and since the keys name logical shards, a
+        DCP load on another world size brings each rank the shards it now owns (load with
+        ``fmsdata.checkpoint.LoadPlanner()``, which sizes the entries from the checkpoint).
+        ``snapshot()`` has the same content as nested plain data.
+        """
+        return pack_state(self.snapshot())
+
+    def snapshot(self, settle: bool = False) -> dict[str, Any]:
+        """This rank's state as plain nested data (ints, strings, lists, numpy arrays).
 
         Each shard entry is a pipeline state plus ``advance``, the lines the shard emitted
         after it (at most a few batches' worth, the rest of a worker's current item); a
@@ -150,18 +175,15 @@ class FmsDataLoader(DataLoader):
             "shards": shards,
         }
 
-    def load_state_dict(
-        self,
-        state: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-        allow_changes: Sequence[str] = (),
-    ) -> None:
-        """Resume from this rank's own state, or from the list of every rank's states.
+    def load_state_dict(self, state: Any, allow_changes: Sequence[str] = ()) -> None:
+        """Resume from this rank's own state, or from the states of every rank of a save.
 
-        A list from a run with another world size rescales: each logical shard continues
+        States from a run with another world size rescale: each logical shard continues
         from its saved position, on whichever rank now owns it.
 
         Args:
-            state: One rank state or the states of all ranks of the saving run.
+            state: A ``state_dict()`` or ``snapshot()`` of this rank, a list of every
+                rank's, or (packed form) the union of their dicts.
             allow_changes: Fingerprint fields allowed to differ (an intended config change).
 
         Raises:
@@ -211,6 +233,12 @@ def build_dataloader(
     dataset = RankLineDataset(config, topology, handler, preprocess)
     catalog = dataset.catalog()
     dataset.data_fingerprint = catalog.fingerprint()
+    loader = FmsDataLoader(dataset)
+    if config.checkpoint_dir:
+        latest = latest_checkpoint(config.checkpoint_dir)
+        if latest is not None:
+            logger.info("resuming the loader from %s", latest)
+            load_loader_state(loader, latest)
     if config.logical_shards % topology.world_size:
         logger.warning(
             "logical_shards=%d is not a multiple of world_size=%d: ranks get unequal shard counts "
@@ -218,4 +246,4 @@ def build_dataloader(
             config.logical_shards,
             topology.world_size,
         )
-    return FmsDataLoader(dataset)
+    return loader

@@ -1,6 +1,6 @@
 """The loader state: its layout, its fingerprint, and the replica of what was consumed.
 
-A rank's state is plain data::
+A rank's state, as ``FmsDataLoader.snapshot()`` gives it, is plain nested data::
 
     {"version": 1,
      "fingerprint": {"data": ..., "seed": ..., "seq_length": ..., ...},
@@ -10,7 +10,10 @@ A rank's state is plain data::
                  "advance": lines the shard emitted after that state}, ...]}
 
 Shard states depend only on the shard, never on the rank, so a rescale is a regrouping of
-the ``shards`` lists of all ranks. Workers run ahead of the training loop; the main
+the ``shards`` lists of all ranks. ``state_dict()`` gives the same content keyed by
+logical shard, each entry one uint8 tensor (``pack_state``): that is what
+``torch.distributed.checkpoint`` saves without pickling anything, and loading the union
+of any ranks' dicts (or a DCP load keyed by the new owners' shards) rescales. Workers run ahead of the training loop; the main
 process keeps a ``ConsumedState`` that it advances with the small per-batch updates the
 workers send (light state plus shuffle-buffer journal), so ``state_dict()`` describes
 exactly the batches handed to the caller.
@@ -19,19 +22,26 @@ exactly the batches handed to the caller.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from fmsdata.config import LoaderConfig
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.stages.shuffle import apply_journal, pack_lines, unpack_lines
+from fmsdata.statefile import state_from_bytes, state_to_bytes
 from fmsdata.transport import WorkerItem
 
 __all__ = [
     "STATE_VERSION",
+    "META_KEY",
+    "pack_state",
+    "unpack_state",
+    "as_rank_states",
     "stream_fingerprint",
     "check_fingerprint",
     "gather_shard_states",
@@ -40,6 +50,8 @@ __all__ = [
 
 STATE_VERSION = 1
 TOP_KEYS = ("version", "fingerprint", "rank", "world_size", "steps", "shards")
+META_KEY = "fmsdata_meta"
+SHARD_PREFIX = "fmsdata_shard_"
 
 # Config fields that decide the lines of a logical shard (batch size, workers and world
 # size do not: they may change between save and load).
@@ -95,6 +107,75 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def pack_state(snapshot: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """A rank snapshot as ``{"fmsdata_meta": ..., "fmsdata_shard_00042": ...}`` of uint8 tensors.
+
+    The meta entry (JSON) holds what every rank shares: version, fingerprint, world size
+    and steps; each shard entry is a state file (``fmsdata.statefile``) of one shard.
+    """
+    meta = {k: snapshot[k] for k in ("version", "fingerprint", "world_size", "steps")}
+    packed = {META_KEY: _bytes_tensor(json.dumps(meta, sort_keys=True).encode())}
+    for entry in snapshot["shards"]:
+        body = {"state": entry["state"], "advance": entry["advance"]}
+        packed[f"{SHARD_PREFIX}{int(entry['id']):05d}"] = _bytes_tensor(state_to_bytes(body))
+    return packed
+
+
+def unpack_state(packed: Mapping[str, Any]) -> dict[str, Any]:
+    """Inverse of ``pack_state`` (``rank`` is not kept: -1); parses, never unpickles."""
+    try:
+        meta = json.loads(_tensor_bytes(packed[META_KEY]).decode("utf-8"))
+    except (KeyError, ValueError) as err:
+        raise StateMismatchError(
+            f"packed loader state has no readable {META_KEY!r} ({err})"
+        ) from None
+    shards = []
+    for key, value in packed.items():
+        if key == META_KEY:
+            continue
+        if not key.startswith(SHARD_PREFIX) or not key[len(SHARD_PREFIX) :].isdigit():
+            raise StateMismatchError(f"packed loader state has an unknown entry {key!r}")
+        body = state_from_bytes(_tensor_bytes(value), key)
+        check_keys_strict(key, body, ("state", "advance"))
+        shards.append({"id": int(key[len(SHARD_PREFIX) :]), **body})
+    return {**meta, "rank": -1, "shards": shards}
+
+
+def check_keys_strict(where: str, value: Any, keys: tuple[str, ...]) -> None:
+    if not isinstance(value, Mapping) or set(value) != set(keys):
+        found = sorted(value) if isinstance(value, Mapping) else type(value).__name__
+        raise StateMismatchError(f"{where}: expected keys {sorted(keys)}, found {found}")
+
+
+def as_rank_states(state: Any) -> list[Mapping[str, Any]]:
+    """Snapshots from whatever a caller hands ``load_state_dict``: a snapshot, a packed
+    state dict, or a list of either (the ranks of one save)."""
+    items = list(state) if isinstance(state, (list, tuple)) else [state]
+    if not items:
+        raise StateMismatchError("no loader state given")
+    out = []
+    for item in items:
+        if isinstance(item, Mapping) and META_KEY in item:
+            out.append(unpack_state(item))
+        else:
+            out.append(item)
+    return out
+
+
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _tensor_bytes(value: Any) -> bytes:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().contiguous().numpy().tobytes()
+    if isinstance(value, np.ndarray):
+        return value.tobytes()
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    raise StateMismatchError(f"packed loader state entry is a {type(value).__name__}, not bytes")
+
+
 def _check_top(state: Any) -> None:
     if not isinstance(state, Mapping):
         raise StateMismatchError(f"a loader state must be a mapping, got {type(state).__name__}")
@@ -109,12 +190,13 @@ def _check_top(state: Any) -> None:
 
 
 def gather_shard_states(
-    states: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    states: Any,
     fingerprint: Mapping[str, Any],
     n_shards: int,
     allow: Iterable[str] = (),
 ) -> tuple[dict[int, Any], int]:
-    """Collect the shard states of one rank's state or of every rank's states.
+    """Collect the shard states of one rank's state or of every rank's states (snapshots,
+    packed state dicts, or a list of either).
 
     Returns:
         ``({shard id: (shard state or None, lines consumed after it)}, steps)``.
@@ -123,10 +205,7 @@ def gather_shard_states(
         StateMismatchError: Version or fingerprint differ, a shard appears twice, or the
             states do not cover every logical shard.
     """
-    if isinstance(states, Mapping):
-        states = [states]
-    if not states:
-        raise StateMismatchError("no loader state given")
+    states = as_rank_states(states)
     shards: dict[int, tuple[Any, int]] = {}
     steps = set()
     for state in states:

@@ -83,7 +83,7 @@ def check_resume(build: Callable[[], Any], total: int, points: Iterable[int]) ->
     for k in points:
         first = build()
         assert_same_batches(reference[:k], take(first, k))
-        state = roundtrip(first.state_dict())
+        state = roundtrip(first.snapshot())
         resumed = build()
         resumed.load_state_dict(state)
         assert_same_batches(reference[k:], take(resumed, total - k))

@@ -31,7 +31,7 @@ def test_every_token_once_per_epoch_across_ranks(tmp_path, num_workers):
     ledger = Ledger(info, config)
     loaders = rank_loaders(config, 2, batch_size=3)
     run_ranks(loaders, 60, ledger)
-    settled = [loader.state_dict(settle=True) for loader in loaders]
+    settled = [loader.snapshot(settle=True) for loader in loaders]
     for state in settled:
         ledger.add_state(state)
     assert (
@@ -69,7 +69,7 @@ def test_coverage_over_configurations(seed, shards, window, weight, mean, steps,
     ledger = Ledger(info, config)
     loader = build_dataloader(config)
     ledger.add_batches(take(loader, steps))
-    state = loader.state_dict(settle=True)
+    state = loader.snapshot(settle=True)
     ledger.add_state(state)
     check_exactly_once_per_epoch(ledger, [state], shards)
 
@@ -80,16 +80,16 @@ def test_coverage_across_a_resume_and_a_rescale(tmp_path):
     ledger = Ledger(info, config)
     first = rank_loaders(config, 2, batch_size=2, num_workers=1)
     run_ranks(first, 11, ledger)
-    states = [roundtrip(loader.state_dict()) for loader in first]
+    states = [roundtrip(loader.snapshot()) for loader in first]
     second = rank_loaders(config, 4, batch_size=1)
     for loader in second:
         loader.load_state_dict(states)
     run_ranks(second, 23, ledger)
-    states = [roundtrip(loader.state_dict()) for loader in second]
+    states = [roundtrip(loader.snapshot()) for loader in second]
     third = rank_loaders(config, 1, batch_size=4, num_workers=2)
     third[0].load_state_dict(states)
     run_ranks(third, 17, ledger)
-    settled = third[0].state_dict(settle=True)
+    settled = third[0].snapshot(settle=True)
     ledger.add_state(settled)
     check_exactly_once_per_epoch(ledger, [settled], 4)
 

@@ -106,7 +106,7 @@ def test_garbage_state_is_refused(tmp_path):
     loader = build_dataloader(base_config(info))
     with pytest.raises(StateMismatchError, match="lacks"):
         loader.load_state_dict({"version": 1})
-    state = loader.state_dict()
+    state = loader.snapshot()
     state["version"] = 99
     with pytest.raises(StateMismatchError, match="version=99"):
         loader.load_state_dict(state)

@@ -40,7 +40,7 @@ def test_resume_is_exact_for_every_worker_count(tmp_path, num_workers):
     # the last resume point lies across an epoch boundary.
     probe = build_dataloader(config)
     take(probe, 80)
-    for entry in probe.state_dict()["shards"]:
+    for entry in probe.snapshot()["shards"]:
         streams = entry["state"]["source"]["source"]["sources"].values()
         assert max(s["epoch"] for s in streams) >= 1
     check_resume(lambda: build_dataloader(config), total=100, points=[0, 37, 80])
@@ -68,7 +68,7 @@ def test_resume_with_a_different_worker_count(tmp_path):
     head = build_dataloader(every_stage(info, num_workers=2))
     take(head, 13)
     resumed = build_dataloader(every_stage(info, num_workers=3))
-    resumed.load_state_dict(roundtrip(head.state_dict()))
+    resumed.load_state_dict(roundtrip(head.snapshot()))
     assert_same_batches(reference[13:], take(resumed, 27))
 
 
@@ -87,7 +87,7 @@ def test_resume_in_a_fresh_process(tmp_path):
     reference = take(build_dataloader(config), 25)
     head = build_dataloader(config)
     take(head, 9)
-    save_state(str(tmp_path / "state.fms"), head.state_dict())
+    save_state(str(tmp_path / "state.fms"), head.snapshot())
     resumed = run_in_fresh_process(
         config, str(tmp_path / "state.fms"), 16, str(tmp_path / "out.pt")
     )

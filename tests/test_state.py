@@ -34,9 +34,9 @@ def test_state_is_plain_data(tmp_path):
     info = corpus(tmp_path)
     loader = build_dataloader(base_config(info, num_workers=1))
     take(loader, 7)
-    state = loader.state_dict()
+    state = loader.snapshot()
     assert_plain(state)
-    assert_plain(loader.state_dict(settle=True))
+    assert_plain(loader.snapshot(settle=True))
     again = roundtrip(state)
     assert_plain(again)
 
@@ -46,7 +46,7 @@ def test_state_file_holds_only_json_and_npy_and_never_unpickles(tmp_path):
     loader = build_dataloader(base_config(info))
     take(loader, 3)
     path = tmp_path / "s.fms"
-    save_state(path, loader.state_dict())
+    save_state(path, loader.snapshot())
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
     assert names[0] == "state.json" and all(n.endswith(".npy") for n in names[1:])
@@ -75,7 +75,7 @@ def test_state_size_does_not_grow_with_the_tokens_in_the_buffer(tmp_path):
         )
         loader = build_dataloader(config)
         take(loader, 20)
-        state = loader.state_dict(settle=True)
+        state = loader.snapshot(settle=True)
         lines = sum(len(e["state"]["buffer"]["offsets"]) - 1 for e in state["shards"])
         assert lines >= 38  # both buffers full
         sizes[seq] = len(state_to_bytes(state))
@@ -139,3 +139,22 @@ def test_worker_memory_stays_flat_over_a_long_run(tmp_path, monkeypatch):
     # Shard pages read through the maps are given back: what stays resident is the budget
     # plus at most one item's worth (2M tokens), not the corpus.
     assert mapped_late - mapped_start < 16 << 20, (mapped_start, mapped_late)
+
+
+def test_state_dict_is_tensors_keyed_by_logical_shard(tmp_path):
+    import torch
+
+    info = corpus(tmp_path)
+    config = base_config(info, logical_shards=4)
+    loaders = [build_dataloader(config, rank=r, world_size=2) for r in range(2)]
+    for loader in loaders:
+        take(loader, 5)
+    packed = [loader.state_dict() for loader in loaders]
+    assert set(packed[0]) == {"fmsdata_meta", "fmsdata_shard_00000", "fmsdata_shard_00001"}
+    assert all(v.dtype == torch.uint8 and v.dim() == 1 for v in packed[0].values())
+    # The union of two ranks' dicts is the state of the whole run: one rank resumes it.
+    whole = {**config, "batch_size": 8}  # the global batch of the two ranks
+    reference = take(build_dataloader(whole, rank=0, world_size=1), 8)
+    merged = build_dataloader(whole, rank=0, world_size=1)
+    merged.load_state_dict({**packed[0], **packed[1]})
+    assert_same_batches(reference[5:], take(merged, 3))

@@ -57,7 +57,7 @@ def test_rescale_continues_with_the_same_global_steps(tmp_path, new_world):
     before = rank_loaders(config, 4, batch_size=2)
     head = global_steps(before, 7)
     assert head == reference[:7]
-    states = [roundtrip(loader.state_dict()) for loader in before]
+    states = [roundtrip(loader.snapshot()) for loader in before]
     after = rank_loaders(config, new_world, batch_size=8 // new_world)
     for loader in after:
         loader.load_state_dict(states)
@@ -71,13 +71,13 @@ def test_rescale_to_a_world_size_that_does_not_divide_the_shards(tmp_path):
     before = rank_loaders(config, 4, batch_size=2)
     for loader in before:
         ledger.add_batches(take(loader, 5))
-    states = [roundtrip(loader.state_dict()) for loader in before]
+    states = [roundtrip(loader.snapshot()) for loader in before]
     after = rank_loaders(config, 3, batch_size=3)
     for loader in after:
         loader.load_state_dict(states)
     for loader in after:
         ledger.add_batches(take(loader, 9))
-    settled = [loader.state_dict(settle=True) for loader in after]
+    settled = [loader.snapshot(settle=True) for loader in after]
     for state in settled:
         ledger.add_state(state)
     check_exactly_once_per_epoch(ledger, settled, 8)

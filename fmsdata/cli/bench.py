@@ -46,7 +46,7 @@ def measure(loader: FmsDataLoader, warmup: int, batches: int) -> dict[str, Any]:
     first = time.perf_counter() - start
     rate = tokens_per_second(iterator, warmup, batches)
     start = time.perf_counter()
-    state = loader.state_dict()
+    state = loader.snapshot()
     data = state_to_bytes(state)
     save = time.perf_counter() - start
     start = time.perf_counter()

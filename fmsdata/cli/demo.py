@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     for _, _ in zip(range(half), head):
         pass
     state_path = os.path.join(root, "loader_state.fms")
-    save_state(state_path, head.state_dict())
+    save_state(state_path, head.snapshot())
     resumed = build_dataloader(config)
     resumed.load_state_dict(load_state(state_path))
     rest = [b for _, b in zip(range(args.batches - half), resumed)]

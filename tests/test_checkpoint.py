@@ -1,0 +1,162 @@
+"""S4: loader checkpoints next to a model checkpoint (files per rank, DCP, automatic)."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from support import assert_same_batches, base_config, corpus, global_steps, rank_loaders, take
+
+from fmsdata import build_dataloader
+from fmsdata.checkpoint import (
+    LoadPlanner,
+    latest_checkpoint,
+    load_loader_state,
+    rank_file,
+    save_loader_state,
+)
+from fmsdata.errors import StateMismatchError
+
+
+def listing(folder):
+    return sorted(
+        (name, os.stat(os.path.join(folder, name)).st_mtime_ns) for name in os.listdir(folder)
+    )
+
+
+@pytest.fixture
+def two_rank_checkpoint(tmp_path):
+    info = corpus(tmp_path / "data")
+    config = base_config(info, logical_shards=8, batch_size=4)
+    loaders = rank_loaders(config, 2)
+    head = global_steps(loaders, 6)
+    for loader in loaders:
+        save_loader_state(loader, tmp_path / "ckpt")
+    return info, config, head, tmp_path / "ckpt"
+
+
+@pytest.mark.parametrize("new_world", [2, 1, 4])
+def test_files_resume_on_any_world_size(two_rank_checkpoint, new_world):
+    info, config, head, ckpt = two_rank_checkpoint
+    reference = global_steps(rank_loaders(config, 2), 16)
+    assert head == reference[:6]
+    loaders = rank_loaders(config, new_world, batch_size=8 // new_world)
+    for loader in loaders:
+        load_loader_state(loader, ckpt)
+    assert global_steps(loaders, 10) == reference[6:]
+
+
+def test_rank_files_are_plain_state_files(two_rank_checkpoint):
+    from fmsdata.statefile import load_state
+
+    _, config, _, ckpt = two_rank_checkpoint
+    assert sorted(os.listdir(ckpt)) == ["loader_rank_00000.fms", "loader_rank_00001.fms"]
+    state = load_state(rank_file(ckpt, 1))
+    assert state["rank"] == 1 and state["world_size"] == 2 and state["steps"] == 6
+    assert state["fingerprint"]["logical_shards"] == 8 and state["fingerprint"]["data"]
+    assert [e["id"] for e in state["shards"]] == [4, 5, 6, 7]
+
+
+def test_missing_rank_file_is_named_and_nothing_changes(two_rank_checkpoint):
+    _, config, _, ckpt = two_rank_checkpoint
+    os.remove(rank_file(ckpt, 1))
+    before = listing(ckpt)
+    loader = build_dataloader(config, rank=0, world_size=1)
+    with pytest.raises(StateMismatchError, match="missing: loader_rank_00001.fms"):
+        load_loader_state(loader, ckpt)
+    assert listing(ckpt) == before
+
+
+def test_truncated_rank_file_is_named(two_rank_checkpoint):
+    _, config, _, ckpt = two_rank_checkpoint
+    path = rank_file(ckpt, 0)
+    with open(path, "r+b") as handle:
+        handle.truncate(os.path.getsize(path) // 2)
+    before = listing(ckpt)
+    with pytest.raises(StateMismatchError, match="loader_rank_00000.fms"):
+        load_loader_state(build_dataloader(config, rank=0, world_size=2), ckpt)
+    assert listing(ckpt) == before
+
+
+def test_state_of_another_dataset_is_refused(two_rank_checkpoint, tmp_path):
+    _, config, _, ckpt = two_rank_checkpoint
+    other = corpus(tmp_path / "other", docs_per_file=30)
+    loader = build_dataloader({**config, "data_path": other.root}, rank=0, world_size=2)
+    with pytest.raises(StateMismatchError, match="data="):
+        load_loader_state(loader, ckpt)
+
+
+def test_rank_files_from_different_saves_are_refused(two_rank_checkpoint):
+    _, config, _, ckpt = two_rank_checkpoint
+    loader = build_dataloader(config, rank=1, world_size=2)
+    take(loader, 9)
+    save_loader_state(loader, ckpt)  # rank 1 moved on, rank 0 did not
+    with pytest.raises(StateMismatchError, match="different steps"):
+        load_loader_state(build_dataloader(config, rank=0, world_size=1), ckpt)
+
+
+def test_crash_during_save_leaves_the_previous_checkpoint(two_rank_checkpoint, monkeypatch):
+    _, config, _, ckpt = two_rank_checkpoint
+    loader = build_dataloader(config, rank=0, world_size=2)
+    take(loader, 3)
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_loader_state(loader, ckpt)
+    monkeypatch.undo()
+    fresh = build_dataloader(config, rank=0, world_size=2)
+    load_loader_state(fresh, ckpt)  # still the complete step-6 checkpoint
+    assert fresh.steps == 6
+
+
+def test_dcp_save_and_load(tmp_path):
+    info = corpus(tmp_path / "data")
+    config = base_config(info, num_workers=1)
+    reference = take(build_dataloader(config), 20)
+    loader = build_dataloader(config)
+    take(loader, 8)
+    model = torch.nn.Linear(3, 2)
+    dcp.save(
+        {"dataloader": loader, "model": model.state_dict()}, checkpoint_id=str(tmp_path / "dcp")
+    )
+    fresh = build_dataloader(config)
+    target = {"dataloader": fresh, "model": torch.nn.Linear(3, 2).state_dict()}
+    dcp.load(target, checkpoint_id=str(tmp_path / "dcp"), planner=LoadPlanner())
+    assert torch.equal(target["model"]["weight"], model.weight)
+    assert_same_batches(reference[8:], take(fresh, 12))
+
+
+def test_dcp_load_without_the_planner_fails_loudly(tmp_path):
+    info = corpus(tmp_path / "data")
+    loader = build_dataloader(base_config(info))
+    take(loader, 2)
+    dcp.save({"dataloader": loader}, checkpoint_id=str(tmp_path / "dcp"))
+    with pytest.raises(BaseException) as failure:  # DCP raises a BaseException
+        dcp.load(
+            {"dataloader": build_dataloader(base_config(info))}, checkpoint_id=str(tmp_path / "dcp")
+        )
+    causes = [failure.value, *getattr(failure.value, "failures", {}).values()]
+    assert any("Size mismatch" in str(cause) for cause in causes)
+
+
+def test_automatic_checkpoints_resume_from_the_newest(tmp_path):
+    info = corpus(tmp_path / "data")
+    config = base_config(
+        info, num_workers=1, checkpoint_dir=str(tmp_path / "auto"), checkpoint_every=5
+    )
+    reference = take(
+        build_dataloader({**config, "checkpoint_every": 0, "checkpoint_dir": None}), 40
+    )
+    loader = build_dataloader(config)
+    assert_same_batches(reference[:23], take(loader, 23))
+    loader.checkpointer.wait()
+    assert sorted(os.listdir(tmp_path / "auto")) == ["step_000000015", "step_000000020"]
+    # An interrupted save leaves an incomplete folder, which is passed over.
+    os.makedirs(tmp_path / "auto" / "step_000000025")
+    assert latest_checkpoint(tmp_path / "auto").endswith("step_000000020")
+    resumed = build_dataloader(config)
+    assert resumed.steps == 20
+    assert_same_batches(reference[20:40], take(resumed, 20))
