@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from fmsdata import build_dataloader
+from fmsdata.checkpoint import load_loader_state, save_loader_state
 from fmsdata.cli.bench import tokens_per_second
 from fmsdata.handlers import ArrowDocHandler
 from fmsdata.indexing import index_root
-from fmsdata.statefile import load_state, save_state
 from fmsdata.synthetic import write_corpus
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -90,28 +90,26 @@ def first_batch_time(config: dict[str, Any]) -> float:
 
 
 def state_cost(config: dict[str, Any], batches: int, directory: str) -> dict[str, float]:
+    """Save and load of one rank's loader checkpoint file (``fmsdata.checkpoint``)."""
     loader = build_dataloader(config)
     iterator = iter(loader)
     for _ in range(batches):
         next(iterator)
-    path = os.path.join(directory, "loader_state.fms")
     start = time.perf_counter()
-    save_state(path, loader.snapshot())
+    path = save_loader_state(loader, directory)
     save = time.perf_counter() - start
-    start = time.perf_counter()
     fresh = build_dataloader(config)
-    build = time.perf_counter() - start
     start = time.perf_counter()
-    fresh.load_state_dict(load_state(path))
+    load_loader_state(fresh, directory)
     load = time.perf_counter() - start
-    state = load_state(path)
-    lines = sum(len(e["state"]["buffer"]["offsets"]) - 1 for e in state["shards"] if e["state"])
+    lines = sum(
+        len(e["state"]["buffer"]["offsets"]) - 1 for e in fresh.snapshot()["shards"] if e["state"]
+    )
     return {
         "state_bytes": os.path.getsize(path),
         "buffered_lines": lines,
         "save_s": save,
         "load_s": load,
-        "build_s": build,
     }
 
 

@@ -13,10 +13,12 @@ Shard states depend only on the shard, never on the rank, so a rescale is a regr
 the ``shards`` lists of all ranks. ``state_dict()`` gives the same content keyed by
 logical shard, each entry one uint8 tensor (``pack_state``): that is what
 ``torch.distributed.checkpoint`` saves without pickling anything, and loading the union
-of any ranks' dicts (or a DCP load keyed by the new owners' shards) rescales. Workers run ahead of the training loop; the main
-process keeps a ``ConsumedState`` that it advances with the small per-batch updates the
-workers send (light state plus shuffle-buffer journal), so ``state_dict()`` describes
-exactly the batches handed to the caller.
+of any ranks' dicts (or a DCP load keyed by the new owners' shards) rescales.
+
+Workers run ahead of the training loop; the main process keeps a ``ConsumedState`` that
+it advances with what the workers send (item-end shard states and the shuffle-buffer
+journal, plus the lines consumed since), so the state describes exactly the batches handed
+to the caller.
 """
 
 from __future__ import annotations
@@ -153,7 +155,7 @@ def as_rank_states(state: Any) -> list[Mapping[str, Any]]:
     items = list(state) if isinstance(state, (list, tuple)) else [state]
     if not items:
         raise StateMismatchError("no loader state given")
-    out = []
+    out: list[Mapping[str, Any]] = []
     for item in items:
         if isinstance(item, Mapping) and META_KEY in item:
             out.append(unpack_state(item))
