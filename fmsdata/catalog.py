@@ -67,14 +67,15 @@ class Catalog:
                 return ds
         raise KeyError(name)
 
-    def fingerprint(self) -> str:
-        """Hash of every dataset's file list and sizes: changes when the data changes."""
-        digest = hashlib.blake2b(digest_size=12)
+    def fingerprint(self) -> dict[str, str]:
+        """Per dataset, a hash of its file list and sizes: changes when its data changes."""
+        out = {}
         for ds in self.datasets:
-            digest.update(ds.name.encode() + b"\0")
+            digest = hashlib.blake2b(digest_size=12)
             for path, size in zip(ds.paths, ds.sizes.tolist()):
                 digest.update(f"{path}\0{size}\0".encode())
-        return digest.hexdigest()
+            out[ds.name] = digest.hexdigest()
+        return out
 
 
 def _split_root(root: str) -> tuple[fsspec.AbstractFileSystem, str]:

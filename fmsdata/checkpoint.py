@@ -35,6 +35,7 @@ __all__ = [
     "save_loader_state",
     "load_loader_state",
     "rank_file",
+    "rank_files",
     "latest_checkpoint",
     "LoadPlanner",
     "AutoCheckpointer",
@@ -67,7 +68,8 @@ def _write(snapshot: dict[str, Any], ckpt_dir: str | os.PathLike[str]) -> str:
     return path
 
 
-def _rank_files(ckpt_dir: str) -> dict[int, str]:
+def rank_files(ckpt_dir: str) -> dict[int, str]:
+    """Rank number -> path of the loader state files in a checkpoint folder."""
     try:
         names = os.listdir(ckpt_dir)
     except FileNotFoundError:
@@ -96,7 +98,7 @@ def load_loader_state(
             different saves, or a state that does not fit this loader. Nothing is written.
     """
     ckpt_dir = os.fspath(ckpt_dir)
-    files = _rank_files(ckpt_dir)
+    files = rank_files(ckpt_dir)
     if not files:
         raise StateMismatchError(f"{ckpt_dir}: no loader state files (loader_rank_*.fms)")
     first = load_state(files[min(files)])
@@ -147,7 +149,7 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> str | None:
     steps = sorted((name for name in os.listdir(root) if _STEP_DIR.match(name)), reverse=True)
     for name in steps:
         folder = os.path.join(root, name)
-        files = _rank_files(folder)
+        files = rank_files(folder)
         if not files:
             continue
         try:

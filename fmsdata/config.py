@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -61,7 +61,18 @@ class LoaderConfig:
     Attributes:
         data_path: Data root (local path or fsspec URL) holding one folder per dataset.
         datasets: Dataset folder names; None means every folder of the root except ``meta``.
-        weights: Token share of each dataset (any positive scale); None means equal shares.
+        weights: Token share of each dataset (non-negative, any scale); None means equal.
+        weight_schedule: Weights that change over the run: ``[[at, [w, ...]], ...]`` with
+            ``at`` in ``schedule_unit``; replaces ``weights``.
+        schedule_unit: ``"tokens"`` (global document tokens) or ``"steps"`` (needs
+            ``global_batch_size``).
+        schedule_interpolation: ``"step"`` (each point holds until the next) or
+            ``"linear"`` (moves between points in ``schedule_resolution`` steps).
+        global_batch_size: Sequences per global step, for step-based schedules and skips.
+        allow_mix_change: Accept a resumed state saved with other ``datasets`` / weights /
+            schedule: each dataset continues from its own position, new ones start.
+        skip_steps: ``[[step, n], ...]``: when the run reaches ``step``, pass over the next
+            ``n`` batches (applied once; the state records it).
         file_type: Shard format name (see ``fmsdata.handlers``).
         col_name: Token column of Arrow/Parquet shards.
         seq_length: Tokens per training sequence; packed lines hold ``seq_length + 1``.
@@ -96,6 +107,13 @@ class LoaderConfig:
     data_path: str
     datasets: tuple[str, ...] | None = None
     weights: tuple[float, ...] | None = None
+    weight_schedule: tuple[tuple[int, tuple[float, ...]], ...] | None = None
+    schedule_unit: str = "tokens"
+    schedule_interpolation: str = "step"
+    schedule_resolution: int = 100
+    global_batch_size: int | None = None
+    allow_mix_change: bool = False
+    skip_steps: tuple[tuple[int, int], ...] = ()
     file_type: str = "arrow"
     col_name: str = "tokens"
     seq_length: int = 4096
@@ -139,17 +157,17 @@ class LoaderConfig:
 
         weights = _split_csv("weights", self.weights)
         if weights is not None:
-            numbers = tuple(_to_number("weights", w, float) for w in weights)
-            if any(not (w > 0 and w != float("inf")) for w in numbers):
-                raise ConfigError(f"weights must be positive and finite, got {self.weights!r}")
-            if datasets is None:
-                raise ConfigError("weights need datasets: name the folders the weights belong to")
-            if len(numbers) != len(datasets):
-                raise ConfigError(
-                    f"weights has {len(numbers)} entries but datasets has {len(datasets)}: "
-                    f"{self.weights!r} for {datasets!r}"
-                )
-            set_(self, "weights", numbers)
+            set_(self, "weights", _weight_list("weights", weights, datasets))
+        self._check_schedule(datasets)
+        skips = []
+        for item in self.skip_steps or ():
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise ConfigError(f"skip_steps entries are [step, n], got {item!r}")
+            at, n = (_to_number("skip_steps", v, int) for v in item)
+            if at < 0 or n < 1:
+                raise ConfigError(f"skip_steps needs step >= 0 and n >= 1, got {list(item)!r}")
+            skips.append((at, n))
+        set_(self, "skip_steps", tuple(skips))
 
         strip = _split_csv("strip_tokens", self.strip_tokens) or ()
         set_(self, "strip_tokens", tuple(_optional_token("strip_tokens", t) for t in strip))
@@ -213,9 +231,67 @@ class LoaderConfig:
             )
         if not isinstance(self.file_type, str) or not self.file_type:
             raise ConfigError(f"file_type must be a format name, got {self.file_type!r}")
-        for name in ("pin_memory", "return_position_ids", "return_cu_seqlens"):
+        for name in ("pin_memory", "return_position_ids", "return_cu_seqlens", "allow_mix_change"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    def _check_schedule(self, datasets: tuple[str, ...] | None) -> None:
+        if self.schedule_unit not in ("tokens", "steps"):
+            raise ConfigError(
+                f"schedule_unit must be 'tokens' or 'steps', got {self.schedule_unit!r}"
+            )
+        if self.schedule_interpolation not in ("step", "linear"):
+            raise ConfigError(
+                "schedule_interpolation must be 'step' or 'linear', "
+                f"got {self.schedule_interpolation!r}"
+            )
+        if self.global_batch_size is not None:
+            size = _to_number("global_batch_size", self.global_batch_size, int)
+            if size < 1:
+                raise ConfigError(
+                    f"global_batch_size must be positive, got {self.global_batch_size!r}"
+                )
+            object.__setattr__(self, "global_batch_size", size)
+        resolution = _to_number("schedule_resolution", self.schedule_resolution, int)
+        if resolution < 1:
+            raise ConfigError(
+                f"schedule_resolution must be positive, got {self.schedule_resolution!r}"
+            )
+        object.__setattr__(self, "schedule_resolution", resolution)
+        if self.weight_schedule is None:
+            return
+        if self.weights is not None:
+            raise ConfigError("set weights or weight_schedule, not both")
+        if not isinstance(self.weight_schedule, (list, tuple)) or not self.weight_schedule:
+            raise ConfigError(
+                f"weight_schedule must be a list of [at, weights], got {self.weight_schedule!r}"
+            )
+        points = []
+        for point in self.weight_schedule:
+            if not isinstance(point, (list, tuple)) or len(point) != 2:
+                raise ConfigError(f"weight_schedule points are [at, weights], got {point!r}")
+            at = _to_number("weight_schedule", point[0], int)
+            if at < 0:
+                raise ConfigError(
+                    f"weight_schedule position must be non-negative, got {point[0]!r}"
+                )
+            points.append(
+                (
+                    at,
+                    _weight_list(
+                        "weight_schedule", _split_csv("weight_schedule", point[1]) or (), datasets
+                    ),
+                )
+            )
+        if any(b[0] <= a[0] for a, b in zip(points, points[1:])):
+            raise ConfigError(
+                f"weight_schedule positions must increase, got {[p[0] for p in points]}"
+            )
+        if self.schedule_unit == "steps" and self.global_batch_size is None:
+            raise ConfigError(
+                "schedule_unit='steps' needs global_batch_size (sequences per global step)"
+            )
+        object.__setattr__(self, "weight_schedule", tuple(points))
 
     @property
     def line_length(self) -> int:
@@ -275,8 +351,29 @@ class LoaderConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (lists, not tuples) suitable for YAML or JSON."""
-        out = dataclasses.asdict(self)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+        return {k: _plain(v) for k, v in dataclasses.asdict(self).items()}
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def _weight_list(
+    field: str, values: Sequence[Any], datasets: tuple[str, ...] | None
+) -> tuple[float, ...]:
+    numbers = tuple(_to_number(field, w, float) for w in values)
+    if any(not (0 <= w < float("inf")) for w in numbers) or not any(w > 0 for w in numbers):
+        raise ConfigError(
+            f"{field} must be non-negative and finite with one positive, got {list(values)!r}"
+        )
+    if datasets is None:
+        raise ConfigError(f"{field} needs datasets: name the folders the weights belong to")
+    if len(numbers) != len(datasets):
+        raise ConfigError(
+            f"{field} has {len(numbers)} entries but datasets has {len(datasets)}: "
+            f"{list(values)!r} for {list(datasets)!r}"
+        )
+    return numbers
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:

@@ -72,7 +72,7 @@ class RankLineDataset(IterableDataset):
         self.shard_ids = list(
             owned_shards(topology.rank, topology.world_size, config.logical_shards)
         )
-        self.data_fingerprint: str | None = None
+        self.data_fingerprint: dict[str, str] | None = None
         # Set by the loader before each iteration: where the consumed stream stands, as
         # shard states plus lines consumed after each (to fast-forward).
         self.start_states: Mapping[int, Any] = {}
@@ -80,6 +80,7 @@ class RankLineDataset(IterableDataset):
         self.start_emitted: list[int] = [0] * len(self.shard_ids)
         # Shared-memory token rings, one per worker (set by the loader when it uses workers).
         self.rings: list[torch.Tensor] | None = None
+        self.drain_datasets: tuple[str, ...] = ()
         self._catalog: Catalog | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -87,10 +88,24 @@ class RankLineDataset(IterableDataset):
         state["_catalog"] = None
         return state
 
+    @property
+    def mix_names(self) -> list[str]:
+        """The datasets being mixed (the catalog may hold more: see ``drain_datasets``)."""
+        return [d.name for d in self.catalog().datasets][
+            : len(self.catalog().datasets) - len(self.drain_datasets)
+        ]
+
     def catalog(self) -> Catalog:
-        """The data root's catalog (listed once per process)."""
+        """The data root's catalog (listed once per process): the config's datasets, then
+        ``drain_datasets`` — ones dropped from the mix whose lines still sit in saved
+        buffers and must be readable until they are emitted."""
         if self._catalog is None:
-            catalog = discover(self.config.data_path, self.config.datasets, self.handler)
+            names = (
+                None
+                if self.config.datasets is None
+                else [*self.config.datasets, *self.drain_datasets]
+            )
+            catalog = discover(self.config.data_path, names, self.handler)
             if self.data_fingerprint is not None and catalog.fingerprint() != self.data_fingerprint:
                 raise StateMismatchError(
                     f"the files under {self.config.data_path!r} changed while the loader ran "
@@ -106,7 +121,7 @@ class RankLineDataset(IterableDataset):
         open_files = self.config.open_files or 2 * n_shards * len(catalog.datasets) + 16
         readers = ReaderCache(open_files)
         accesses = make_accesses(catalog, self.handler, local_path_resolver(catalog.root), readers)
-        recipe = ShardRecipe.from_config(self.config, [d.name for d in catalog.datasets])
+        recipe = ShardRecipe.from_config(self.config, self.mix_names)
         return readers, accesses, recipe
 
     def __iter__(self) -> Iterator[WorkerItem]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -13,17 +14,21 @@ from torch.utils.data import DataLoader
 from fmsdata.checkpoint import AutoCheckpointer, latest_checkpoint, load_loader_state
 from fmsdata.config import LoaderConfig, as_config
 from fmsdata.dataset import Preprocess, RankLineDataset
-from fmsdata.errors import StateMismatchError
+from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.handlers import make_handler
 from fmsdata.pipeline import open_shard
 from fmsdata.state import (
+    MIX_FIELDS,
     STATE_VERSION,
     ConsumedState,
     gather_shard_states,
+    mix_changed,
     pack_state,
+    remix_shard,
+    span_names,
     stream_fingerprint,
 )
-from fmsdata.topology import Topology
+from fmsdata.topology import RowDealer, Topology
 from fmsdata.transport import assemble_batch, ring_shape
 
 __all__ = ["FmsDataLoader", "build_dataloader"]
@@ -59,6 +64,7 @@ class FmsDataLoader(DataLoader):
         self.config: LoaderConfig = config
         self._consumed = ConsumedState(dataset.shard_ids)
         self._parts: Any = None
+        self._generation = 0  # bumped by skip(): the running iteration restarts its workers
         self.checkpointer = (
             AutoCheckpointer(config.checkpoint_dir, config.checkpoint_every, config.checkpoint_keep)
             if config.checkpoint_dir and config.checkpoint_every
@@ -68,6 +74,46 @@ class FmsDataLoader(DataLoader):
     # -- iteration -----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:  # type: ignore[override]
+        config = self.config
+        while True:
+            generation = self._generation
+            parts, rings = self._start_workers()
+            n_parts = max(1, self.num_workers)
+            while self._generation == generation:
+                items = [next(parts) for _ in range(n_parts)]
+                tokens_of = [
+                    item.tokens
+                    if rings is None or item.slot is None
+                    else rings[w][item.slot, : len(item.rows)]
+                    for w, item in enumerate(items)
+                ]
+                for k in range(len(items[0].offsets) - 1):
+                    self._apply_configured_skips()
+                    if self._generation != generation:
+                        break  # a skip: what the workers prepared is dropped
+                    batch = assemble_batch(
+                        items,
+                        tokens_of,
+                        k,
+                        config.batch_size,
+                        config.return_position_ids,
+                        config.return_cu_seqlens,
+                        config.pin_memory,
+                    )
+                    for item in items:
+                        self._consumed.consume_batch(item, k)
+                    self._consumed.steps += 1
+                    if self.checkpointer is not None:
+                        self.checkpointer.after_step(self)
+                    yield batch
+                else:
+                    for item in items:
+                        self._consumed.finish_item(item)
+            # Workers restart from the consumed state (they fast-forward the skipped lines).
+            self._parts = None
+            del parts
+
+    def _start_workers(self) -> tuple[Iterator[Any], list[torch.Tensor] | None]:
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         config = self.config
         dataset.start_states = self._consumed.shard_states()
@@ -81,34 +127,37 @@ class FmsDataLoader(DataLoader):
                 for _ in range(self.num_workers)
             ]
         dataset.rings = rings
-        parts = self._parts = super().__iter__()
-        n_parts = max(1, self.num_workers)
-        while True:
-            items = [next(parts) for _ in range(n_parts)]
-            tokens_of = [
-                item.tokens
-                if rings is None or item.slot is None
-                else rings[w][item.slot, : len(item.rows)]
-                for w, item in enumerate(items)
-            ]
-            for k in range(len(items[0].offsets) - 1):
-                batch = assemble_batch(
-                    items,
-                    tokens_of,
-                    k,
-                    config.batch_size,
-                    config.return_position_ids,
-                    config.return_cu_seqlens,
-                    config.pin_memory,
-                )
-                for item in items:
-                    self._consumed.consume_batch(item, k)
-                self._consumed.steps += 1
-                if self.checkpointer is not None:
-                    self.checkpointer.after_step(self)
-                yield batch
-            for item in items:
-                self._consumed.finish_item(item)
+        self._parts = super().__iter__()
+        return self._parts, rings
+
+    def skip(self, n_steps: int) -> None:
+        """Pass over the next ``n_steps`` batches of this rank without reading their tokens.
+
+        The lines those batches would have held are consumed from their logical shards, so
+        nothing of them is ever emitted; the skip is recorded in the state (``skips``) and,
+        being per-shard positions, holds across resumes and rescales. Call it on every rank
+        with the same ``n_steps``. An iteration in progress continues after the skip.
+        """
+        if n_steps < 0:
+            raise ConfigError(f"skip needs a non-negative number of steps, got {n_steps}")
+        if n_steps == 0:
+            return
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        dealer = RowDealer(self._consumed.emitted())
+        lines: collections.Counter[int] = collections.Counter()
+        for _ in range(n_steps):
+            for local in dealer.deal(self.config.batch_size):
+                lines[dataset.shard_ids[local]] += 1
+        self._consumed.skips.append([self._consumed.steps, n_steps])
+        self._consumed.advance_by(lines)
+        self._consumed.steps += n_steps
+        self._generation += 1
+
+    def _apply_configured_skips(self) -> None:
+        """Skips from ``config.skip_steps`` whose step has come and that the state lacks."""
+        for at, n in self.config.skip_steps:
+            if self._consumed.steps == at and [at, n] not in self._consumed.skips:
+                self.skip(n)
 
     def worker_pids(self) -> list[int]:
         """Process ids of the workers of the current iteration (empty without workers)."""
@@ -120,10 +169,13 @@ class FmsDataLoader(DataLoader):
     def fingerprint(self) -> dict[str, Any]:
         """What a state must match to load here: data hash and stream-shaping config."""
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        catalog = dataset.catalog()
-        return stream_fingerprint(
-            self.config, dataset.handler, [d.name for d in catalog.datasets], catalog.fingerprint()
-        )
+        names = dataset.mix_names
+        data = {
+            name: digest
+            for name, digest in dataset.catalog().fingerprint().items()
+            if name in names
+        }
+        return stream_fingerprint(self.config, dataset.handler, names, data)
 
     @property
     def steps(self) -> int:
@@ -172,6 +224,8 @@ class FmsDataLoader(DataLoader):
             "rank": dataset.topology.rank,
             "world_size": dataset.topology.world_size,
             "steps": self._consumed.steps,
+            "skips": [list(skip) for skip in self._consumed.skips],
+            "span_datasets": [d.name for d in dataset.catalog().datasets],
             "shards": shards,
         }
 
@@ -191,16 +245,77 @@ class FmsDataLoader(DataLoader):
                 given states do not hold every shard this rank needs.
         """
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        shards, steps = gather_shard_states(
-            state, self.fingerprint, self.config.logical_shards, allow_changes
+        current = self.fingerprint
+        mix_change = self.config.allow_mix_change
+        saved = gather_shard_states(
+            state, current, self.config.logical_shards, allow_changes, mix_change
         )
-        missing = [sid for sid in dataset.shard_ids if sid not in shards]
+        missing = [sid for sid in dataset.shard_ids if sid not in saved.shards]
         if missing:
             raise StateMismatchError(
                 f"the given state has no entry for logical shard(s) {missing} of rank "
                 f"{dataset.topology.rank}; to change world size, pass the states of every rank"
             )
-        self._consumed = ConsumedState(dataset.shard_ids, shards, steps)
+        shards = {sid: saved.shards[sid] for sid in dataset.shard_ids}
+        rebase = mix_change and mix_changed(saved.fingerprint, current)
+        if rebase:
+            shards = self._replay_old_mix(shards, saved)
+        mix = dataset.mix_names
+        old_space = saved.span_datasets
+        used = span_names((state for state, _ in shards.values()), old_space)
+        dropped = sorted(set(saved.fingerprint["datasets"]) - set(mix))
+        if dropped:
+            logger.warning(
+                "datasets %s are no longer in the mix; their positions are dropped", dropped
+            )
+        new_space = [*mix, *(name for name in old_space if name in used and name not in mix)]
+        if rebase or new_space != old_space:
+            shards = {
+                sid: (
+                    None
+                    if state is None
+                    else remix_shard(state, mix, old_space, new_space, rebase),
+                    advance,
+                )
+                for sid, (state, advance) in shards.items()
+            }
+        drain = tuple(new_space[len(mix) :])
+        if drain != dataset.drain_datasets:
+            dataset.drain_datasets = drain
+            dataset._catalog = dataset.data_fingerprint = None
+            dataset.data_fingerprint = dataset.catalog().fingerprint()
+        self._consumed = ConsumedState(dataset.shard_ids, shards, saved.steps, saved.skips)
+        self._generation += 1
+
+    def _replay_old_mix(
+        self, shards: dict[int, tuple[Any, int]], saved: Any
+    ) -> dict[int, tuple[Any, int]]:
+        """Replay the lines consumed after each shard's last full state with the mix they
+        were drawn with, so a changed mix takes effect exactly at the resume point."""
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        pending = [sid for sid, (state, advance) in shards.items() if state is not None and advance]
+        if not pending:
+            return shards
+        fingerprint = saved.fingerprint
+        old = self.config.replace(
+            **{field: fingerprint[field] for field in MIX_FIELDS},
+            allow_mix_change=False,
+            checkpoint_dir=None,
+            checkpoint_every=0,
+        )
+        replay = RankLineDataset(old, dataset.topology, dataset.handler)
+        replay.drain_datasets = tuple(
+            n for n in saved.span_datasets if n not in fingerprint["datasets"]
+        )
+        readers, accesses, recipe = replay.shard_context(len(pending))
+        shards = dict(shards)
+        try:
+            for sid in pending:
+                pipeline = open_shard(sid, recipe, accesses, *shards[sid])
+                shards[sid] = (pipeline.state_dict(), 0)
+        finally:
+            readers.close()
+        return shards
 
 
 def build_dataloader(

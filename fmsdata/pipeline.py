@@ -12,6 +12,7 @@ from typing import Any
 
 from fmsdata.config import LoaderConfig
 from fmsdata.permute import derive_key
+from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.documents import Decoration, DocumentStream
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.packing import LinePacker
@@ -25,7 +26,7 @@ class ShardRecipe:
     """Everything a shard pipeline is built from, taken from the config once."""
 
     names: tuple[str, ...]
-    weights: tuple[float, ...]
+    schedule: WeightSchedule
     seed: int
     n_shards: int
     decoration: Decoration
@@ -35,10 +36,9 @@ class ShardRecipe:
 
     @staticmethod
     def from_config(config: LoaderConfig, names: Sequence[str]) -> ShardRecipe:
-        weights = config.weights if config.weights is not None else (1.0,) * len(names)
         return ShardRecipe(
             names=tuple(names),
-            weights=tuple(weights),
+            schedule=weight_schedule(config, len(names)),
             seed=config.seed,
             n_shards=config.logical_shards,
             decoration=Decoration(
@@ -51,6 +51,22 @@ class ShardRecipe:
             packing=config.packing,
             window=config.shuffle_window,
         )
+
+
+def weight_schedule(config: LoaderConfig, n_datasets: int) -> WeightSchedule:
+    """The config's weights as a function of a logical shard's clock."""
+    if config.weight_schedule is None:
+        return WeightSchedule.constant(config.weights or (1.0,) * n_datasets)
+    fraction = 1.0 / config.logical_shards
+    if config.schedule_unit == "steps":
+        assert config.global_batch_size is not None, "validated by the config"
+        fraction *= config.global_batch_size * config.seq_length
+    return WeightSchedule.from_points(
+        config.weight_schedule,
+        fraction,
+        linear=config.schedule_interpolation == "linear",
+        resolution=config.schedule_resolution,
+    )
 
 
 def open_shard(
@@ -71,11 +87,15 @@ def open_shard(
 
 
 def build_shard(shard: int, recipe: ShardRecipe, accesses: Sequence) -> ShuffleBuffer:
-    """The stage chain of one logical shard, fresh (load a state into it to resume)."""
+    """The stage chain of one logical shard, fresh (load a state into it to resume).
+
+    ``accesses`` start with the mixed datasets, in recipe order (more may follow: datasets
+    that only buffered lines still read from).
+    """
     streams = [
         DocumentStream(access, shard, recipe.n_shards, recipe.seed, recipe.decoration)
-        for access in accesses
+        for access in accesses[: len(recipe.names)]
     ]
-    mixer = TokenShareMixer(streams, recipe.names, recipe.weights)
+    mixer = TokenShareMixer(streams, recipe.names, recipe.schedule)
     packer = LinePacker(mixer, recipe.capacity, recipe.packing)
     return ShuffleBuffer(packer, recipe.window, derive_key(recipe.seed, "shuffle", shard))

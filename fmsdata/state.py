@@ -5,6 +5,8 @@ A rank's state, as ``FmsDataLoader.snapshot()`` gives it, is plain nested data::
     {"version": 1,
      "fingerprint": {"data": ..., "seed": ..., "seq_length": ..., ...},
      "rank": r, "world_size": W, "steps": batches consumed,
+     "skips": [[step, n], ...] (batches skipped over, and where),
+     "span_datasets": [name, ...] (what the dataset field of saved spans refers to),
      "shards": [{"id": shard id,
                  "state": shard pipeline state or None (not started),
                  "advance": lines the shard emitted after that state}, ...]}
@@ -24,6 +26,7 @@ to the caller.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -34,6 +37,7 @@ import torch
 from fmsdata.config import LoaderConfig
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers.base import FileHandler
+from fmsdata.stages.documents import fresh_stream_state
 from fmsdata.stages.shuffle import apply_journal, pack_lines, unpack_lines
 from fmsdata.statefile import state_from_bytes, state_to_bytes
 from fmsdata.transport import WorkerItem
@@ -47,19 +51,39 @@ __all__ = [
     "stream_fingerprint",
     "check_fingerprint",
     "gather_shard_states",
+    "mix_changed",
+    "remix_shard",
+    "span_names",
     "ConsumedState",
 ]
 
 STATE_VERSION = 1
-TOP_KEYS = ("version", "fingerprint", "rank", "world_size", "steps", "shards")
+TOP_KEYS = (
+    "version",
+    "fingerprint",
+    "rank",
+    "world_size",
+    "steps",
+    "skips",
+    "span_datasets",
+    "shards",
+)
 META_KEY = "fmsdata_meta"
 SHARD_PREFIX = "fmsdata_shard_"
 
 # Config fields that decide the lines of a logical shard (batch size, workers and world
 # size do not: they may change between save and load).
-_STREAM_FIELDS = (
+MIX_FIELDS = (
     "datasets",
     "weights",
+    "weight_schedule",
+    "schedule_unit",
+    "schedule_interpolation",
+    "schedule_resolution",
+    "global_batch_size",
+)
+_STREAM_FIELDS = (
+    *MIX_FIELDS,
     "seq_length",
     "bos_token",
     "eos_token",
@@ -76,11 +100,11 @@ _STREAM_FIELDS = (
 
 
 def stream_fingerprint(
-    config: LoaderConfig, handler: FileHandler, names: Sequence[str], data: str
+    config: LoaderConfig, handler: FileHandler, names: Sequence[str], data: Mapping[str, str]
 ) -> dict[str, Any]:
     """What a saved state must agree with to be loaded: data hash and stream-shaping config."""
     values = config.to_dict()
-    fingerprint: dict[str, Any] = {"data": data}
+    fingerprint: dict[str, Any] = {"data": dict(data)}
     for field in _STREAM_FIELDS:
         fingerprint[field] = values[field]
     fingerprint["datasets"] = list(names)
@@ -89,10 +113,26 @@ def stream_fingerprint(
 
 
 def check_fingerprint(
-    saved: Mapping[str, Any], current: Mapping[str, Any], allow: Iterable[str] = ()
+    saved: Mapping[str, Any],
+    current: Mapping[str, Any],
+    allow: Iterable[str] = (),
+    mix_change: bool = False,
 ) -> None:
-    """Raise StateMismatchError naming the first field that differs (fields in ``allow`` may)."""
-    allowed = set(allow)
+    """Raise StateMismatchError naming the first field that differs.
+
+    Fields in ``allow`` may differ. With ``mix_change`` the dataset list, weights and
+    schedule may too, and the data must match only for the datasets both sides have.
+    """
+    allowed = set(allow) | (set(MIX_FIELDS) if mix_change else set())
+    if mix_change:
+        saved_data, current_data = saved.get("data") or {}, current.get("data") or {}
+        for name in sorted(set(saved_data) & set(current_data)):
+            if saved_data[name] != current_data[name]:
+                raise StateMismatchError(
+                    f"the files of dataset {name!r} changed since the state was saved "
+                    f"(data hash {saved_data[name]} became {current_data[name]})"
+                )
+        allowed.add("data")
     for field in sorted(set(saved) | set(current)):
         if field in allowed:
             continue
@@ -115,7 +155,10 @@ def pack_state(snapshot: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     The meta entry (JSON) holds what every rank shares: version, fingerprint, world size
     and steps; each shard entry is a state file (``fmsdata.statefile``) of one shard.
     """
-    meta = {k: snapshot[k] for k in ("version", "fingerprint", "world_size", "steps")}
+    meta = {
+        k: snapshot[k]
+        for k in ("version", "fingerprint", "world_size", "steps", "skips", "span_datasets")
+    }
     packed = {META_KEY: _bytes_tensor(json.dumps(meta, sort_keys=True).encode())}
     for entry in snapshot["shards"]:
         body = {"state": entry["state"], "advance": entry["advance"]}
@@ -191,17 +234,87 @@ def _check_top(state: Any) -> None:
         )
 
 
+def mix_changed(saved: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    """Whether two fingerprints differ in the dataset list, weights or schedule."""
+    return any(_plain(saved.get(f)) != _plain(current.get(f)) for f in MIX_FIELDS)
+
+
+def remix_shard(
+    state: dict[str, Any],
+    mix: Sequence[str],
+    old_space: Sequence[str],
+    new_space: Sequence[str],
+    rebase: bool,
+) -> dict[str, Any]:
+    """A shard state carried over to another dataset list (``mix``) and dataset numbering.
+
+    Datasets kept continue from their own positions, new ones start at their beginning,
+    removed ones are dropped. Saved spans are renumbered from ``old_space`` to
+    ``new_space`` (lines of removed datasets still buffered stay readable through it).
+    With ``rebase`` every share is measured afresh from here (``base`` moves to the
+    tokens taken), so new weights hold from the resume on.
+    """
+    state = copy.deepcopy(state)
+    mixer = state["source"]["source"]
+    tokens = {name: int(mixer["tokens"].get(name, 0)) for name in mix}
+    base = dict(tokens) if rebase else {name: int(mixer["base"].get(name, 0)) for name in mix}
+    mixer["sources"] = {name: mixer["sources"].get(name, fresh_stream_state()) for name in mix}
+    mixer["tokens"], mixer["base"] = tokens, base
+    number = np.array(
+        [new_space.index(n) if n in new_space else -1 for n in old_space], dtype=np.int64
+    )
+    spans = np.asarray(state["buffer"]["spans"], dtype=np.int64).copy()
+    if len(spans):
+        spans[:, 0] = number[spans[:, 0]]
+    state["buffer"]["spans"] = spans
+    carry = state["source"]["carry"]
+    if carry:
+        carry[0] = int(number[carry[0]])
+    if (spans[:, 0] < 0).any() or (carry and carry[0] < 0):
+        raise StateMismatchError(
+            "a buffered line refers to a dataset missing from the new numbering"
+        )
+    return state
+
+
+def span_names(states: Iterable[Any], space: Sequence[str]) -> set[str]:
+    """Names of the datasets that buffered lines and carries of shard states point into."""
+    used: set[str] = set()
+    for state in states:
+        if state is None:
+            continue
+        spans = np.asarray(state["buffer"]["spans"])
+        used.update(space[int(i)] for i in np.unique(spans[:, 0]).tolist()) if len(spans) else None
+        carry = state["source"]["carry"]
+        if carry:
+            used.add(space[int(carry[0])])
+    return used
+
+
+@dataclasses.dataclass
+class Gathered:
+    """What a set of saved rank states holds, ready for one rank to resume from."""
+
+    shards: dict[int, tuple[Any, int]]
+    steps: int
+    skips: list[list[int]]
+    fingerprint: dict[str, Any]
+    span_datasets: list[str]
+
+
 def gather_shard_states(
     states: Any,
     fingerprint: Mapping[str, Any],
     n_shards: int,
     allow: Iterable[str] = (),
-) -> tuple[dict[int, Any], int]:
+    mix_change: bool = False,
+) -> Gathered:
     """Collect the shard states of one rank's state or of every rank's states (snapshots,
     packed state dicts, or a list of either).
 
     Returns:
-        ``({shard id: (shard state or None, lines consumed after it)}, steps)``.
+        A ``Gathered``: per shard id ``(state or None, lines consumed after it)``, the
+        steps and skips of the save, and the fingerprint it was saved with.
 
     Raises:
         StateMismatchError: Version or fingerprint differ, a shard appears twice, or the
@@ -212,7 +325,7 @@ def gather_shard_states(
     steps = set()
     for state in states:
         _check_top(state)
-        check_fingerprint(state["fingerprint"], fingerprint, allow)
+        check_fingerprint(state["fingerprint"], fingerprint, allow, mix_change)
         steps.add(int(state["steps"]))
         for entry in state["shards"]:
             sid = int(entry["id"])
@@ -232,7 +345,13 @@ def gather_shard_states(
             if advance < 0:
                 raise StateMismatchError(f"logical shard {sid} has a negative advance {advance}")
             shards[sid] = (entry["state"], advance)
-    return shards, max(steps)
+    if len(steps) > 1:
+        raise StateMismatchError(f"the given states come from different steps {sorted(steps)}")
+    first = states[0]
+    skips = [[int(at), int(n)] for at, n in first["skips"]]
+    return Gathered(
+        shards, steps.pop(), skips, dict(first["fingerprint"]), list(first["span_datasets"])
+    )
 
 
 def _lines(spans: np.ndarray, offsets: np.ndarray) -> Iterator[np.ndarray]:
@@ -250,7 +369,8 @@ class ConsumedState:
     Args:
         shard_ids: This rank's logical shards.
         entries: Saved ``{shard id: (state or None, advance)}``.
-        steps: Batches consumed before.
+        steps: Batches consumed before (skipped ones included).
+        skips: ``[step, batches]`` of every skip so far.
     """
 
     def __init__(
@@ -258,9 +378,11 @@ class ConsumedState:
         shard_ids: Sequence[int],
         entries: Mapping[int, tuple[Any, int]] | None = None,
         steps: int = 0,
+        skips: Sequence[Sequence[int]] = (),
     ):
         self.shard_ids = list(shard_ids)
         self.steps = steps
+        self.skips = [[int(at), int(n)] for at, n in skips]
         self._light: dict[int, dict[str, Any] | None] = {}
         self._buffers: dict[int, list[np.ndarray]] = {}
         self._advance: dict[int, int] = {}
@@ -287,6 +409,11 @@ class ConsumedState:
             apply_journal(self._buffers[sid], (op,), pushed)
         for sid in item.lights:
             self._advance[sid] = 0
+
+    def advance_by(self, lines: Mapping[int, int]) -> None:
+        """Count lines as consumed without their batches (a skip)."""
+        for sid, n in lines.items():
+            self._advance[sid] += n
 
     def emitted(self) -> list[int]:
         """Lines consumed so far from each of the rank's shards, in shard order."""

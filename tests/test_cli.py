@@ -8,7 +8,7 @@ from fmsdata.cli.main import main
 
 
 def test_every_command_has_help():
-    for command in ("demo", "index", "bench"):
+    for command in ("demo", "index", "bench", "state"):
         out = subprocess.run(
             [sys.executable, "-m", "fmsdata.cli.main", command, "--help"],
             capture_output=True,
@@ -34,3 +34,44 @@ def test_bench_reports_figures(tmp_path, capsys):
 def test_errors_exit_with_a_message(tmp_path, capsys):
     assert main(["index", str(tmp_path / "missing")]) == 2
     assert "ConfigError" in capsys.readouterr().err
+
+
+def test_state_show_reads_every_kind_of_checkpoint(tmp_path, capsys):
+    import json
+
+    import torch.distributed.checkpoint as dcp
+    from support import rank_loaders, take
+
+    from fmsdata import build_dataloader
+    from fmsdata.checkpoint import save_loader_state
+
+    info = corpus(tmp_path / "data")
+    config = base_config(info, logical_shards=4)
+    for loader in rank_loaders(config, 2):
+        take(loader, 12)
+        save_loader_state(loader, tmp_path / "ckpt")
+    assert main(["state", "show", str(tmp_path / "ckpt")]) == 0
+    text = capsys.readouterr().out
+    assert "saved by 2 rank(s) at step 12, 4 logical shards" in text
+    assert all(f"{sid:5} a " in text and f"{sid:5} b " in text for sid in range(4))
+
+    loader = build_dataloader(config)
+    take(loader, 5)
+    loader.skip(2)
+    dcp.save({"dataloader": loader}, checkpoint_id=str(tmp_path / "dcp"))
+    assert main(["state", "show", str(tmp_path / "dcp"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 7 and summary["skips"] == [[5, 2]] and summary["world_size"] == 1
+    snapshot = loader.snapshot(settle=True)
+    tokens = sum(e["state"]["source"]["source"]["tokens"]["a"] for e in snapshot["shards"])
+    assert (
+        summary["datasets"]["a"]["tokens"] <= tokens
+    )  # saved at an item boundary, plus lines after
+    assert {row["id"] for row in summary["shards"]} == {0, 1, 2, 3}
+
+    auto = {**config, "checkpoint_dir": str(tmp_path / "auto"), "checkpoint_every": 4}
+    loader = build_dataloader(auto)
+    take(loader, 9)
+    loader.checkpointer.wait()
+    assert main(["state", "show", str(tmp_path / "auto")]) == 0
+    assert "step_000000008" in capsys.readouterr().out

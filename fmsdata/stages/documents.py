@@ -25,7 +25,7 @@ from fmsdata.stages.base import check_keys
 
 __all__ = ["Decoration", "DocBlock", "DocumentStream", "shard_fragments"]
 
-STATE_KEYS = ("epoch", "pos", "docs", "skipped")
+STATE_KEYS = ("epoch", "pos", "docs", "skipped", "size")
 # Read-ahead starts small (a fast first batch) and grows fourfold; a block spans at most this many
 # fragments, so a stream holds few files open whatever the fragment size.
 _FIRST_BLOCK = 16
@@ -123,12 +123,18 @@ def shard_files(n_files: int, n_shards: int, shard: int) -> range:
     return range(first, last + 1)
 
 
+def fresh_stream_state() -> dict[str, int]:
+    """The state of a stream that has not started (size -1: not measured yet)."""
+    return {"epoch": 0, "pos": 0, "docs": 0, "skipped": 0, "size": -1}
+
+
 class DocumentStream:
     """One dataset's documents in one logical shard, epoch after epoch.
 
     The walk order is a pure function of (seed, dataset name, shard, epoch), never of
     rank, world size or worker. State keys: ``epoch``, ``pos`` (next walk position),
-    ``docs`` (documents used), ``skipped`` (documents passed over as too short).
+    ``docs`` (documents used), ``skipped`` (documents passed over as too short), ``size``
+    (documents of the dataset in the shard, -1 before the stream first reads).
 
     Args:
         access: The dataset's files, counts and readers in this worker.
@@ -148,6 +154,7 @@ class DocumentStream:
         self.pos = 0
         self.docs = 0
         self.skipped = 0
+        self._saved_size = -1  # size recorded in a loaded state, checked at setup
         self._fragments: np.ndarray | None = None
         self._size = 0
         self._walk_epoch = -1
@@ -179,6 +186,11 @@ class DocumentStream:
                 f"dataset {self.access.name!r} gives no document to logical shard {self.shard} "
                 f"of {self.n_shards} (its {n_files} file(s) hold too few documents); use fewer "
                 "logical_shards or more data"
+            )
+        if self._saved_size >= 0 and self._saved_size != self._size:
+            raise StateMismatchError(
+                f"dataset {self.access.name!r}, logical shard {self.shard}: the state was saved "
+                f"with {self._saved_size} documents in the shard, the data now gives {self._size}"
             )
         if self.pos >= self._size:
             raise StateMismatchError(
@@ -275,7 +287,14 @@ class DocumentStream:
     # -- state ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "pos": self.pos, "docs": self.docs, "skipped": self.skipped}
+        size = self._size if self._fragments is not None else self._saved_size
+        return {
+            "epoch": self.epoch,
+            "pos": self.pos,
+            "docs": self.docs,
+            "skipped": self.skipped,
+            "size": size,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_keys(f"document stream {self.access.name!r}", state, STATE_KEYS)
@@ -283,4 +302,5 @@ class DocumentStream:
         self.pos = int(state["pos"])
         self.docs = int(state["docs"])
         self.skipped = int(state["skipped"])
+        self._saved_size = int(state["size"])
         self.rewind()

@@ -1,7 +1,10 @@
 """Interleave several datasets' document streams so each gets its share of tokens.
 
 The rule is deterministic and memoryless: the next document comes from the dataset with
-the smallest ``(tokens_taken - base) / weight`` (ties to the dataset listed first). Because
+the smallest ``(tokens_taken - base) / weight`` (ties to the dataset listed first; a
+weight of zero leaves a dataset out). Weights may change over the shard's clock
+(``fmsdata.schedule``); at each change ``base`` moves to the tokens taken so far, so the
+new shares hold from that point on. Because
 each dataset's keys grow with every document it gives, the rule's output is the sorted
 merge of per-dataset key sequences, so whole read-ahead blocks are merged with one sort.
 A block is cut where the first dataset runs out of read-ahead, which makes the result the
@@ -19,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import StateMismatchError
+from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.base import check_keys
 from fmsdata.stages.documents import DocBlock, DocumentStream
 
@@ -67,6 +71,7 @@ class _Ledger:
     count: np.ndarray  # [rows, datasets] documents taken so far
     tokens: np.ndarray  # [rows, datasets] tokens taken so far
     last_gpos: np.ndarray  # [rows, datasets] walk position of the latest document taken
+    rebase: bool = False  # the block ends where the weights change
     used: int = 0
 
 
@@ -74,76 +79,91 @@ class TokenShareMixer:
     """Mixes document streams by token share.
 
     State keys: ``tokens`` and ``base`` (per dataset name: tokens taken in total, and the
-    count the share is measured from — moved when weights change) and ``sources`` (each
-    dataset's stream state, by name).
+    count shares are measured from — moved to ``tokens`` whenever the weights change) and
+    ``sources`` (each dataset's stream state, by name).
 
     Args:
         streams: One stream per dataset, in config order.
         names: Dataset names, same order.
-        weights: Positive token shares, same order (any scale).
+        schedule: Weights (non-negative, any scale) as a function of the shard's clock,
+            the document tokens it has mixed.
     """
 
     def __init__(
-        self, streams: Sequence[DocumentStream], names: Sequence[str], weights: Sequence[float]
+        self, streams: Sequence[DocumentStream], names: Sequence[str], schedule: WeightSchedule
     ):
-        if not (len(streams) == len(names) == len(weights)):
-            raise ValueError("streams, names and weights must have the same length")
+        if len(streams) != len(names):
+            raise ValueError("streams and names must have the same length")
         self.streams = list(streams)
         self.names = list(names)
-        self.weights = np.asarray(weights, dtype=np.float64)
+        self.schedule = schedule
         n = len(self.streams)
         self.tokens = [0] * n
         self.base = [0] * n
         self._ahead_tokens = [0] * n
+        self._ahead_base = [0] * n
         self._left: list[DocBlock] = [DocBlock.empty() for _ in range(n)]
         self._ledgers: collections.deque[_Ledger] = collections.deque()
 
     def read_ahead(self) -> MixedDocs:
-        """The next mixed documents after the read-ahead cursor (never empty)."""
+        """The next mixed documents after the read-ahead cursor (never empty).
+
+        A block stops at the first document that reaches a weight change; the documents
+        after it are mixed with the new weights, measured from that point.
+        """
         n = len(self.streams)
-        for d in range(n):
+        clock = sum(self._ahead_tokens)
+        weights = self.schedule.weights_at(clock)
+        active = [d for d in range(n) if weights[d] > 0]
+        for d in active:
             if not len(self._left[d]):
                 self._left[d] = self.streams[d].read_ahead()
-        if n == 1:
-            block = self._left[0]
-            self._left[0] = DocBlock.empty()
-            take = [len(block)]
-            parts = [block]
-            ds = np.zeros(len(block), dtype=np.int64)
+        take = [0] * n
+        if len(active) == 1:
+            take[active[0]] = len(self._left[active[0]])
+            ds = np.full(take[active[0]], active[0], dtype=np.int64)
+            order = None
         else:
-            keys, ends = [], []
-            for d in range(n):
-                rel = self._ahead_tokens[d] - self.base[d]
+            keys, ends = {}, {}
+            for d in active:
+                rel = self._ahead_tokens[d] - self._ahead_base[d]
                 dlen = self._left[d].dlen
                 csum = np.cumsum(dlen)
-                keys.append((rel + csum - dlen) / self.weights[d])
-                ends.append((rel + int(csum[-1])) / self.weights[d])
-            cut = min(range(n), key=lambda d: (ends[d], d))
-            take = [
-                int(np.searchsorted(keys[d], ends[cut], side="left" if d >= cut else "right"))
-                for d in range(n)
-            ]
-            parts = [self._left[d].take(0, take[d]) for d in range(n)]
-            ds = np.concatenate([np.full(take[d], d, dtype=np.int64) for d in range(n)])
-            order = np.lexsort((ds, np.concatenate([keys[d][: take[d]] for d in range(n)])))
+                keys[d] = (rel + csum - dlen) / weights[d]
+                ends[d] = (rel + int(csum[-1])) / weights[d]
+            cut = min(active, key=lambda d: (ends[d], d))
+            for d in active:
+                take[d] = int(
+                    np.searchsorted(keys[d], ends[cut], side="left" if d >= cut else "right")
+                )
+            ds = np.concatenate([np.full(take[d], d, dtype=np.int64) for d in active])
+            order = np.lexsort((ds, np.concatenate([keys[d][: take[d]] for d in active])))
             ds = ds[order]
-            for d in range(n):
-                self._left[d] = self._left[d].take(take[d])
-        merged = DocBlock.concat(parts)
-        if n > 1:
+        merged = DocBlock.concat([self._left[d].take(0, take[d]) for d in active])
+        if order is not None:
             merged = merged.select(order)
-        for d in range(n):
+        change = self.schedule.next_change(clock)
+        crossing = np.flatnonzero(clock + np.cumsum(merged.dlen) >= change)
+        rebase = crossing.size > 0
+        if rebase:  # give back what lies past the weight change
+            keep = int(crossing[0]) + 1
+            ds, merged = ds[:keep], merged.take(0, keep)
+            take = [int((ds == d).sum()) for d in range(n)]
+        for d in active:
             if take[d]:
-                self._ahead_tokens[d] += int(parts[d].dlen.sum())
-        self._ledgers.append(self._ledger(ds, merged))
+                self._ahead_tokens[d] += int(self._left[d].dlen[: take[d]].sum())
+                self._left[d] = self._left[d].take(take[d])
+        if rebase:
+            self._ahead_base = list(self._ahead_tokens)
+        self._ledgers.append(self._ledger(ds, merged, rebase))
         return MixedDocs(ds, merged.file, merged.doc, merged.dlen, merged.base)
 
-    def _ledger(self, ds: np.ndarray, block: DocBlock) -> _Ledger:
+    def _ledger(self, ds: np.ndarray, block: DocBlock, rebase: bool) -> _Ledger:
         onehot = ds[:, None] == np.arange(len(self.streams))[None, :]
         count = np.cumsum(onehot, axis=0)
         tokens = np.cumsum(onehot * block.dlen[:, None], axis=0)
         last = np.maximum.accumulate(np.where(onehot, block.gpos[:, None], -1), axis=0)
-        return _Ledger(count, tokens, last)
+        return _Ledger(count, tokens, last, rebase)
 
     def commit(self, rows: int) -> None:
         """Mark the next ``rows`` read-ahead documents as consumed."""
@@ -170,11 +190,14 @@ class TokenShareMixer:
             ledger.used += take
             if ledger.used == len(ledger.count):
                 self._ledgers.popleft()
+                if ledger.rebase:
+                    self.base = list(self.tokens)
             rows -= take
 
     def rewind(self) -> None:
         """Drop read-ahead: the next ``read_ahead`` starts at the consumed position."""
         self._ahead_tokens = list(self.tokens)
+        self._ahead_base = list(self.base)
         self._left = [DocBlock.empty() for _ in self.streams]
         self._ledgers.clear()
         for stream in self.streams:

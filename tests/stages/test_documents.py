@@ -51,7 +51,13 @@ def test_shards_partition_the_dataset_and_each_epoch_covers_its_shard_once(
             continue
         epoch0 = walk(stream, size)
         assert len(set(epoch0)) == size, "a document repeats within an epoch"
-        assert stream.state_dict() == {"epoch": 1, "pos": 0, "docs": size, "skipped": 0}
+        assert stream.state_dict() == {
+            "epoch": 1,
+            "pos": 0,
+            "docs": size,
+            "skipped": 0,
+            "size": size,
+        }
         epoch1 = walk(stream, size)
         assert set(epoch1) == set(epoch0)
         if size > 3:

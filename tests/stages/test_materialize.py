@@ -10,6 +10,7 @@ from support import accesses
 
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.arrow import write_arrow_docs
+from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.base import BASE, DLEN, restore_spans
 from fmsdata.stages.documents import Decoration, DocumentStream
 from fmsdata.stages.materialize import LineWriter
@@ -18,6 +19,7 @@ from fmsdata.stages.packing import LinePacker
 from fmsdata.synthetic import CorpusInfo
 
 STRIP = 9
+ONE = WeightSchedule.constant([1.0])
 
 
 def stripped_corpus(root: str, seed: int) -> CorpusInfo:
@@ -83,7 +85,7 @@ def test_written_lines_match_a_document_by_document_reference(
     deco = Decoration(bos=bos, eos=eos, strip=frozenset({STRIP}) if strip else frozenset())
     line_length = seq + 1
     capacity = line_length - (bol is not None) - (eol is not None)
-    mixer = TokenShareMixer([DocumentStream(acc[0], 0, 1, seed, deco)], ["a"], [1.0])
+    mixer = TokenShareMixer([DocumentStream(acc[0], 0, 1, seed, deco)], ["a"], ONE)
     packer = LinePacker(mixer, capacity, "pad" if pad_mode else "hard")
     lines = [next(packer) for _ in range(12)]
     writer = LineWriter(acc, deco, line_length, bol=bol, eol=eol, pad=5 if pad_mode else None)
@@ -113,7 +115,9 @@ def test_vocab_check_names_the_file(tmp_path):
     acc = accesses(info)
     deco = Decoration()
     packer = LinePacker(
-        TokenShareMixer([DocumentStream(acc[0], 0, 1, 0, deco)], ["a"], [1.0]), 13, "hard"
+        TokenShareMixer([DocumentStream(acc[0], 0, 1, 0, deco)], ["a"], ONE),
+        13,
+        "hard",
     )
     writer = LineWriter(acc, deco, 13, vocab_size=50000)
     with pytest.raises(ShardFormatError, match=r"bad\.arrow: document 1 holds token id 70000"):
@@ -125,7 +129,9 @@ def test_spans_carry_document_facts(tmp_path):
     acc = accesses(info)
     deco = Decoration(bos=1, eos=2, strip=frozenset({STRIP}))
     packer = LinePacker(
-        TokenShareMixer([DocumentStream(acc[0], 0, 1, 0, deco)], ["a"], [1.0]), 50, "hard"
+        TokenShareMixer([DocumentStream(acc[0], 0, 1, 0, deco)], ["a"], ONE),
+        50,
+        "hard",
     )
     line = next(packer)
     assert (line[:, DLEN] > 0).all() and (line[:, BASE] >= 0).all()

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import accesses, corpus
 
+from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.documents import Decoration, DocumentStream
 from fmsdata.stages.mixing import TokenShareMixer
 
@@ -14,7 +15,7 @@ def mixer(info, weights, shard=0, n_shards=1, seed=3, deco=None):
     names = list(info.ranges)
     acc = accesses(info)
     streams = [DocumentStream(a, shard, n_shards, seed, deco) for a in acc]
-    return TokenShareMixer(streams, names, weights)
+    return TokenShareMixer(streams, names, WeightSchedule.constant(weights))
 
 
 def mix(m: TokenShareMixer, n: int) -> list[tuple[int, int, int, int]]:
@@ -66,7 +67,9 @@ def test_block_merge_equals_the_one_at_a_time_rule(weights, seed):
     singles = []
     acc = accesses(info)
     for d, a in enumerate(acc):
-        s = TokenShareMixer([DocumentStream(a, 0, 1, seed, Decoration())], [a.name], [1.0])
+        s = TokenShareMixer(
+            [DocumentStream(a, 0, 1, seed, Decoration())], [a.name], WeightSchedule.constant([1.0])
+        )
         singles.append([(d, f, doc, dl) for _, f, doc, dl in mix(s, 120)])
     assert got == greedy_reference(singles, weights, 120)
 

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import accesses, corpus
 
+from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.base import DLEN, DOC, DS, FILE, LENGTH, START
 from fmsdata.stages.documents import Decoration, DocumentStream
 from fmsdata.stages.mixing import TokenShareMixer
@@ -15,7 +16,9 @@ from fmsdata.stages.packing import LinePacker
 def packer(info, capacity, mode="hard", weights=None, seed=1):
     acc = accesses(info)
     streams = [DocumentStream(a, 0, 1, seed, Decoration(bos=1, eos=2)) for a in acc]
-    mixer = TokenShareMixer(streams, list(info.ranges), weights or [1.0] * len(acc))
+    mixer = TokenShareMixer(
+        streams, list(info.ranges), WeightSchedule.constant(weights or [1.0] * len(acc))
+    )
     return LinePacker(mixer, capacity, mode)
 
 

@@ -1,0 +1,167 @@
+"""``fmsdata state show DIR``: what a saved loader state holds, without writing code.
+
+Reads a loader checkpoint folder (``loader_rank_*.fms``), a folder of automatic
+checkpoints (the newest complete ``step_*``), a single state file, or a
+``torch.distributed.checkpoint`` folder holding a loader entry — only tensors and JSON are
+read, nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fmsdata.checkpoint import latest_checkpoint, rank_files
+from fmsdata.errors import StateMismatchError
+from fmsdata.state import META_KEY, SHARD_PREFIX, as_rank_states
+from fmsdata.statefile import load_state
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("state", help="inspect saved loader states")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = actions.add_parser(
+        "show",
+        help="epochs, documents and tokens seen per dataset and logical shard",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    show.add_argument("path", help="checkpoint folder, DCP checkpoint folder or state file")
+    show.add_argument("--json", action="store_true", help="print the summary as JSON")
+    show.set_defaults(run=run_show)
+
+
+def read_states(path: str) -> tuple[str, list[dict[str, Any]]]:
+    """(where the states were found, every rank's snapshot) for any supported ``path``."""
+    if os.path.isfile(path):
+        return path, [load_state(path)]
+    if not os.path.isdir(path):
+        raise StateMismatchError(f"{path}: no such file or folder")
+    if os.path.exists(os.path.join(path, ".metadata")):
+        return path, _read_dcp(path)
+    files = rank_files(path)
+    if not files:
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise StateMismatchError(f"{path}: no loader state (loader_rank_*.fms, step_*/ or DCP)")
+        path, files = latest, rank_files(latest)
+    return path, [load_state(files[rank]) for rank in sorted(files)]
+
+
+def _read_dcp(path: str) -> list[dict[str, Any]]:
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(path).read_metadata()
+    entries = {
+        key: torch.empty(meta.size, dtype=torch.uint8)
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.rsplit(".", 1)[-1] == META_KEY or key.rsplit(".", 1)[-1].startswith(SHARD_PREFIX)
+    }
+    if not entries:
+        raise StateMismatchError(f"{path}: the checkpoint holds no fmsdata loader state")
+    dcp.load(entries, checkpoint_id=path)
+    packed = {key.rsplit(".", 1)[-1]: value for key, value in entries.items()}
+    return [dict(s) for s in as_rank_states(packed)]
+
+
+def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per dataset and per logical shard: epoch, position, documents, tokens, skips."""
+    first = states[0]
+    names = list(first["fingerprint"]["datasets"])
+    shards = []
+    totals = {
+        name: {"docs": 0, "tokens": 0, "skipped": 0, "passes": 0.0, "size": 0} for name in names
+    }
+    for state in states:
+        for entry in sorted(state["shards"], key=lambda e: e["id"]):
+            row: dict[str, Any] = {
+                "id": int(entry["id"]),
+                "advance": int(entry["advance"]),
+                "datasets": {},
+            }
+            mixer = entry["state"]["source"]["source"] if entry["state"] else None
+            for name in names:
+                stream = mixer["sources"][name] if mixer and name in mixer["sources"] else None
+                tokens = int(mixer["tokens"].get(name, 0)) if mixer else 0
+                size = int(stream["size"]) if stream else -1
+                info = {
+                    "epoch": int(stream["epoch"]) if stream else 0,
+                    "pos": int(stream["pos"]) if stream else 0,
+                    "size": size,
+                    "docs": int(stream["docs"]) if stream else 0,
+                    "skipped": int(stream["skipped"]) if stream else 0,
+                    "tokens": tokens,
+                }
+                info["epochs_done"] = info["epoch"] + info["pos"] / size if size > 0 else None
+                row["datasets"][name] = info
+                total = totals[name]
+                for key in ("docs", "tokens", "skipped"):
+                    total[key] += info[key]
+                if size > 0:
+                    total["passes"] += info["epoch"] * size + info["pos"]
+                    total["size"] += size
+            shards.append(row)
+    datasets = {
+        name: {
+            "docs": t["docs"],
+            "tokens": t["tokens"],
+            "skipped_docs": t["skipped"],
+            "epochs_done": t["passes"] / t["size"] if t["size"] else None,
+        }
+        for name, t in totals.items()
+    }
+    return {
+        "version": first["version"],
+        "world_size": first["world_size"],
+        "steps": first["steps"],
+        "skips": first["skips"],
+        "logical_shards": first["fingerprint"]["logical_shards"],
+        "weights": first["fingerprint"].get("weights"),
+        "weight_schedule": first["fingerprint"].get("weight_schedule"),
+        "datasets": datasets,
+        "shards": shards,
+    }
+
+
+def _fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def run_show(args: argparse.Namespace) -> int:
+    where, states = read_states(args.path)
+    summary = summarize(states)
+    if args.json:
+        print(json.dumps({"path": where, **summary}, indent=2))
+        return 0
+    print(f"loader state: {where}")
+    print(
+        f"format version {summary['version']}, saved by {summary['world_size']} rank(s) at step "
+        f"{summary['steps']}, {summary['logical_shards']} logical shards"
+    )
+    if summary["skips"]:
+        print("skips: " + ", ".join(f"{n} steps at step {at}" for at, n in summary["skips"]))
+    mix = summary["weight_schedule"] or summary["weights"]
+    print(f"mix: {mix if mix is not None else 'equal weights'}")
+    print(f"\n{'dataset':16} {'documents':>12} {'tokens':>16} {'skipped':>9} {'epochs done':>12}")
+    for name, total in summary["datasets"].items():
+        print(
+            f"{name:16} {total['docs']:12,} {total['tokens']:16,} {total['skipped_docs']:9,} "
+            f"{_fraction(total['epochs_done']):>12}"
+        )
+    header = f"{'shard':>5} {'dataset':16} {'epoch':>5} {'position':>17}"
+    print(f"\n{header} {'documents':>10} {'tokens':>14}")
+    for row in summary["shards"]:
+        for name, info in row["datasets"].items():
+            position = f"{info['pos']}/{info['size']}" if info["size"] >= 0 else "not started"
+            print(
+                f"{row['id']:5} {name:16} {info['epoch']:5} {position:>17} {info['docs']:10,} "
+                f"{info['tokens']:14,}"
+            )
+        if row["advance"]:
+            print(f"{'':5} (+{row['advance']} line(s) emitted after this recorded position)")
+    return 0

@@ -1,0 +1,190 @@
+"""G9 (changing the mix, schedules) and G10 (skipping ahead)."""
+
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import (
+    Ledger,
+    assert_same_batches,
+    base_config,
+    check_exactly_once_per_epoch,
+    corpus,
+    rank_loaders,
+    roundtrip,
+    take,
+)
+
+from fmsdata import build_dataloader
+from fmsdata.errors import StateMismatchError
+
+
+def shares(info, batches, names):
+    tokens = np.concatenate([b["input_ids"].numpy().ravel() for b in batches])
+    which = info.dataset_of(tokens)
+    which = which[which >= 0]
+    counts = np.bincount(which, minlength=len(info.ranges))
+    index = [list(info.ranges).index(n) for n in names]
+    return counts[index] / counts[index].sum()
+
+
+def test_new_weights_take_over_and_no_document_repeats(tmp_path):
+    info = corpus(tmp_path, {"a": 3, "b": 3}, docs_per_file=80, mean_length=12, spread=0.5)
+    config = base_config(
+        info,
+        weights=[1, 1],
+        seq_length=128,
+        batch_size=4,
+        shuffle_window=1,
+        bos_token=None,
+        eos_token=None,
+    )
+    ledger = Ledger(info, config)
+    first = rank_loaders(config, 2, batch_size=2)
+    for loader in first:
+        ledger.add_batches(take(loader, 20))
+    states = [roundtrip(loader.snapshot()) for loader in first]
+    changed = {**config, "weights": [3, 1]}
+    with pytest.raises(StateMismatchError, match="weights"):
+        build_dataloader(changed, rank=0, world_size=4).load_state_dict(states)
+    second = rank_loaders({**changed, "allow_mix_change": True}, 4, batch_size=1)
+    after = []
+    for loader in second:
+        loader.load_state_dict(states)
+        batches = take(loader, 60)
+        after.extend(batches)
+        ledger.add_batches(batches)
+    assert abs(shares(info, after, ["a", "b"])[0] - 0.75) < 0.01
+    settled = [loader.snapshot(settle=True) for loader in second]
+    for state in settled:
+        ledger.add_state(state)
+    check_exactly_once_per_epoch(ledger, settled, 4)
+
+
+def test_adding_and_removing_datasets(tmp_path, caplog):
+    info = corpus(tmp_path, {"a": 2, "b": 2, "c": 2}, docs_per_file=40, mean_length=20)
+    config = base_config(info, datasets=["a", "b"], weights=[1, 1], shuffle_window=2)
+    ledger = Ledger(info, {**config, "datasets": ["a", "b", "c"]})
+    loader = build_dataloader(config)
+    ledger.add_batches(take(loader, 15))
+    state = roundtrip(loader.snapshot())
+    # "c" joins at its beginning; "a" and "b" continue from their own positions.
+    wider = build_dataloader(
+        {**config, "datasets": ["a", "b", "c"], "weights": [1, 1, 2], "allow_mix_change": True}
+    )
+    wider.load_state_dict(state)
+    ledger.add_batches(take(wider, 30))
+    settled = wider.snapshot(settle=True)
+    ledger.add_state(settled)
+    check_exactly_once_per_epoch(ledger, [settled], 4)
+    # Dropping "b": a warning, and "b" tokens stop once the buffers have drained.
+    narrower = build_dataloader(
+        {**config, "datasets": ["a"], "weights": [1], "allow_mix_change": True}
+    )
+    narrower.load_state_dict(wider.snapshot())
+    assert "no longer in the mix" in caplog.text
+    later = take(narrower, 40)[10:]
+    assert shares(info, later, ["a", "b", "c"])[1] == 0
+
+
+@settings(max_examples=10)
+@given(stop=st.integers(1, 59), linear=st.booleans(), workers=st.sampled_from([0, 1]))
+def test_schedule_resumes_exactly_at_any_step(stop, linear, workers):
+    info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=40, mean_length=20)
+    config = base_config(
+        info,
+        weights=None,
+        weight_schedule=[[0, [1, 0]], [3000, [1, 1]], [6000, [0, 1]]],
+        schedule_interpolation="linear" if linear else "step",
+        schedule_resolution=7,
+        num_workers=workers,
+    )
+    reference = take(build_dataloader(config), 60)
+    head = build_dataloader(config)
+    take(head, stop)
+    resumed = build_dataloader(config)
+    resumed.load_state_dict(roundtrip(head.snapshot()))
+    assert_same_batches(reference[stop:], take(resumed, 60 - stop))
+
+
+def test_schedule_moves_the_shares(tmp_path):
+    info = corpus(tmp_path, {"a": 3, "b": 3}, docs_per_file=60, mean_length=10, spread=0.3)
+    config = base_config(
+        info,
+        weights=None,
+        weight_schedule=[[0, [1, 0]], [40, [0, 1]]],
+        schedule_unit="steps",
+        global_batch_size=4,
+        shuffle_window=0,
+        bos_token=None,
+        eos_token=None,
+    )
+    batches = take(build_dataloader(config), 80)
+    assert shares(info, batches[:38], ["a", "b"])[0] == 1.0
+    assert shares(info, batches[42:], ["a", "b"])[1] == 1.0
+
+
+def test_skip_drops_exactly_those_steps(tmp_path):
+    info = corpus(tmp_path)
+    config = base_config(info, num_workers=2)
+    reference = take(build_dataloader(config), 50)
+    loader = build_dataloader(config)
+    got = take(loader, 7)
+    loader.skip(11)
+    got += take(loader, 12)
+    assert_same_batches(reference[:7] + reference[18:30], got)
+    assert loader.snapshot()["skips"] == [[7, 11]] and loader.steps == 30
+    # The skip is in the state: a resume, also on two ranks, continues after it.
+    resumed = build_dataloader(config)
+    resumed.load_state_dict(roundtrip(loader.snapshot()))
+    assert_same_batches(reference[30:40], take(resumed, 10))
+
+
+def test_skip_during_an_iteration(tmp_path):
+    info = corpus(tmp_path)
+    config = base_config(info, num_workers=1)
+    reference = take(build_dataloader(config), 40)
+    loader = build_dataloader(config)
+    got = []
+    for batch in loader:
+        got.append(batch)
+        if len(got) == 5:
+            loader.skip(10)
+        if len(got) == 20:
+            break
+    assert_same_batches(reference[:5] + reference[15:30], got)
+
+
+def test_skip_then_rescale(tmp_path):
+    info = corpus(tmp_path)
+    config = base_config(info, logical_shards=8)
+    from support import global_steps
+
+    reference = global_steps(rank_loaders(config, 2, batch_size=4), 30)
+    loaders = rank_loaders(config, 2, batch_size=4)
+    assert global_steps(loaders, 4) == reference[:4]
+    for loader in loaders:
+        loader.skip(6)
+    states = [roundtrip(loader.snapshot()) for loader in loaders]
+    wider = rank_loaders(config, 4, batch_size=2)
+    for loader in wider:
+        loader.load_state_dict(states)
+    assert global_steps(wider, 10) == reference[10:20]
+
+
+def test_skip_from_the_config_applies_once(tmp_path):
+    info = corpus(tmp_path)
+    config = base_config(info)
+    reference = take(build_dataloader(config), 40)
+    first = build_dataloader(config)
+    take(first, 5)
+    state = roundtrip(first.snapshot())
+    skipping = {**config, "skip_steps": [[8, 4]]}
+    resumed = build_dataloader(skipping)
+    resumed.load_state_dict(state)
+    assert_same_batches(reference[5:8] + reference[12:20], take(resumed, 11))
+    again = build_dataloader(skipping)
+    again.load_state_dict(roundtrip(resumed.snapshot()))  # the skip is recorded: not repeated
+    assert_same_batches(reference[20:30], take(again, 10))
