@@ -170,14 +170,12 @@ def discover(root: str, datasets: Sequence[str] | None, handler: FileHandler) ->
             raise ConfigError(
                 f"dataset {name!r} is not a folder of data_path {root!r}; it holds {available}"
             )
-        listing = fs.find(folder, detail=True)
+        listing = {k: v for k, v in fs.find(folder, detail=True).items() if v.get("type") == "file"}
         rel_paths: list[str] = []
         sizes: list[int] = []
-        for full, info in sorted(listing.items()):
-            if info.get("type") != "file" or not handler.is_legal(full):
-                continue
+        for full in handler.select(sorted(listing)):
             rel_paths.append(full[len(base) + 1 :])
-            sizes.append(int(info.get("size") or 0))
+            sizes.append(int(listing[full].get("size") or 0))
         if not rel_paths:
             raise EmptyDatasetError(
                 f"dataset {name!r} ({folder}) holds no {handler.name} shard "

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import yaml
 
 from fmsdata.errors import ConfigError
@@ -73,8 +74,17 @@ class LoaderConfig:
             schedule: each dataset continues from its own position, new ones start.
         skip_steps: ``[[step, n], ...]``: when the run reaches ``step``, pass over the next
             ``n`` batches (applied once; the state records it).
-        file_type: Shard format name (see ``fmsdata.handlers``).
-        col_name: Token column of Arrow/Parquet shards.
+        file_type: Shard format name (see ``fmsdata.handlers``), or ``"auto"`` (by ending).
+        col_name: Token column of Arrow/Parquet/MDS shards.
+        text_field: Text column or JSON field of text shards, tokenized while loading.
+        tokenizer: ``tokenizer.json`` (Hugging Face ``tokenizers``) for text shards.
+        token_dtype: Token type of formats that do not record it (flat token files,
+            MDS ``bytes`` columns), e.g. ``"uint16"``, ``"uint32"``.
+        doc_separator: Token that ends documents in flat token files (default: eos_token).
+        strict: Make malformed text records (bad JSON, missing field) an error instead of
+            skipping and counting them.
+        cache_dir: Where derived data goes (token caches of text shards, document
+            indexes of flat token files, downloads); default ``~/.cache/fmsdata``.
         seq_length: Tokens per training sequence; packed lines hold ``seq_length + 1``.
         batch_size: Sequences per batch on this rank.
         bos_token, eos_token: Added at the start / end of every document when set.
@@ -116,6 +126,12 @@ class LoaderConfig:
     skip_steps: tuple[tuple[int, int], ...] = ()
     file_type: str = "arrow"
     col_name: str = "tokens"
+    text_field: str = "text"
+    tokenizer: str | None = None
+    token_dtype: str | None = None
+    doc_separator: int | None = None
+    strict: bool = False
+    cache_dir: str | None = None
     seq_length: int = 4096
     batch_size: int = 8
     bos_token: int | None = None
@@ -231,7 +247,27 @@ class LoaderConfig:
             )
         if not isinstance(self.file_type, str) or not self.file_type:
             raise ConfigError(f"file_type must be a format name, got {self.file_type!r}")
-        for name in ("pin_memory", "return_position_ids", "return_cu_seqlens", "allow_mix_change"):
+        if self.token_dtype is not None:
+            try:
+                dtype = np.dtype(self.token_dtype)
+            except TypeError:
+                raise ConfigError(
+                    f"token_dtype must be a numpy integer type, got {self.token_dtype!r}"
+                ) from None
+            if dtype.kind not in "iu":
+                raise ConfigError(f"token_dtype must be an integer type, got {self.token_dtype!r}")
+            set_(self, "token_dtype", dtype.name)
+        set_(self, "doc_separator", _optional_token("doc_separator", self.doc_separator))
+        for name in ("tokenizer", "cache_dir"):
+            if getattr(self, name) is not None:
+                set_(self, name, os.fspath(getattr(self, name)))
+        for name in (
+            "pin_memory",
+            "return_position_ids",
+            "return_cu_seqlens",
+            "allow_mix_change",
+            "strict",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 

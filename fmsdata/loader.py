@@ -15,7 +15,7 @@ from fmsdata.checkpoint import AutoCheckpointer, latest_checkpoint, load_loader_
 from fmsdata.config import LoaderConfig, as_config
 from fmsdata.dataset import Preprocess, RankLineDataset
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.handlers import make_handler
+from fmsdata.handlers import handler_from_config
 from fmsdata.pipeline import open_shard
 from fmsdata.state import (
     MIX_FIELDS,
@@ -344,7 +344,7 @@ def build_dataloader(
     """
     config = as_config(config)
     topology = Topology.resolve(rank, world_size)
-    handler = make_handler(config.file_type, col_name=config.col_name)
+    handler = handler_from_config(config)
     dataset = RankLineDataset(config, topology, handler, preprocess)
     catalog = dataset.catalog()
     dataset.data_fingerprint = catalog.fingerprint()

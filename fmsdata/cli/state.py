@@ -55,12 +55,14 @@ def read_states(path: str) -> tuple[str, list[dict[str, Any]]]:
 
 def _read_dcp(path: str) -> list[dict[str, Any]]:
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     metadata = dcp.FileSystemReader(path).read_metadata()
     entries = {
         key: torch.empty(meta.size, dtype=torch.uint8)
         for key, meta in metadata.state_dict_metadata.items()
-        if key.rsplit(".", 1)[-1] == META_KEY or key.rsplit(".", 1)[-1].startswith(SHARD_PREFIX)
+        if isinstance(meta, TensorStorageMetadata)
+        and (key.rsplit(".", 1)[-1] == META_KEY or key.rsplit(".", 1)[-1].startswith(SHARD_PREFIX))
     }
     if not entries:
         raise StateMismatchError(f"{path}: the checkpoint holds no fmsdata loader state")
@@ -74,7 +76,7 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     first = states[0]
     names = list(first["fingerprint"]["datasets"])
     shards = []
-    totals = {
+    totals: dict[str, dict[str, float]] = {
         name: {"docs": 0, "tokens": 0, "skipped": 0, "passes": 0.0, "size": 0} for name in names
     }
     for state in states:
@@ -89,7 +91,7 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 stream = mixer["sources"][name] if mixer and name in mixer["sources"] else None
                 tokens = int(mixer["tokens"].get(name, 0)) if mixer else 0
                 size = int(stream["size"]) if stream else -1
-                info = {
+                info: dict[str, Any] = {
                     "epoch": int(stream["epoch"]) if stream else 0,
                     "pos": int(stream["pos"]) if stream else 0,
                     "size": size,

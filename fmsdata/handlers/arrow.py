@@ -151,21 +151,6 @@ class ArrowDocHandler(FileHandler):
         reader.locate(indices)
         return reader.lengths[indices]
 
-    def doc_edges(
-        self, reader: _DocBatchReader, indices: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        reader.locate(indices)
-        if reader._copies:
-            return super().doc_edges(reader, indices)
-        lengths = reader.lengths[indices]
-        starts = reader.starts[indices]
-        nonempty = lengths > 0
-        first = np.full(len(indices), -1, dtype=np.int64)
-        last = np.full(len(indices), -1, dtype=np.int64)
-        first[nonempty] = reader.flat[starts[nonempty]]
-        last[nonempty] = reader.flat[starts[nonempty] + lengths[nonempty] - 1]
-        return first, last
-
     def token_buffer(
         self, reader: _DocBatchReader
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

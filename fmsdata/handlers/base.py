@@ -28,9 +28,24 @@ class FileHandler(ABC):
     name: ClassVar[str] = ""
     extensions: ClassVar[tuple[str, ...]] = ()
 
-    def is_legal(self, path: str) -> bool:
+    @classmethod
+    def is_legal(cls, path: str) -> bool:
         """Whether ``path`` is a shard of this format (by its ending)."""
-        return path.endswith(self.extensions)
+        return path.endswith(cls.extensions)
+
+    @classmethod
+    def select(cls, paths: list[str]) -> list[str]:
+        """The shards among a dataset folder's files (default: those ``is_legal`` accepts).
+
+        Formats whose shards span several files name one of them here (see
+        ``companions``).
+        """
+        return [path for path in paths if cls.is_legal(path)]
+
+    @classmethod
+    def companions(cls, path: str) -> list[str]:
+        """Other files a shard needs beside ``path`` (fetched with it from remote roots)."""
+        return []
 
     @abstractmethod
     def open(self, path: str) -> Any:
@@ -70,6 +85,14 @@ class FileHandler(ABC):
         """First and last token of each given document (-1 for an empty document)."""
         first = np.full(len(indices), -1, dtype=np.int64)
         last = np.full(len(indices), -1, dtype=np.int64)
+        lengths = np.asarray(self.doc_lengths(reader, indices), dtype=np.int64)
+        buffer = self.token_buffer(reader)
+        if buffer is not None:
+            flat, starts = buffer[0], buffer[1][indices]
+            nonempty = lengths > 0
+            first[nonempty] = flat[starts[nonempty]]
+            last[nonempty] = flat[starts[nonempty] + lengths[nonempty] - 1]
+            return first, last
         for k, i in enumerate(indices):
             doc = self.get(reader, int(i))
             if len(doc):

@@ -1,0 +1,170 @@
+"""Flat token streams: headerless arrays of token ids (OLMo / Dolma ``.npy``, ``.bin``,
+datatrove ``.ds``), documents ending with a separator token (the EOS).
+
+The type comes from ``token_dtype`` or a ``<file>.json`` sidecar (``{"dtype": "uint16"}``).
+Document ends are found by scanning for the separator once per file; the result is cached
+under ``<cache_dir>/flat/``. Writers that pre-allocate files can leave a zero-filled tail
+after the last document: it is detected and never served as tokens (a warning says how
+long it is). Files carrying a real ``.npy`` header are read past it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from fmsdata.errors import ConfigError, ShardFormatError
+from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.derived import default_cache_dir, derived_path
+from fmsdata.handlers.mapping import MappedFile
+
+__all__ = ["FlatTokensHandler"]
+
+logger = logging.getLogger(__name__)
+
+_SCAN = 1 << 24  # tokens compared per step while looking for separators
+
+
+class _FlatReader:
+    def __init__(self, path: str, dtype: np.dtype, separator: int, cache_dir: str):
+        self.path = path
+        self.mapped = MappedFile(path)
+        offset = _npy_header_length(self.mapped.bytes, path)
+        if (len(self.mapped.bytes) - offset) % dtype.itemsize:
+            raise ShardFormatError(
+                f"{path}: {len(self.mapped.bytes) - offset} bytes is not a whole number of "
+                f"{dtype.name} tokens (is token_dtype right?)"
+            )
+        self.flat = self.mapped.view(dtype, offset=offset)
+        ends, tail = _document_ends(self.flat, separator, path, cache_dir)
+        if tail:
+            logger.warning(
+                "%s: ignoring a zero-filled tail of %d tokens after the last document", path, tail
+            )
+        self.starts = (
+            np.concatenate([[0], ends[:-1]]).astype(np.int64)
+            if len(ends)
+            else np.zeros(0, np.int64)
+        )
+        self.lengths = ends - self.starts
+        self.n = len(ends)
+
+
+def _npy_header_length(raw: np.ndarray, path: str) -> int:
+    if len(raw) < 10 or bytes(raw[:6]) != b"\x93NUMPY":
+        return 0
+    major = raw[6]
+    size = int(raw[8:10].view("<u2")[0]) if major == 1 else int(raw[8:12].view("<u4")[0])
+    start = (10 if major == 1 else 12) + size
+    if start > len(raw):
+        raise ShardFormatError(f"{path}: truncated .npy header")
+    return start
+
+
+def _document_ends(
+    flat: np.ndarray, separator: int, path: str, cache_dir: str
+) -> tuple[np.ndarray, int]:
+    """Token offset after each document, and the length of a zero-filled tail (dropped)."""
+    cache = derived_path(cache_dir, "flat", path, flat.dtype.name, separator)
+    if os.path.exists(cache + ".json"):
+        with open(cache + ".json") as handle:
+            tail = int(json.load(handle)["zero_tail"])
+        return np.load(cache + ".npy", allow_pickle=False), tail
+    found = [
+        np.flatnonzero(flat[at : at + _SCAN] == separator) + at for at in range(0, len(flat), _SCAN)
+    ]
+    ends = (np.concatenate(found) + 1) if found else np.zeros(0, np.int64)
+    last = int(ends[-1]) if len(ends) else 0
+    rest = flat[last:]
+    tail = 0
+    if len(rest):
+        if separator != 0 and not rest.any():
+            tail = len(rest)  # pre-allocated and never written: not a document
+        else:
+            ends = np.append(ends, len(flat))  # a last document without its separator
+    ends = ends.astype(np.int64)
+    try:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        partial = f"{cache}.tmp{os.getpid()}"
+        with open(partial + ".npy", "wb") as out:
+            np.save(out, ends, allow_pickle=False)
+        with open(partial + ".json", "w") as out:
+            json.dump({"zero_tail": tail, "source": os.path.abspath(path)}, out)
+        os.replace(partial + ".npy", cache + ".npy")
+        os.replace(partial + ".json", cache + ".json")
+    except OSError as err:  # a read-only cache only costs a rescan next time
+        logger.info("could not cache the document index of %s: %s", path, err)
+    return ends, tail
+
+
+class FlatTokensHandler(FileHandler):
+    """Headerless token files split on a separator token.
+
+    Args:
+        token_dtype: Token type (else read from a ``<file>.json`` sidecar).
+        separator: Token that ends each document (the EOS).
+        cache_dir: Where document indexes are cached.
+    """
+
+    name = "npy"
+    extensions = (".npy", ".bin", ".ds")
+
+    def __init__(
+        self,
+        token_dtype: str | None = None,
+        separator: int | None = None,
+        cache_dir: str | None = None,
+    ):
+        if separator is None:
+            raise ConfigError(
+                "flat token files need doc_separator (or eos_token): the token ending documents"
+            )
+        self.token_dtype = token_dtype
+        self.separator = separator
+        self.cache_dir = cache_dir or default_cache_dir()
+
+    def _dtype(self, path: str) -> np.dtype:
+        if self.token_dtype is not None:
+            return np.dtype(self.token_dtype)
+        sidecar = path + ".json"
+        if os.path.exists(sidecar):
+            try:
+                with open(sidecar) as handle:
+                    return np.dtype(json.load(handle)["dtype"])
+            except (ValueError, KeyError, TypeError) as err:
+                raise ShardFormatError(f"{sidecar}: no readable 'dtype' ({err})") from None
+        raise ConfigError(f"{path}: set token_dtype (or write {sidecar} with a 'dtype')")
+
+    def open(self, path: str) -> _FlatReader:
+        return _FlatReader(path, self._dtype(path), self.separator, self.cache_dir)
+
+    def num_docs(self, reader: _FlatReader) -> int:
+        return reader.n
+
+    def get(self, reader: _FlatReader, index: int) -> np.ndarray:
+        if not 0 <= index < reader.n:
+            raise ShardFormatError(
+                f"{reader.path}: document {index} requested, the file holds {reader.n}"
+            )
+        start = int(reader.starts[index])
+        return reader.flat[start : start + int(reader.lengths[index])]
+
+    def doc_lengths(self, reader: _FlatReader, indices: np.ndarray) -> np.ndarray:
+        return reader.lengths[indices]
+
+    def token_buffer(self, reader: _FlatReader) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return reader.flat, reader.starts, reader.lengths
+
+    def release(self, reader: _FlatReader) -> None:
+        reader.mapped.release()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "file_type": self.name,
+            "token_dtype": self.token_dtype,
+            "separator": self.separator,
+        }

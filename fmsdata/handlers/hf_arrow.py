@@ -1,0 +1,141 @@
+"""Arrow files with many documents per record batch (Hugging Face ``datasets`` cache).
+
+IPC *stream* or *file* format; each row is a document, its tokens a ``list`` or
+``large_list`` of integers. All batches are read once (metadata only, the file is memory
+mapped), and each document's tokens are located in the flat values buffers, so documents
+are zero-copy views and lines are copied straight from the mapped file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from fmsdata.errors import ShardFormatError
+from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.mapping import MappedFile
+
+__all__ = ["HFArrowHandler"]
+
+
+class _RowsReader:
+    def __init__(self, path: str, col_name: str):
+        self.path = path
+        self.mapped = MappedFile(path)
+        source = pa.py_buffer(self.mapped.bytes)
+        try:
+            if bytes(self.mapped.bytes[:6]) == b"ARROW1":
+                ipc: Any = pa.ipc.open_file(source)
+                batches = [ipc.get_batch(i) for i in range(ipc.num_record_batches)]
+            else:
+                ipc = pa.ipc.open_stream(source)
+                batches = list(ipc)
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+            raise ShardFormatError(
+                f"{path}: not a readable Arrow IPC file or stream ({err})"
+            ) from None
+        schema = ipc.schema
+        if col_name not in schema.names:
+            raise ShardFormatError(
+                f"{path}: no token column {col_name!r}; columns are {schema.names} "
+                "(set col_name to the column holding token ids)"
+            )
+        column_type = schema.field(col_name).type
+        if not (pa.types.is_list(column_type) or pa.types.is_large_list(column_type)) or not (
+            pa.types.is_integer(column_type.value_type)
+        ):
+            raise ShardFormatError(
+                f"{path}: column {col_name!r} has type {column_type}, expected a list of integer "
+                "token ids (one document per record batch is file_type='arrow')"
+            )
+        self.dtype = np.dtype(column_type.value_type.to_pandas_dtype())
+        itemsize = self.dtype.itemsize
+        base = self.mapped.bytes.ctypes.data
+        end = base + len(self.mapped.bytes)
+        starts, lengths, self._copies = [], [], []
+        views = True
+        for batch in batches:
+            column = batch.column(col_name)
+            if column.null_count:
+                raise ShardFormatError(
+                    f"{path}: column {col_name!r} holds {column.null_count} null document(s)"
+                )
+            offsets = column.offsets.to_numpy().astype(np.int64)
+            values = column.values
+            if values.null_count:
+                raise ShardFormatError(f"{path}: column {col_name!r} holds null token ids")
+            buffer = values.buffers()[1]
+            address = base if buffer is None else buffer.address + values.offset * itemsize
+            inside = base <= address <= end and (address - base) % itemsize == 0
+            views = views and inside
+            first = (address - base) // itemsize if inside else 0
+            starts.append(first + offsets[:-1])
+            lengths.append(np.diff(offsets))
+            self._copies.append((offsets, values))
+        self.starts = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+        self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        self.n = len(self.lengths)
+        self.flat = self.mapped.view(self.dtype) if views else None
+        # Compressed or foreign buffers: keep per-batch values and where each batch starts.
+        self._batch_of = np.repeat(np.arange(len(batches)), [len(b) for b in batches])
+        self._row_in_batch = (
+            np.concatenate([np.arange(len(b)) for b in batches])
+            if batches
+            else np.zeros(0, np.int64)
+        )
+
+    def doc(self, i: int) -> np.ndarray:
+        if not 0 <= i < self.n:
+            raise ShardFormatError(f"{self.path}: document {i} requested, the file holds {self.n}")
+        if self.flat is not None:
+            start = int(self.starts[i])
+            return self.flat[start : start + int(self.lengths[i])]
+        offsets, values = self._copies[int(self._batch_of[i])]
+        row = int(self._row_in_batch[i])
+        return values.slice(offsets[row], offsets[row + 1] - offsets[row]).to_numpy(
+            zero_copy_only=False
+        )
+
+    def close(self) -> None:
+        self.flat = None
+        self._copies = []
+        self.mapped.close()
+
+
+class HFArrowHandler(FileHandler):
+    """Arrow IPC stream or file, many rows per batch, a ``list<int>`` token column.
+
+    Args:
+        col_name: The token column (``input_ids`` in most ``datasets`` caches).
+    """
+
+    name = "hf_arrow"
+    extensions = (".arrow",)
+
+    def __init__(self, col_name: str = "input_ids"):
+        self.col_name = col_name
+
+    def open(self, path: str) -> _RowsReader:
+        return _RowsReader(path, self.col_name)
+
+    def num_docs(self, reader: _RowsReader) -> int:
+        return reader.n
+
+    def get(self, reader: _RowsReader, index: int) -> np.ndarray:
+        return reader.doc(index)
+
+    def doc_lengths(self, reader: _RowsReader, indices: np.ndarray) -> np.ndarray:
+        return reader.lengths[indices]
+
+    def token_buffer(self, reader: _RowsReader) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        if reader.flat is None:
+            return None
+        return reader.flat, reader.starts, reader.lengths
+
+    def release(self, reader: _RowsReader) -> None:
+        reader.mapped.release()
+
+    def describe(self) -> dict[str, Any]:
+        return {"file_type": self.name, "col_name": self.col_name}

@@ -1,0 +1,170 @@
+"""Megatron indexed datasets: ``PREFIX.idx`` (index) + ``PREFIX.bin`` (tokens).
+
+The index is parsed with numpy (layout in ``FORMATS.md``) and checked against the token
+file; a document is the run of its sequences, contiguous in the memory-mapped ``.bin``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from fmsdata.errors import ConfigError, ShardFormatError
+from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.mapping import MappedFile
+
+__all__ = ["MegatronHandler", "MEGATRON_DTYPES", "write_megatron"]
+
+MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_DTYPES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
+
+
+class _IndexedReader:
+    def __init__(self, idx_path: str):
+        self.path = idx_path
+        bin_path = idx_path[: -len(".idx")] + ".bin"
+        try:
+            with open(idx_path, "rb") as handle:
+                head = handle.read(34)
+                if len(head) < 34 or head[:9] != MAGIC:
+                    raise ShardFormatError(
+                        f"{idx_path}: not a Megatron index (bad magic {head[:9]!r})"
+                    )
+                version = int(np.frombuffer(head, np.uint64, 1, 9)[0])
+                if version != 1:
+                    raise ShardFormatError(f"{idx_path}: index version {version}, expected 1")
+                code = head[17]
+                if code not in MEGATRON_DTYPES or code in (6, 7):
+                    raise ShardFormatError(
+                        f"{idx_path}: dtype code {code} is not an integer token type"
+                    )
+                sequences = int(np.frombuffer(head, np.uint64, 1, 18)[0])
+                doc_count = int(np.frombuffer(head, np.uint64, 1, 26)[0])
+                body = handle.read()
+        except OSError as err:
+            raise ShardFormatError(f"{idx_path}: unreadable ({err})") from None
+        need = 12 * sequences + 8 * doc_count
+        if len(body) < need:
+            raise ShardFormatError(
+                f"{idx_path}: truncated index ({len(body)} bytes after the header, {need} expected)"
+            )
+        lengths = np.frombuffer(body, np.int32, sequences, 0).astype(np.int64)
+        pointers = np.frombuffer(body, np.int64, sequences, 4 * sequences)
+        doc_index = np.frombuffer(body, np.int64, doc_count, 12 * sequences)
+        self.dtype = np.dtype(MEGATRON_DTYPES[code])
+        itemsize = self.dtype.itemsize
+        if not os.path.exists(bin_path):
+            raise ShardFormatError(f"{idx_path}: its token file {bin_path} is missing")
+        bin_size = os.path.getsize(bin_path)
+        if (
+            doc_count < 1
+            or doc_index[0] != 0
+            or doc_index[-1] != sequences
+            or np.any(np.diff(doc_index) < 0)
+        ):
+            raise ShardFormatError(
+                f"{idx_path}: document index does not cover the {sequences} sequences"
+            )
+        if sequences and (lengths.min() < 0 or pointers.min() < 0 or np.any(pointers % itemsize)):
+            raise ShardFormatError(f"{idx_path}: negative or misaligned sequence length or pointer")
+        # Element offset of each sequence (and of the end): sequences lie back to back.
+        offsets = np.zeros(sequences + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if not np.array_equal(pointers, offsets[:-1] * itemsize):
+            raise ShardFormatError(
+                f"{idx_path}: sequence pointers are not back to back in {bin_path}"
+            )
+        end = int(offsets[-1]) * itemsize
+        if end > bin_size:
+            raise ShardFormatError(
+                f"{idx_path}: index points past the end of {bin_path} ({end} > {bin_size} bytes)"
+            )
+        self.starts = offsets[doc_index[:-1]]
+        self.lengths = offsets[doc_index[1:]] - self.starts
+        self.n = doc_count - 1
+        self.mapped = MappedFile(bin_path) if bin_size else None
+        self.flat = self.mapped.view(self.dtype) if self.mapped else np.zeros(0, self.dtype)
+
+
+class MegatronHandler(FileHandler):
+    """Megatron ``.bin`` / ``.idx`` pairs; a shard is named by its ``.idx`` file."""
+
+    name = "megatron"
+    extensions = (".idx",)
+
+    @classmethod
+    def select(cls, paths: list[str]) -> list[str]:
+        present = set(paths)
+        return [p for p in paths if p.endswith(".idx") and p[: -len(".idx")] + ".bin" in present]
+
+    @classmethod
+    def companions(cls, path: str) -> list[str]:
+        return [path[: -len(".idx")] + ".bin"]
+
+    def open(self, path: str) -> _IndexedReader:
+        return _IndexedReader(path)
+
+    def num_docs(self, reader: _IndexedReader) -> int:
+        return reader.n
+
+    def get(self, reader: _IndexedReader, index: int) -> np.ndarray:
+        if not 0 <= index < reader.n:
+            raise ShardFormatError(
+                f"{reader.path}: document {index} requested, the index holds {reader.n}"
+            )
+        start = int(reader.starts[index])
+        return reader.flat[start : start + int(reader.lengths[index])]
+
+    def doc_lengths(self, reader: _IndexedReader, indices: np.ndarray) -> np.ndarray:
+        return reader.lengths[indices]
+
+    def token_buffer(self, reader: _IndexedReader) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return reader.flat, reader.starts, reader.lengths
+
+    def release(self, reader: _IndexedReader) -> None:
+        if reader.mapped is not None:
+            reader.mapped.release()
+
+    def describe(self) -> dict[str, Any]:
+        return {"file_type": self.name}
+
+
+def write_megatron(prefix: str, docs: Any, dtype: Any = np.uint16) -> None:
+    """Write documents as ``prefix.bin`` + ``prefix.idx``, one sequence per document (the
+    layout of Megatron's GPT preprocessing); each file goes to a temporary name first."""
+    dtype = np.dtype(dtype)
+    codes = {np.dtype(v): k for k, v in MEGATRON_DTYPES.items()}
+    if dtype not in codes:
+        raise ConfigError(f"Megatron files cannot hold {dtype.name} tokens")
+    lengths = []
+    with open(prefix + ".bin.tmp", "wb") as out:
+        for doc in docs:
+            array = np.asarray(doc, dtype=dtype)
+            out.write(array.tobytes())
+            lengths.append(len(array))
+    sizes = np.asarray(lengths, dtype=np.int32)
+    pointers = np.zeros(len(sizes), dtype=np.int64)
+    np.cumsum(sizes[:-1].astype(np.int64) * dtype.itemsize, out=pointers[1:])
+    doc_index = np.arange(len(sizes) + 1, dtype=np.int64)
+    with open(prefix + ".idx.tmp", "wb") as out:
+        out.write(MAGIC)
+        out.write(np.uint64(1).tobytes())
+        out.write(bytes([codes[dtype]]))
+        out.write(np.uint64(len(sizes)).tobytes())
+        out.write(np.uint64(len(doc_index)).tobytes())
+        out.write(sizes.tobytes())
+        out.write(pointers.tobytes())
+        out.write(doc_index.tobytes())
+    os.replace(prefix + ".bin.tmp", prefix + ".bin")
+    os.replace(prefix + ".idx.tmp", prefix + ".idx")

@@ -1,0 +1,154 @@
+"""Parquet shards: a pre-tokenized ``list<int>`` column, or a text column tokenized while
+loading (``encode_batch`` per row group).
+
+Documents are rows. Parquet pages are compressed and cannot be read at a row, and the
+pipeline visits a file's documents in shuffled order, so a file's column is decoded (or
+tokenized) once, row group by row group, into the token cache and memory mapped from
+there: every later read is a view, in any worker or run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fmsdata.errors import ConfigError, ShardFormatError
+from fmsdata.handlers.derived import default_cache_dir
+from fmsdata.handlers.text import (
+    CachedTokens,
+    CachedTokensHandler,
+    TextTokenizer,
+    TokenCache,
+    TokenChunk,
+    encode_texts,
+)
+
+__all__ = ["ParquetHandler"]
+
+logger = logging.getLogger(__name__)
+
+TEXT_COLUMNS = ("text", "contents", "raw_content")
+
+
+def _column_by_row_group(path: str, column: str) -> Iterator[tuple[int, Any]]:
+    """``(row group, its column as one Arrow array)`` for each row group in order."""
+    try:
+        file = pq.ParquetFile(path, memory_map=True)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ShardFormatError(f"{path}: not a readable Parquet file ({err})") from None
+    for g in range(file.num_row_groups):
+        try:
+            yield g, file.read_row_group(g, columns=[column]).column(0).combine_chunks()
+        except (pa.ArrowInvalid, OSError) as err:
+            raise ShardFormatError(f"{path}: row group {g} is unreadable ({err})") from None
+
+
+def token_chunks(path: str, column: str) -> Iterator[TokenChunk]:
+    """The documents of a ``list<int>`` column, one chunk per row group."""
+    for g, data in _column_by_row_group(path, column):
+        if data.null_count or data.values.null_count:
+            raise ShardFormatError(f"{path}: row group {g} holds null documents or token ids")
+        offsets = data.offsets.to_numpy().astype(np.int64)
+        values = data.values.to_numpy(zero_copy_only=False)
+        yield TokenChunk(values[offsets[0] : offsets[-1]], np.diff(offsets))
+
+
+def text_chunks(
+    path: str, column: str, tokenizer: TextTokenizer, strict: bool
+) -> Iterator[TokenChunk]:
+    """The documents of a text column, tokenized with one ``encode_batch`` per row group.
+    A row without text is skipped and counted, or an error under ``strict``."""
+    row = 0
+    for _, data in _column_by_row_group(path, column):
+        texts = data.to_pylist()
+        if strict:
+            for k, text in enumerate(texts):
+                if not isinstance(text, str):
+                    raise ShardFormatError(f"{path}: row {row + k} has no text in {column!r}")
+        row += len(texts)
+        yield encode_texts(tokenizer, texts)
+
+
+class ParquetHandler(CachedTokensHandler):
+    """Parquet, one document per row.
+
+    Args:
+        col_name: Pre-tokenized ``list<int>`` column; used when the file has it.
+        text_field: Text column, tokenized with ``tokenizer`` when there is no token
+            column (``text``, ``contents`` and ``raw_content`` are tried too).
+        tokenizer: Path of a ``tokenizer.json``, for text columns.
+        strict: A row without text is an error instead of a skipped (counted) record.
+        cache_dir: Root of the token cache.
+    """
+
+    name = "parquet"
+    extensions = (".parquet",)
+
+    def __init__(
+        self,
+        col_name: str = "tokens",
+        text_field: str = "text",
+        tokenizer: str | None = None,
+        strict: bool = False,
+        cache_dir: str | None = None,
+    ):
+        self.col_name = col_name
+        self.text_field = text_field
+        self.tokenizer = TextTokenizer(tokenizer) if tokenizer else None
+        self.strict = strict
+        self.cache_dir = cache_dir or default_cache_dir()
+
+    def open(self, path: str) -> CachedTokens:
+        try:
+            schema = pq.read_schema(path, memory_map=True)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise ShardFormatError(f"{path}: not a readable Parquet file ({err})") from None
+        if self.col_name in schema.names:
+            kind = schema.field(self.col_name).type
+            if not (
+                pa.types.is_list(kind) or pa.types.is_large_list(kind)
+            ) or not pa.types.is_integer(kind.value_type):
+                raise ShardFormatError(
+                    f"{path}: column {self.col_name!r} has type {kind}, not a list of token ids"
+                )
+            cache = TokenCache(self.cache_dir, "parquet", self.col_name)
+            dtype = kind.value_type.to_pandas_dtype()
+            return cache.load(path, lambda: token_chunks(path, self.col_name), dtype)
+        for name in (self.text_field, *TEXT_COLUMNS):
+            kind = schema.field(name).type if name in schema.names else None
+            if kind is not None and (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+                if self.tokenizer is None:
+                    raise ConfigError(
+                        f"{path}: has text column {name!r}: set tokenizer to tokenize it"
+                    )
+                return self._open_text(path, name, self.tokenizer)
+        raise ShardFormatError(
+            f"{path}: no token column {self.col_name!r} and no text column "
+            f"{[self.text_field, *TEXT_COLUMNS]}; columns are {schema.names}"
+        )
+
+    def _open_text(self, path: str, column: str, tokenizer: TextTokenizer) -> CachedTokens:
+        cache = TokenCache(self.cache_dir, "text", tokenizer.digest, column)
+        reader = cache.load(
+            path, lambda: text_chunks(path, column, tokenizer, self.strict), tokenizer.dtype
+        )
+        if reader.meta["skipped_records"]:
+            logger.warning(
+                "%s: skipped %d row(s) without text (set strict to fail on them)",
+                path,
+                reader.meta["skipped_records"],
+            )
+        return reader
+
+    def describe(self) -> dict[str, Any]:
+        text = (
+            {"tokenizer": self.tokenizer.digest, "text_field": self.text_field}
+            if self.tokenizer
+            else {}
+        )
+        return {"file_type": self.name, "col_name": self.col_name, **text}

@@ -1,0 +1,210 @@
+"""Shards read through a token cache: text tokenized while loading, columns decoded.
+
+A text file (or a compressed column) cannot be read at document ``i`` without parsing it,
+so such a shard is turned once, in full, into flat tokens and a document index under
+``<cache_dir>/<kind>/``, keyed by the file (path, size, mtime) and what the tokens depend on
+(tokenizer, field). Later opens, in any worker or run, map the cache; a cache is only ever
+seen complete (written to temporary names, its metadata renamed into place last).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fmsdata.errors import ConfigError, ShardFormatError
+from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.derived import derived_path
+from fmsdata.handlers.mapping import MappedFile
+
+__all__ = [
+    "TextTokenizer",
+    "TokenChunk",
+    "TokenCache",
+    "CachedTokens",
+    "CachedTokensHandler",
+    "encode_texts",
+]
+
+
+class TextTokenizer:
+    """A ``tokenizers`` tokenizer by file path, loaded lazily in each process.
+
+    Args:
+        path: A ``tokenizer.json``.
+    """
+
+    def __init__(self, path: str):
+        if not os.path.isfile(path):
+            raise ConfigError(f"tokenizer {path!r} is not a file (a tokenizers tokenizer.json)")
+        self.path = path
+        with open(path, "rb") as handle:
+            self.digest = hashlib.blake2b(handle.read(), digest_size=12).hexdigest()
+        self._tokenizer: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_tokenizer": None}
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            self._tokenizer = Tokenizer.from_file(self.path)
+        return self._tokenizer
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The narrowest unsigned type that holds every token id."""
+        return np.dtype(np.uint16 if self.tokenizer.get_vocab_size() <= 1 << 16 else np.uint32)
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, without special tokens (the loader adds BOS/EOS)."""
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+class TokenChunk(NamedTuple):
+    """Consecutive documents of a shard: their tokens back to back and their lengths."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    skipped: int = 0  # malformed records dropped before these documents
+
+
+def encode_texts(tokenizer: TextTokenizer, texts: list[str | None]) -> TokenChunk:
+    """One ``encode_batch`` over ``texts``; None entries are skipped and counted."""
+    kept = [t for t in texts if t is not None]
+    ids = tokenizer.encode(kept) if kept else []
+    lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
+    dtype = tokenizer.dtype
+    tokens = (
+        np.concatenate([np.asarray(i, dtype=dtype) for i in ids]) if ids else np.zeros(0, dtype)
+    )
+    return TokenChunk(tokens, lengths, len(texts) - len(kept))
+
+
+class TokenCache:
+    """Shards turned into flat tokens + document offsets once, then memory mapped.
+
+    For formats that cannot be read at document ``i`` in place: text (tokenized) and
+    compressed columns (decoded). The cache key is the source file (path, size, mtime) and
+    ``key`` (tokenizer digest, field, ...).
+
+    Args:
+        cache_dir: Root of fmsdata's derived files.
+        kind: Sub-folder (``text``, ``parquet``, ...).
+        key: What else the derived tokens depend on.
+    """
+
+    def __init__(self, cache_dir: str, kind: str, *key: object):
+        self.cache_dir = cache_dir
+        self.kind = kind
+        self.key = key
+
+    def load(
+        self, path: str, chunks: Callable[[], Iterator[TokenChunk]], dtype: np.dtype
+    ) -> CachedTokens:
+        """The cached tokens of ``path``, deriving them from ``chunks()`` on a miss.
+
+        Args:
+            path: The source shard.
+            chunks: Yields the shard's documents in order, in chunks; raises
+                ShardFormatError for a record it must not skip.
+            dtype: Token type stored.
+        """
+        stem = derived_path(self.cache_dir, self.kind, path, *self.key)
+        if not os.path.exists(stem + ".json"):
+            os.makedirs(os.path.dirname(stem), exist_ok=True)
+            self._build(stem, chunks, np.dtype(dtype))
+        with open(stem + ".json") as handle:
+            meta = json.load(handle)
+        offsets = np.load(stem + ".offsets.npy", allow_pickle=False)
+        return CachedTokens(path, stem + ".tokens", offsets, np.dtype(meta["dtype"]), meta)
+
+    @staticmethod
+    def _build(stem: str, chunks: Callable[[], Iterator[TokenChunk]], dtype: np.dtype) -> None:
+        suffix = f".tmp{os.getpid()}"
+        lengths: list[np.ndarray] = []
+        skipped = 0
+        with open(stem + ".tokens" + suffix, "wb") as out:
+            for chunk in chunks():
+                out.write(np.ascontiguousarray(chunk.tokens, dtype=dtype).tobytes())
+                lengths.append(np.asarray(chunk.lengths, dtype=np.int64))
+                skipped += chunk.skipped
+        every = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        offsets = np.zeros(len(every) + 1, dtype=np.int64)
+        np.cumsum(every, out=offsets[1:])
+        with open(stem + ".offsets.npy" + suffix, "wb") as out:
+            np.save(out, offsets, allow_pickle=False)
+        meta = {
+            "dtype": dtype.name,
+            "documents": len(every),
+            "tokens": int(offsets[-1]),
+            "skipped_records": skipped,
+        }
+        with open(stem + ".json" + suffix, "w") as out:
+            json.dump(meta, out)
+        os.replace(stem + ".tokens" + suffix, stem + ".tokens")
+        os.replace(stem + ".offsets.npy" + suffix, stem + ".offsets.npy")
+        os.replace(stem + ".json" + suffix, stem + ".json")  # last: the cache is complete
+
+
+class CachedTokens:
+    """An open cache entry: the mapped tokens and where each document starts."""
+
+    def __init__(
+        self, path: str, tokens_path: str, offsets: np.ndarray, dtype: np.dtype, meta: dict
+    ):
+        self.path = path
+        self.meta = meta
+        self.starts = offsets[:-1]
+        self.lengths = np.diff(offsets)
+        self.mapped = MappedFile(tokens_path) if offsets[-1] else None
+        self.tokens = (
+            self.mapped.view(dtype, count=int(offsets[-1]))
+            if self.mapped is not None
+            else np.zeros(0, dtype=dtype)
+        )
+        if len(self.tokens) != int(offsets[-1]):
+            raise ShardFormatError(f"{path}: its token cache {tokens_path} is truncated")
+
+    def release(self) -> None:
+        if self.mapped is not None:
+            self.mapped.release()
+
+    def close(self) -> None:
+        if self.mapped is not None:
+            self.mapped.close()
+
+
+class CachedTokensHandler(FileHandler):
+    """Random access over shards read through a ``TokenCache`` (``open`` returns
+    ``CachedTokens``): the rest of the handler contract, answered from the cache."""
+
+    def num_docs(self, reader: CachedTokens) -> int:
+        return len(reader.lengths)
+
+    def get(self, reader: CachedTokens, index: int) -> np.ndarray:
+        if not 0 <= index < len(reader.lengths):
+            raise ShardFormatError(
+                f"{reader.path}: document {index} requested, it holds {len(reader.lengths)}"
+            )
+        start = int(reader.starts[index])
+        return reader.tokens[start : start + int(reader.lengths[index])]
+
+    def doc_lengths(self, reader: CachedTokens, indices: np.ndarray) -> np.ndarray:
+        return reader.lengths[indices]
+
+    def token_buffer(self, reader: CachedTokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return reader.tokens, reader.starts, reader.lengths
+
+    def release(self, reader: CachedTokens) -> None:
+        reader.release()

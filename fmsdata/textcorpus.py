@@ -1,0 +1,97 @@
+"""Real English text available on every Python install: the standard library's docstrings.
+
+Used by the demo, the tests and the tokenizer fixture, so nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import warnings
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+__all__ = ["stdlib_docstrings", "train_bpe", "bundled_tokenizer_path", "SPECIAL_TOKENS"]
+
+# Modules whose import has side effects or is slow; everything else in the stdlib is read.
+_SKIP = {
+    "antigravity",
+    "this",
+    "idlelib",
+    "tkinter",
+    "turtle",
+    "turtledemo",
+    "lib2to3",
+    "test",
+    "ensurepip",
+}
+
+
+def stdlib_docstrings(min_chars: int = 200, limit: int | None = None) -> Iterator[str]:
+    """Docstrings of standard-library modules, classes and functions (deduplicated)."""
+    names = sorted(set(sys.stdlib_module_names) - _SKIP)
+    seen: set[str] = set()
+    count = 0
+    for name in names:
+        if name.startswith("_"):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                module = importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - platform modules may be missing
+                continue
+        for text in _docstrings(module):
+            text = inspect.cleandoc(text)
+            if len(text) < min_chars or text in seen:
+                continue
+            seen.add(text)
+            yield text
+            count += 1
+            if limit is not None and count >= limit:
+                return
+
+
+def _docstrings(module: object) -> Iterator[str]:
+    doc = getattr(module, "__doc__", None)
+    if isinstance(doc, str):
+        yield doc
+    for _, member in sorted(vars(module).items()):
+        if getattr(member, "__module__", None) != getattr(module, "__name__", None):
+            continue
+        doc = getattr(member, "__doc__", None)
+        if isinstance(doc, str):
+            yield doc
+        if inspect.isclass(member):
+            for _, attr in sorted(vars(member).items()):
+                doc = getattr(attr, "__doc__", None)
+                if inspect.isfunction(attr) and isinstance(doc, str):
+                    yield doc
+
+
+SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")
+
+
+def train_bpe(texts: list[str], vocab_size: int = 4096) -> Any:
+    """A byte-level BPE tokenizer trained on ``texts`` (``tokenizers``); ids 0, 1, 2 are
+    ``<|bos|>``, ``<|eos|>``, ``<|pad|>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def bundled_tokenizer_path() -> str:
+    """The small BPE tokenizer shipped with fmsdata (trained on ``stdlib_docstrings``)."""
+    return str(resources.files("fmsdata") / "data" / "stdlib-bpe-4k.json")
