@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from fmsdata.cli.inspect_cmd import add_format_options, handler_from_args
 from fmsdata.cli.progress import Progress
-from fmsdata.handlers import handler_names, make_handler
 from fmsdata.indexing import index_root
 
 
@@ -21,16 +21,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("root", help="data root (local path or fsspec URL)")
     parser.add_argument("--datasets", help="comma-separated dataset folders (default: all)")
-    parser.add_argument(
-        "--file-type", default="arrow", help=f"shard format: {', '.join(handler_names())}"
-    )
-    parser.add_argument("--col-name", default="tokens", help="token column (Arrow/Parquet)")
+    add_format_options(parser)
     parser.add_argument("--workers", type=int, default=1, help="parallel processes")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    handler = make_handler(args.file_type, col_name=args.col_name)
+    handler = handler_from_args(args)
     datasets = [d for d in args.datasets.split(",") if d] if args.datasets else None
     with Progress(None, "files", label="counting ") as progress:
         target, rows = index_root(args.root, handler, datasets, args.workers, progress.update)

@@ -7,12 +7,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from fmsdata.cli import bench, demo, index, state
+from fmsdata.cli import bench, demo, index, inspect_cmd, state
 from fmsdata.errors import FmsDataError
 
 __all__ = ["main"]
 
-COMMANDS = (demo, index, bench, state)
+COMMANDS = (demo, index, inspect_cmd, bench, state)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,138 @@
+"""``fmsdata inspect PATH``: what a shard file or a data root holds, in any format."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+from fmsdata.catalog import discover
+from fmsdata.cli.progress import Progress
+from fmsdata.files import local_path_resolver
+from fmsdata.handlers import handler_names, make_handler
+from fmsdata.handlers.text import TextTokenizer
+
+
+def add_format_options(parser: argparse.ArgumentParser) -> None:
+    """The options that say how to read shards (shared by index and inspect)."""
+    parser.add_argument(
+        "--file-type", default="auto", help=f"shard format: {', '.join(handler_names())}"
+    )
+    parser.add_argument("--col-name", default="tokens", help="token column (Arrow, Parquet, MDS)")
+    parser.add_argument("--text-field", default="text", help="text field (JSONL, Parquet text)")
+    parser.add_argument("--tokenizer", help="tokenizer.json for text shards (and decoding samples)")
+    parser.add_argument("--token-dtype", help="token type of flat token files / MDS bytes columns")
+    parser.add_argument("--separator", type=int, help="end-of-document token of flat token files")
+
+
+def handler_from_args(args: argparse.Namespace):
+    return make_handler(
+        args.file_type,
+        col_name=args.col_name,
+        text_field=args.text_field,
+        tokenizer=args.tokenizer,
+        token_dtype=args.token_dtype,
+        separator=args.separator,
+    )
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "inspect",
+        help="documents, tokens, length distribution and a decoded sample of shards",
+        description="Read a shard file, or every shard of a dataset folder or data root.",
+    )
+    parser.add_argument("path", help="a shard file, a dataset folder or a data root")
+    add_format_options(parser)
+    parser.add_argument(
+        "--samples", type=int, default=1, help="documents to print (decoded with --tokenizer)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.set_defaults(run=run)
+
+
+def _files(path: str, handler) -> list[str]:
+    if os.path.isfile(path):
+        return [path]
+    folder_files = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
+    if handler.select(folder_files):
+        return handler.select(folder_files)
+    catalog = discover(path, None, handler)
+    local = local_path_resolver(catalog.root)
+    return [local(p) for ds in catalog.datasets for p in ds.paths]
+
+
+def _length_summary(lengths: np.ndarray) -> dict[str, float]:
+    if not len(lengths):
+        return {}
+    summary = {"min": float(lengths.min()), "mean": float(lengths.mean())}
+    for q in (10, 50, 90, 99):
+        summary[f"p{q}"] = float(np.percentile(lengths, q))
+    summary["max"] = float(lengths.max())
+    return summary
+
+
+def _length_histogram(lengths: np.ndarray) -> dict[str, int]:
+    """Document counts by power-of-two length bucket, ``[2^k, 2^(k+1))``."""
+    if not len(lengths):
+        return {}
+    buckets = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
+    buckets[lengths == 0] = -1
+    counts = np.bincount(buckets + 1)
+    return {
+        ("0" if k == 0 else f"{1 << (k - 1)}-{(1 << k) - 1}"): int(c)
+        for k, c in enumerate(counts)
+        if c
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    handler = handler_from_args(args)
+    files = _files(args.path, handler)
+    lengths, dtypes, sample = [], set(), None
+    with Progress(len(files), "files", label="reading ") as progress:
+        for path in files:
+            reader = handler.open(path)
+            n = handler.num_docs(reader)
+            lengths.append(np.asarray(handler.doc_lengths(reader, np.arange(n)), dtype=np.int64))
+            if n:
+                first = handler.get(reader, 0)
+                dtypes.add(str(first.dtype))
+                if sample is None:
+                    sample = [
+                        np.asarray(handler.get(reader, i)) for i in range(min(args.samples, n))
+                    ]
+            handler.close(reader)
+            progress.update()
+    everything = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    dtype_names = sorted(dtypes)
+    length = _length_summary(everything)
+    histogram = _length_histogram(everything)
+    if args.json:
+        figures = {
+            "files": len(files),
+            "documents": int(len(everything)),
+            "tokens": int(everything.sum()),
+            "dtype": dtype_names,
+            "length": length,
+            "length_histogram": histogram,
+        }
+        print(json.dumps(figures, indent=2))
+        return 0
+    print(
+        f"{len(files)} file(s), {len(everything):,} documents, "
+        f"{int(everything.sum()):,} tokens, dtype {', '.join(dtype_names) or '-'}"
+    )
+    print("document length: " + ", ".join(f"{k} {v:,.0f}" for k, v in length.items()))
+    widest = max(histogram.values(), default=0)
+    for bucket, count in histogram.items():
+        print(f"  {bucket:>17} {count:>10,} {'#' * round(40 * count / widest)}")
+    tokenizer = TextTokenizer(args.tokenizer) if args.tokenizer else None
+    for i, doc in enumerate(sample or []):
+        shown = (
+            tokenizer.decode(doc.tolist()) if tokenizer else " ".join(map(str, doc[:64].tolist()))
+        )
+        print(f"\ndocument {i} ({len(doc)} tokens):\n{shown[:1500]}")
+    return 0
