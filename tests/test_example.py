@@ -96,3 +96,16 @@ def test_resume_and_rescale_under_torchrun(tmp_path):
         assert hashes(tmp_path / f"resumed_{ranks}.jsonl") == {
             s: reference[s] for s in range(5, 11)
         }
+
+
+def test_custom_format_example_matches_arrow_and_resumes(tmp_path):
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "custom_format.py")
+    done = subprocess.run(
+        [sys.executable, example, "--dir", str(tmp_path), "--batches", "12"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "same batches as the Arrow original: True" in done.stdout
+    assert "resumed run continues exactly: True" in done.stdout
