@@ -1,5 +1,7 @@
 """Per-worker access to shard files: local paths, open readers, document counts.
 
+Remote files are pinned in the local cache while their reader is open.
+
 Created lazily inside each DataLoader worker (never pickled with the dataset). Readers are
 kept in one least-recently-used cache shared by every stream of the worker, so a stream's
 current file and the files its buffered lines point into stay open, and the number of
@@ -17,6 +19,7 @@ import numpy as np
 from fmsdata.catalog import Catalog, DatasetFiles
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.base import FileHandler
+from fmsdata.remote.cache import FileSource
 from fmsdata.stages.documents import Decoration
 
 __all__ = ["ReaderCache", "DatasetAccess", "make_accesses"]
@@ -27,32 +30,52 @@ class ReaderCache:
 
     def __init__(self, capacity: int):
         self.capacity = max(1, capacity)
-        self._open: collections.OrderedDict[Any, tuple[FileHandler, Any]] = (
-            collections.OrderedDict()
-        )
+        self._open: collections.OrderedDict[
+            Any, tuple[FileHandler, Any, Callable[[], None] | None]
+        ] = collections.OrderedDict()
 
-    def get(self, key: Any, handler: FileHandler, path_of: Callable[[Any], str]) -> Any:
-        """The reader for ``key``, opening ``path_of(key)`` with ``handler`` if needed."""
+    def get(
+        self,
+        key: Any,
+        handler: FileHandler,
+        path: Callable[[], str],
+        on_close: Callable[[], None] | None = None,
+    ) -> Any:
+        """The reader for ``key``, opening ``path()`` with ``handler`` if needed;
+        ``on_close`` runs when the reader is closed."""
         entry = self._open.get(key)
         if entry is not None:
             self._open.move_to_end(key)
             return entry[1]
-        reader = handler.open(path_of(key))
-        self._open[key] = (handler, reader)
+        try:
+            reader = handler.open(path())
+        except BaseException:
+            if on_close is not None:
+                on_close()
+            raise
+        self._open[key] = (handler, reader, on_close)
         while len(self._open) > self.capacity:
-            _, (old_handler, old_reader) = self._open.popitem(last=False)
-            old_handler.close(old_reader)
+            _, old = self._open.popitem(last=False)
+            self._close(*old)
         return reader
+
+    @staticmethod
+    def _close(handler: FileHandler, reader: Any, on_close: Callable[[], None] | None) -> None:
+        try:
+            handler.close(reader)
+        finally:
+            if on_close is not None:
+                on_close()
 
     def release(self) -> None:
         """Let every open reader give back what it can get again (mapped pages)."""
-        for handler, reader in self._open.values():
+        for handler, reader, _ in self._open.values():
             handler.release(reader)
 
     def close(self) -> None:
         while self._open:
-            _, (handler, reader) = self._open.popitem()
-            handler.close(reader)
+            _, entry = self._open.popitem()
+            self._close(*entry)
 
 
 class DatasetAccess:
@@ -62,7 +85,7 @@ class DatasetAccess:
         index: Position of the dataset in the config (the ``ds`` field of spans).
         files: The dataset's file list and known counts.
         handler: Format handler.
-        local_path: Maps a root-relative path to a local file path (downloading if remote).
+        source: Local paths of the root's files (pulled into the cache if remote).
         readers: The worker's shared reader cache.
     """
 
@@ -71,14 +94,14 @@ class DatasetAccess:
         index: int,
         files: DatasetFiles,
         handler: FileHandler,
-        local_path: Callable[[str], str],
+        source: FileSource,
         readers: ReaderCache,
     ):
         self.index = index
         self.files = files
         self.name = files.name
         self.handler = handler
-        self._local_path = local_path
+        self._source = source
         self._readers = readers
         self._counts = files.docs.copy()
 
@@ -90,10 +113,17 @@ class DatasetAccess:
         return self.files.paths[file]
 
     def reader(self, file: int) -> Any:
-        return self._readers.get((self.index, file), self.handler, self._path_of)
+        relative = self.files.paths[file]
+        return self._readers.get(
+            (self.index, file),
+            self.handler,
+            lambda: self._source.local(relative),
+            lambda: self._source.release(relative),
+        )
 
-    def _path_of(self, key: tuple[int, int]) -> str:
-        return self._local_path(self.files.paths[key[1]])
+    def prefetch(self, file: int) -> None:
+        """Hint that ``file`` is read soon (a remote root starts downloading it)."""
+        self._source.prefetch(self.files.paths[file])
 
     def doc_count(self, file: int) -> int:
         """Documents in a file: from the counts metadata, else by opening it (once)."""
@@ -127,9 +157,9 @@ class DatasetAccess:
 
 
 def make_accesses(
-    catalog: Catalog, handler: FileHandler, local_path: Callable[[str], str], readers: ReaderCache
+    catalog: Catalog, handler: FileHandler, source: FileSource, readers: ReaderCache
 ) -> list[DatasetAccess]:
     return [
-        DatasetAccess(i, files, handler, local_path, readers)
+        DatasetAccess(i, files, handler, source, readers)
         for i, files in enumerate(catalog.datasets)
     ]

@@ -14,13 +14,17 @@ import hashlib
 import io
 import logging
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
-import fsspec
 import numpy as np
 
 from fmsdata.errors import ConfigError, EmptyDatasetError, ShardFormatError
 from fmsdata.handlers.base import FileHandler
+from fmsdata.remote.retry import retrying
+from fmsdata.remote.storage import Storage
+
+T = TypeVar("T")
 
 __all__ = ["DatasetFiles", "Catalog", "discover", "read_counts", "COUNTS_HEADER"]
 
@@ -78,53 +82,66 @@ class Catalog:
         return out
 
 
-def _split_root(root: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    fs, path = fsspec.core.url_to_fs(root)
-    return fs, path.rstrip("/")
+class _Listing:
+    """The calls the catalog makes on a root's filesystem, each retried (``Storage``)."""
+
+    def __init__(self, root: str, storage: Storage | None):
+        self.storage = storage or Storage()
+        self.fs, self.base = self.storage.filesystem(root)
+        self.root = root
+
+    def call(self, what: str, fn: Callable[..., T], path: str, **kwargs: Any) -> T:
+        """``fn(path, **kwargs)``, retried."""
+        url = self.root.rstrip("/") + path[len(self.base) :]
+        return retrying(self.storage.retry, url, fn, path, what=what, **kwargs)
 
 
-def read_counts(root: str, names: Sequence[str]) -> dict[str, tuple[int, int]]:
+def read_counts(
+    root: str, names: Sequence[str], storage: Storage | None = None
+) -> dict[str, tuple[int, int]]:
     """Counts metadata of a root: ``{"dataset/rel/path": (documents, tokens)}``.
 
     Reads every ``meta/*counts*.csv``. Paths in the file are relative to the root with an
     optional leading slash; a row whose path does not start with a known dataset folder
     is matched at the first ``/<dataset>/`` component (older releases prefix the root name).
     """
-    fs, base = _split_root(root)
-    meta = f"{base}/{META_DIR}"
+    listing = _Listing(root, storage)
+    fs, meta = listing.fs, f"{listing.base}/{META_DIR}"
     try:
-        candidates = sorted(
-            p for p in fs.ls(meta, detail=False) if "counts" in posixpath.basename(p)
-        )
+        names_found = listing.call("list", fs.ls, meta, detail=False)
     except (FileNotFoundError, NotADirectoryError):
         return {}
+    candidates = sorted(p for p in names_found if "counts" in posixpath.basename(p))
     counts: dict[str, tuple[int, int]] = {}
     for path in candidates:
         if not path.endswith(".csv"):
             continue
-        with fs.open(path, "rb") as raw:
-            text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
-            reader = csv.reader(text)
-            header = next(reader, None)
-            if header is None or tuple(h.strip() for h in header[:3]) != COUNTS_HEADER:
+        data = listing.call("read", fs.cat_file, path)
+        try:
+            text = io.StringIO(data.decode("utf-8"), newline="")
+        except UnicodeDecodeError as err:
+            raise ShardFormatError(f"{path}: counts file is not UTF-8 text ({err})") from None
+        reader = csv.reader(text)
+        header = next(reader, None)
+        if header is None or tuple(h.strip() for h in header[:3]) != COUNTS_HEADER:
+            raise ShardFormatError(
+                f"{path}: counts header must be {','.join(COUNTS_HEADER)}, got {header!r}"
+            )
+        for line_no, row in enumerate(reader, start=2):
+            if not row:
+                continue
+            if len(row) < 3:
+                raise ShardFormatError(f"{path}:{line_no}: expected 3 fields, got {row!r}")
+            key = _normalize_count_path(row[0], names)
+            try:
+                docs, tokens = int(row[1]), int(row[2])
+            except ValueError:
                 raise ShardFormatError(
-                    f"{path}: counts header must be {','.join(COUNTS_HEADER)}, got {header!r}"
-                )
-            for line_no, row in enumerate(reader, start=2):
-                if not row:
-                    continue
-                if len(row) < 3:
-                    raise ShardFormatError(f"{path}:{line_no}: expected 3 fields, got {row!r}")
-                key = _normalize_count_path(row[0], names)
-                try:
-                    docs, tokens = int(row[1]), int(row[2])
-                except ValueError:
-                    raise ShardFormatError(
-                        f"{path}:{line_no}: documents and tokens must be integers, got {row!r}"
-                    ) from None
-                if docs < 0 or tokens < 0:
-                    raise ShardFormatError(f"{path}:{line_no}: negative count in {row!r}")
-                counts[key] = (docs, tokens)
+                    f"{path}:{line_no}: documents and tokens must be integers, got {row!r}"
+                ) from None
+            if docs < 0 or tokens < 0:
+                raise ShardFormatError(f"{path}:{line_no}: negative count in {row!r}")
+            counts[key] = (docs, tokens)
     return counts
 
 
@@ -140,18 +157,24 @@ def _normalize_count_path(path: str, names: Sequence[str]) -> str:
     return key
 
 
-def discover(root: str, datasets: Sequence[str] | None, handler: FileHandler) -> Catalog:
-    """List the datasets and shard files of a root.
+def discover(
+    root: str,
+    datasets: Sequence[str] | None,
+    handler: FileHandler,
+    storage: Storage | None = None,
+) -> Catalog:
+    """List the datasets and shard files of a root (reached through ``storage``).
 
     Raises:
         ConfigError: The root or a named dataset folder does not exist.
         EmptyDatasetError: A dataset folder holds no file the handler reads.
     """
-    fs, base = _split_root(root)
-    if not fs.exists(base) or not fs.isdir(base):
+    listing = _Listing(root, storage)
+    fs, base = listing.fs, listing.base
+    if not listing.call("stat", fs.isdir, base):
         raise ConfigError(f"data_path {root!r} does not exist or is not a folder")
     if datasets is None:
-        entries = fs.ls(base, detail=True)
+        entries = listing.call("list", fs.ls, base, detail=True)
         names = sorted(
             posixpath.basename(e["name"].rstrip("/"))
             for e in entries
@@ -161,21 +184,23 @@ def discover(root: str, datasets: Sequence[str] | None, handler: FileHandler) ->
             raise EmptyDatasetError(f"data_path {root!r} holds no dataset folder")
     else:
         names = list(datasets)
-    counts = read_counts(root, names)
+    counts = read_counts(root, names, storage)
     found = []
     for name in names:
         folder = f"{base}/{name}"
-        if not fs.isdir(folder):
-            available = sorted(posixpath.basename(e.rstrip("/")) for e in fs.ls(base, detail=False))
+        if not listing.call("stat", fs.isdir, folder):
+            entries = listing.call("list", fs.ls, base, detail=False)
+            available = sorted(posixpath.basename(e.rstrip("/")) for e in entries)
             raise ConfigError(
                 f"dataset {name!r} is not a folder of data_path {root!r}; it holds {available}"
             )
-        listing = {k: v for k, v in fs.find(folder, detail=True).items() if v.get("type") == "file"}
+        found_files = listing.call("list", fs.find, folder, detail=True)
+        files = {k: v for k, v in found_files.items() if v.get("type") == "file"}
         rel_paths: list[str] = []
         sizes: list[int] = []
-        for full in handler.select(sorted(listing)):
+        for full in handler.select(sorted(files)):
             rel_paths.append(full[len(base) + 1 :])
-            sizes.append(int(listing[full].get("size") or 0))
+            sizes.append(int(files[full].get("size") or 0))
         if not rel_paths:
             raise EmptyDatasetError(
                 f"dataset {name!r} ({folder}) holds no {handler.name} shard "

@@ -84,7 +84,18 @@ class LoaderConfig:
         strict: Make malformed text records (bad JSON, missing field) an error instead of
             skipping and counting them.
         cache_dir: Where derived data goes (token caches of text shards, document
-            indexes of flat token files, downloads); default ``~/.cache/fmsdata``.
+            indexes of flat token files, downloads); default ``$FMSDATA_CACHE`` or
+            ``~/.cache/fmsdata``.
+        endpoint_url: S3-compatible endpoint of ``s3://`` roots (default: the AWS
+            environment, e.g. ``AWS_ENDPOINT_URL``, else AWS itself).
+        aws_profile: AWS profile of ``s3://`` roots (default: ``AWS_PROFILE`` / default).
+        anonymous: Unsigned requests to ``s3://`` roots (public buckets).
+        storage_options: Extra fsspec filesystem options for the root (any backend). May
+            hold credentials: they are never logged nor saved in a loader state.
+        remote_cache_gb: Size the local cache of a remote root's files is trimmed to
+            (files being read always stay).
+        remote_retries: Tries of a remote read before ``RemoteIOError``.
+        remote_backoff: Seconds before the first retry (doubling, capped at 30 s).
         seq_length: Tokens per training sequence; packed lines hold ``seq_length + 1``.
         batch_size: Sequences per batch on this rank.
         bos_token, eos_token: Added at the start / end of every document when set.
@@ -132,6 +143,13 @@ class LoaderConfig:
     doc_separator: int | None = None
     strict: bool = False
     cache_dir: str | None = None
+    endpoint_url: str | None = None
+    aws_profile: str | None = None
+    anonymous: bool = False
+    storage_options: Mapping[str, Any] | None = dataclasses.field(default=None, repr=False)
+    remote_cache_gb: float = 100.0
+    remote_retries: int = 8
+    remote_backoff: float = 0.5
     seq_length: int = 4096
     batch_size: int = 8
     bos_token: int | None = None
@@ -261,15 +279,41 @@ class LoaderConfig:
         for name in ("tokenizer", "cache_dir"):
             if getattr(self, name) is not None:
                 set_(self, name, os.fspath(getattr(self, name)))
+        self._check_remote()
         for name in (
             "pin_memory",
             "return_position_ids",
             "return_cu_seqlens",
             "allow_mix_change",
             "strict",
+            "anonymous",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    def _check_remote(self) -> None:
+        for name in ("endpoint_url", "aws_profile"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{name} must be a non-empty string or None, got {value!r}")
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            # The value itself may hold secrets: name its type only.
+            raise ConfigError(
+                "storage_options must be a mapping of fsspec options, "
+                f"got a {type(self.storage_options).__name__}"
+            )
+        size = _to_number("remote_cache_gb", self.remote_cache_gb, float)
+        if not size > 0:
+            raise ConfigError(f"remote_cache_gb must be positive, got {self.remote_cache_gb!r}")
+        object.__setattr__(self, "remote_cache_gb", size)
+        tries = _to_number("remote_retries", self.remote_retries, int)
+        if tries < 1:
+            raise ConfigError(f"remote_retries must be at least 1, got {self.remote_retries!r}")
+        object.__setattr__(self, "remote_retries", tries)
+        backoff = _to_number("remote_backoff", self.remote_backoff, float)
+        if not 0 <= backoff < 3600:
+            raise ConfigError(f"remote_backoff must be in [0, 3600) s, got {self.remote_backoff!r}")
+        object.__setattr__(self, "remote_backoff", backoff)
 
     def _check_schedule(self, datasets: tuple[str, ...] | None) -> None:
         if self.schedule_unit not in ("tokens", "steps"):

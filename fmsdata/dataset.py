@@ -9,8 +9,10 @@ back together in canonical order.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -18,14 +20,16 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fmsdata.access import ReaderCache, make_accesses
+from fmsdata.access import DatasetAccess, ReaderCache, make_accesses
 from fmsdata.catalog import Catalog, discover
 from fmsdata.config import LoaderConfig
 from fmsdata.errors import ConfigError, ShardFormatError, StateMismatchError
-from fmsdata.files import local_path_resolver
 from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.derived import default_cache_dir
 from fmsdata.handlers.mapping import resident_file_bytes
 from fmsdata.pipeline import ShardRecipe, open_shard
+from fmsdata.remote.cache import FileSource, file_source
+from fmsdata.remote.storage import Storage
 from fmsdata.stages.base import SPAN_WIDTH
 from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.outputs import segment_lengths
@@ -42,6 +46,23 @@ MAPPED_BUDGET = 256 << 20  # resident bytes of mapped shard files before they ar
 # A custom preprocess maps one packed line (int64, seq_length + 1 tokens) and its count of
 # non-pad tokens to named arrays of fixed shapes; it replaces the built-in causal-LM shift.
 Preprocess = Callable[[np.ndarray, int], Mapping[str, np.ndarray]]
+
+
+@dataclasses.dataclass
+class ShardContext:
+    """What running logical shards in one process needs: open readers, per-dataset file
+    access, the recipe of the stages; ``close`` when done."""
+
+    readers: ReaderCache
+    accesses: list[DatasetAccess]
+    recipe: ShardRecipe
+    source: FileSource
+
+    def close(self) -> None:
+        try:
+            self.readers.close()
+        finally:
+            self.source.close()
 
 
 class RankLineDataset(IterableDataset):
@@ -68,6 +89,7 @@ class RankLineDataset(IterableDataset):
         self.config = config
         self.topology = topology
         self.handler = handler
+        self.storage = Storage.from_config(config)
         self.preprocess = preprocess
         self.shard_ids = list(
             owned_shards(topology.rank, topology.world_size, config.logical_shards)
@@ -105,7 +127,7 @@ class RankLineDataset(IterableDataset):
                 if self.config.datasets is None
                 else [*self.config.datasets, *self.drain_datasets]
             )
-            catalog = discover(self.config.data_path, names, self.handler)
+            catalog = discover(self.config.data_path, names, self.handler, self.storage)
             if self.data_fingerprint is not None and catalog.fingerprint() != self.data_fingerprint:
                 raise StateMismatchError(
                     f"the files under {self.config.data_path!r} changed while the loader ran "
@@ -114,22 +136,30 @@ class RankLineDataset(IterableDataset):
             self._catalog = catalog
         return self._catalog
 
-    def shard_context(self, n_shards: int) -> tuple[ReaderCache, list[Any], ShardRecipe]:
+    def shard_context(self, n_shards: int) -> ShardContext:
         """Readers, dataset accesses and the shard recipe for running ``n_shards`` shards."""
         catalog = self.catalog()
         # Each stream reads one file at a time, and buffered lines point into a few more.
         open_files = self.config.open_files or 2 * n_shards * len(catalog.datasets) + 16
         readers = ReaderCache(open_files)
-        accesses = make_accesses(catalog, self.handler, local_path_resolver(catalog.root), readers)
+        source = file_source(
+            catalog.root,
+            self.storage,
+            os.path.join(self.config.cache_dir or default_cache_dir(), "remote"),
+            int(self.config.remote_cache_gb * (1 << 30)),
+            self.handler.companions,
+        )
+        accesses = make_accesses(catalog, self.handler, source, readers)
         recipe = ShardRecipe.from_config(self.config, self.mix_names)
-        return readers, accesses, recipe
+        return ShardContext(readers, accesses, recipe, source)
 
     def __iter__(self) -> Iterator[WorkerItem]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         config = self.config
         mine = set(worker_shards(len(self.shard_ids), worker, num_workers))
-        readers, accesses, recipe = self.shard_context(len(mine))
+        context = self.shard_context(len(mine))
+        readers, accesses, recipe = context.readers, context.accesses, context.recipe
         writer = LineWriter(
             accesses,
             recipe.decoration,
@@ -170,7 +200,7 @@ class RankLineDataset(IterableDataset):
                 if mapped is not None and mapped > MAPPED_BUDGET:
                     readers.release()
         finally:
-            readers.close()
+            context.close()
 
     def _item(
         self,

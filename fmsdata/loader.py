@@ -208,16 +208,20 @@ class FmsDataLoader(DataLoader):
             for sid, state in self._consumed.shard_states().items()
         ]
         if settle and any(entry["advance"] for entry in shards):
-            readers, accesses, recipe = dataset.shard_context(len(shards))
+            context = dataset.shard_context(len(shards))
             try:
                 for entry in shards:
                     if entry["advance"]:
                         pipeline = open_shard(
-                            entry["id"], recipe, accesses, entry["state"], entry["advance"]
+                            entry["id"],
+                            context.recipe,
+                            context.accesses,
+                            entry["state"],
+                            entry["advance"],
                         )
                         entry["state"], entry["advance"] = pipeline.state_dict(), 0
             finally:
-                readers.close()
+                context.close()
         return {
             "version": STATE_VERSION,
             "fingerprint": self.fingerprint,
@@ -307,14 +311,14 @@ class FmsDataLoader(DataLoader):
         replay.drain_datasets = tuple(
             n for n in saved.span_datasets if n not in fingerprint["datasets"]
         )
-        readers, accesses, recipe = replay.shard_context(len(pending))
+        context = replay.shard_context(len(pending))
         shards = dict(shards)
         try:
             for sid in pending:
-                pipeline = open_shard(sid, recipe, accesses, *shards[sid])
+                pipeline = open_shard(sid, context.recipe, context.accesses, *shards[sid])
                 shards[sid] = (pipeline.state_dict(), 0)
         finally:
-            readers.close()
+            context.close()
         return shards
 
 

@@ -198,11 +198,11 @@ def accesses(
 ) -> list[Any]:
     """Dataset accesses for stage-level tests (one shared reader cache)."""
     from fmsdata.access import ReaderCache, make_accesses
-    from fmsdata.files import local_path_resolver
+    from fmsdata.remote.cache import LocalFiles
 
     handler = ArrowDocHandler(col_name)
     catalog = discover(info.root, datasets, handler)
-    return make_accesses(catalog, handler, local_path_resolver(catalog.root), ReaderCache(64))
+    return make_accesses(catalog, handler, LocalFiles(catalog.root), ReaderCache(64))
 
 
 def check_exactly_once_per_epoch(

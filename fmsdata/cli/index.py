@@ -6,6 +6,7 @@ import argparse
 
 from fmsdata.cli.inspect_cmd import add_format_options, handler_from_args
 from fmsdata.cli.progress import Progress
+from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 from fmsdata.indexing import index_root
 
 
@@ -22,6 +23,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("root", help="data root (local path or fsspec URL)")
     parser.add_argument("--datasets", help="comma-separated dataset folders (default: all)")
     add_format_options(parser)
+    add_storage_options(parser)
     parser.add_argument("--workers", type=int, default=1, help="parallel processes")
     parser.set_defaults(run=run)
 
@@ -30,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
     handler = handler_from_args(args)
     datasets = [d for d in args.datasets.split(",") if d] if args.datasets else None
     with Progress(None, "files", label="counting ") as progress:
-        target, rows = index_root(args.root, handler, datasets, args.workers, progress.update)
+        target, rows = index_root(
+            args.root, handler, datasets, args.workers, progress.update, storage_from_args(args)
+        )
     docs = sum(r[1] for r in rows)
     tokens = sum(r[2] for r in rows)
     print(f"wrote {target}: {len(rows)} files, {docs:,} documents, {tokens:,} tokens")

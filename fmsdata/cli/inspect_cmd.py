@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import numpy as np
 
 from fmsdata.catalog import discover
 from fmsdata.cli.progress import Progress
-from fmsdata.files import local_path_resolver
+from fmsdata.cli.storage_options import add_storage_options, remote_cache_dir, storage_from_args
 from fmsdata.handlers import handler_names, make_handler
 from fmsdata.handlers.text import TextTokenizer
+from fmsdata.indexing import CACHE_LIMIT
+from fmsdata.remote.cache import file_source
 
 
 def add_format_options(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +47,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("path", help="a shard file, a dataset folder or a data root")
     add_format_options(parser)
+    add_storage_options(parser)
     parser.add_argument(
         "--samples", type=int, default=1, help="documents to print (decoded with --tokenizer)"
     )
@@ -53,15 +55,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _files(path: str, handler) -> list[str]:
-    if os.path.isfile(path):
-        return [path]
-    folder_files = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
-    if handler.select(folder_files):
-        return handler.select(folder_files)
-    catalog = discover(path, None, handler)
-    local = local_path_resolver(catalog.root)
-    return [local(p) for ds in catalog.datasets for p in ds.paths]
+def _files(path: str, handler, storage) -> tuple[str, list[str]]:
+    """``(root, shard paths relative to it)`` of a file, a dataset folder or a data root."""
+    fs, base = storage.filesystem(path)
+    if fs.isfile(base):
+        root, name = path.rstrip("/").rsplit("/", 1) if "/" in path else (".", path)
+        return root, [name]
+    listed = sorted(p for p, e in fs.find(base, detail=True).items() if e["type"] == "file")
+    chosen = handler.select(listed)
+    if chosen:
+        return path, [p[len(base) + 1 :] for p in chosen]
+    catalog = discover(path, None, handler, storage)
+    return catalog.root, [p for ds in catalog.datasets for p in ds.paths]
 
 
 def _length_summary(lengths: np.ndarray) -> dict[str, float]:
@@ -90,11 +95,13 @@ def _length_histogram(lengths: np.ndarray) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     handler = handler_from_args(args)
-    files = _files(args.path, handler)
+    storage = storage_from_args(args)
+    root, files = _files(args.path, handler, storage)
+    source = file_source(root, storage, remote_cache_dir(), CACHE_LIMIT, handler.companions)
     lengths, dtypes, sample = [], set(), None
     with Progress(len(files), "files", label="reading ") as progress:
-        for path in files:
-            reader = handler.open(path)
+        for relative in files:
+            reader = handler.open(source.local(relative))
             n = handler.num_docs(reader)
             lengths.append(np.asarray(handler.doc_lengths(reader, np.arange(n)), dtype=np.int64))
             if n:
@@ -105,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
                         np.asarray(handler.get(reader, i)) for i in range(min(args.samples, n))
                     ]
             handler.close(reader)
+            source.release(relative)
             progress.update()
+    source.close()
     everything = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     dtype_names = sorted(dtypes)
     length = _length_summary(everything)

@@ -6,7 +6,16 @@ import sys
 import time
 from typing import TextIO
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "human_bytes"]
+
+
+def human_bytes(n: float) -> str:
+    """``1.5 GB`` style (powers of 1000, as transfer tools print them)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"
 
 
 class Progress:
@@ -41,15 +50,15 @@ class Progress:
     def _draw(self, now: float) -> None:
         elapsed = max(now - self._start, 1e-9)
         rate = self.done / elapsed
+        show = human_bytes if self.unit == "B" else (lambda n: f"{n:,.0f}")
+        unit = "" if self.unit == "B" else f" {self.unit}"
         if self.total:
             width = 30
             filled = int(width * min(self.done / self.total, 1.0))
-            bar = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
+            bar = f"[{'#' * filled}{'.' * (width - filled)}] {show(self.done)}/{show(self.total)}"
         else:
-            bar = f"{self.done}"
-        self._stream.write(
-            f"\r{self.label}{bar} {self.unit} ({rate:,.0f} {self.unit}/s) {self.extra}\033[K"
-        )
+            bar = show(self.done)
+        self._stream.write(f"\r{self.label}{bar}{unit} ({show(rate)}{unit}/s) {self.extra}\033[K")
         self._stream.flush()
 
     def close(self) -> None:

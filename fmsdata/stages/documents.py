@@ -262,6 +262,9 @@ class DocumentStream:
             lengths, lead, trail, starts = self.access.measure(file, docs[run], self.decoration)
             base = starts + lead if starts is not None else np.full(len(run), -1, dtype=np.int64)
             parts.append((lengths - lead - trail, base))
+        following = int(frag[-1]) + 1
+        if following < len(self._walk):  # a remote root starts downloading it now
+            self.access.prefetch(int(self._walk[following, 0]))
         content = np.concatenate([p[0] for p in parts])
         base = np.concatenate([p[1] for p in parts])
         kept = np.flatnonzero(content >= max(1, self.decoration.min_length))

@@ -1,0 +1,90 @@
+"""How to reach a data root: the filesystem of a URL, with the user's access options.
+
+Any fsspec URL works (``s3://``, ``gs://``, ``file://``, ``memory://``, plain paths). For
+S3 the endpoint, profile and anonymous access can be given; anything not given comes from
+the usual AWS environment (``AWS_PROFILE``, ``AWS_ENDPOINT_URL``, credentials files,
+instance roles), as boto does it. The client's own retries are turned off so that
+``RetryPolicy`` alone decides how long a failing read is tried.
+
+Credentials given through ``options`` live only in this object: its ``repr`` leaves them
+out, nothing logs them, and loader states never hold a ``Storage``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+from fsspec.utils import get_protocol
+
+from fmsdata.remote.retry import RetryPolicy
+
+__all__ = ["Storage", "is_local"]
+
+_S3 = ("s3", "s3a")
+_filesystems: dict[tuple[Any, ...], fsspec.AbstractFileSystem] = {}
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in protocol or "local" in protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class Storage:
+    """Access options and retry policy for data roots.
+
+    Attributes:
+        endpoint_url: S3-compatible endpoint (MinIO, Ceph, a local test server).
+        profile: AWS profile name from the shared credentials/config files.
+        anonymous: Unsigned requests (public buckets).
+        options: Extra fsspec filesystem options (any backend); may hold secrets.
+        retry: Tries and backoff of every remote call.
+    """
+
+    endpoint_url: str | None = None
+    profile: str | None = None
+    anonymous: bool = False
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    retry: RetryPolicy = RetryPolicy()
+
+    @classmethod
+    def from_config(cls, config: Any) -> Storage:
+        """The storage a ``LoaderConfig`` asks for."""
+        return cls(
+            endpoint_url=config.endpoint_url,
+            profile=config.aws_profile,
+            anonymous=config.anonymous,
+            options=dict(config.storage_options or {}),
+            retry=RetryPolicy(tries=config.remote_retries, backoff=config.remote_backoff),
+        )
+
+    def filesystem(self, url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+        """``(filesystem, path inside it)`` of ``url``; one filesystem object per process."""
+        protocol = get_protocol(url)
+        kwargs: dict[str, Any] = dict(self.options)
+        if protocol in _S3:
+            if self.endpoint_url:
+                kwargs["endpoint_url"] = self.endpoint_url
+            if self.profile:
+                kwargs["profile"] = self.profile
+            if self.anonymous:
+                kwargs["anon"] = True
+            config_kwargs = dict(kwargs.get("config_kwargs") or {})
+            config_kwargs.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+            config_kwargs.setdefault("connect_timeout", 10)
+            config_kwargs.setdefault("read_timeout", 60)
+            kwargs["config_kwargs"] = config_kwargs
+        cls = fsspec.get_filesystem_class(protocol)
+        path = cls._strip_protocol(url)
+        key = (protocol, os.getpid(), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))
+        fs = _filesystems.get(key)
+        if fs is None:
+            fs = cls(**kwargs, skip_instance_cache=True) if protocol in _S3 else cls(**kwargs)
+            if protocol in _S3:
+                fs.retries = 1  # s3fs's own retry loop: one try; RetryPolicy does the rest
+            _filesystems[key] = fs
+        return fs, path.rstrip("/") if path != "/" else path
