@@ -7,12 +7,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from fmsdata.cli import bench, demo, index, inspect_cmd, state
+from fmsdata.cli import bench, demo, download, index, inspect_cmd, state
 from fmsdata.errors import FmsDataError
 
 __all__ = ["main"]
 
-COMMANDS = (demo, index, inspect_cmd, bench, state)
+COMMANDS = (demo, index, inspect_cmd, download, bench, state)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.run(args) or 0)
-    except FmsDataError as err:
+    except (FmsDataError, FileNotFoundError) as err:
         print(f"fmsdata {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
 
