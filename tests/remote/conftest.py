@@ -1,0 +1,54 @@
+"""A moto S3 server on 127.0.0.1 for the remote tests: started once per module, stopped
+after; each test gets its own bucket. Credentials come from the AWS environment variables
+(as users' usually do)."""
+
+import hashlib
+import pathlib
+
+import pytest
+from s3local import CREDENTIALS, REGION, FaultProxy, S3Server
+
+HERE = pathlib.Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.parent == HERE:
+            item.add_marker(pytest.mark.remote)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(monkeypatch):
+    for key, value in CREDENTIALS.items():
+        monkeypatch.setenv(key.upper(), value)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    for key in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
+def bucket(s3, aws_env, request):
+    name = "t-" + hashlib.blake2b(request.node.nodeid.encode(), digest_size=8).hexdigest()
+    s3.client().create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def proxy(s3):
+    proxies = []
+
+    def make(*faults, every=3, delay=0.0):
+        p = FaultProxy(s3.url, faults, every=every, delay=delay)
+        proxies.append(p)
+        return p
+
+    yield make
+    for p in proxies:
+        p.stop()

@@ -1,0 +1,199 @@
+"""A real S3-compatible server on loopback for tests, and a proxy that injects faults.
+
+``S3Server`` runs moto in server mode in a child process on 127.0.0.1 (a free port) and
+stops it after. ``FaultProxy`` sits between a client and that server, forwarding HTTP
+requests and, on a schedule, answering 500 or 503 (SlowDown), closing the connection
+before answering, or cutting a response body short: the transient failures a loader
+meets in object storage.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import boto3
+
+CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+REGION = "us-east-1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class S3Server:
+    """``python -m moto.server`` on 127.0.0.1 in a child process."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, **{k.upper(): v for k, v in CREDENTIALS.items()}}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "/moto-api/", timeout=1).read()
+                break
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("the moto S3 server did not start") from None
+                time.sleep(0.1)
+
+    def client(self, endpoint: str | None = None):
+        return boto3.client(
+            "s3", endpoint_url=endpoint or self.url, region_name=REGION, **CREDENTIALS
+        )
+
+    def reset(self) -> None:
+        """Forget every bucket and object."""
+        request = urllib.request.Request(self.url + "/moto-api/reset", method="POST")
+        urllib.request.urlopen(request, timeout=10).read()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def upload_tree(client, bucket: str, local_root: str, prefix: str = "") -> list[str]:
+    """Put every file under ``local_root`` as ``prefix/relative/path``; returns the keys."""
+    keys = []
+    for folder, _, files in os.walk(local_root):
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            key = "/".join(p for p in (prefix, os.path.relpath(path, local_root)) if p)
+            client.upload_file(path, bucket, key.replace(os.sep, "/"))
+            keys.append(key)
+    return sorted(keys)
+
+
+class FaultProxy:
+    """An HTTP proxy on 127.0.0.1 that forwards to ``target`` and fails on a schedule.
+
+    Args:
+        target: ``http://host:port`` of the real server.
+        faults: Faults to cycle through, one per request whose number is a multiple of
+            ``every``: ``"500"``, ``"503"``, ``"drop"`` (close without answering),
+            ``"cut"`` (send half of the body, then close) or ``"flip"`` (change a byte of
+            a ranged object read: corruption only a checksum catches).
+        every: Fail one request in this many (GET and HEAD only; others pass).
+        delay: Seconds to wait before answering each GET (a slow link).
+    """
+
+    def __init__(
+        self, target: str, faults: tuple[str, ...] = (), every: int = 3, delay: float = 0.0
+    ):
+        host, port = target.removeprefix("http://").split(":")
+        self.target = (host, int(port))
+        self.faults = faults
+        self.every = every
+        self.delay = delay
+        self.requests = 0
+        self.injected: dict[str, int] = {}
+        self.fail_all = False
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                fault = proxy._next_fault(self.command)
+                if proxy.delay and self.command == "GET":
+                    time.sleep(proxy.delay)
+                if fault == "drop":
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if fault in ("500", "503"):
+                    code = "InternalError" if fault == "500" else "SlowDown"
+                    payload = f"<Error><Code>{code}</Code><Message>injected</Message></Error>"
+                    data = payload.encode()
+                    self.send_response(int(fault))
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                    return
+                upstream = http.client.HTTPConnection(*proxy.target, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = f"{proxy.target[0]}:{proxy.target[1]}"
+                try:
+                    upstream.request(self.command, self.path, body=body, headers=headers)
+                    response = upstream.getresponse()
+                    data = response.read()
+                except OSError:
+                    # The server went away (a test stopped it): the client sees a reset.
+                    self.close_connection = True
+                    return
+                finally:
+                    upstream.close()
+                self.send_response(response.status, response.reason)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                # A HEAD answer has no body but tells the length of the one GET would get.
+                length = response.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
+                self.end_headers()
+                if fault == "cut" and self.command == "GET" and len(data) > 1:
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if fault == "flip" and self.headers.get("Range") and data:
+                    data = bytes([data[0] ^ 0xFF]) + data[1:]
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def _next_fault(self, method: str) -> str | None:
+        if method not in ("GET", "HEAD"):
+            return None
+        with self._lock:
+            self.requests += 1
+            if self.fail_all:
+                fault = "503"
+            elif not self.faults or self.requests % self.every:
+                return None
+            else:
+                fault = self.faults[(self.requests // self.every) % len(self.faults)]
+            self.injected[fault] = self.injected.get(fault, 0) + 1
+            return fault
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
