@@ -1,0 +1,189 @@
+"""The loader and ``fmsdata download`` over S3, beside the same shards on local disk.
+
+A moto S3 server runs on 127.0.0.1 (as in the tests) holding generated Bamba Arrow shards
+and their ``meta/counts.csv``; the same files sit on local disk. Loopback has no network
+latency, so every S3 figure is also taken through a proxy that holds each GET back by
+``--latency`` seconds (first-byte latency of object storage is tens of milliseconds).
+Figures:
+
+- loader, first pass: seconds to the first batch of a fresh loader (empty cache), and
+  tokens/s over its first batches, start-up and downloads included;
+- loader, steady: tokens/s after a warmup (the files are cached by then);
+- download: MB/s of ``fmsdata download`` with 1 and with 8 jobs.
+
+Loopback moto is a single Python process on the same two cores, so absolute S3 rates say
+little; the ratios to local disk and between job counts are what to read.
+
+    python benchmarks/remote.py            # 2 x 16 shards of ~0.5 M tokens
+    python benchmarks/remote.py --quick    # 2 x 8 shards
+
+Prints a table and writes ``benchmarks/results/remote.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+from formats import write_arrow  # noqa: E402  (the shared format writers live beside the tests)
+from s3local import CREDENTIALS, REGION, FaultProxy, S3Server, upload_tree  # noqa: E402
+
+from fmsdata import build_dataloader  # noqa: E402
+from fmsdata.cli.bench import tokens_per_second  # noqa: E402
+from fmsdata.handlers import ArrowDocHandler  # noqa: E402
+from fmsdata.indexing import index_root  # noqa: E402
+from fmsdata.remote.mirror import plan_mirror, run_mirror  # noqa: E402
+from fmsdata.remote.storage import Storage  # noqa: E402
+
+SEQ = 4096
+BATCH = 8
+BUCKET = "bench"
+
+
+def generated_documents(files: int, docs: int) -> dict[str, list]:
+    rng = np.random.default_rng(0)
+    out: dict[str, list] = {}
+    for name in ("web", "code"):
+        out[name] = []
+        for _ in range(files):
+            lengths = np.maximum(1, rng.lognormal(np.log(700), 1.0, docs)).astype(np.int64)
+            tokens = rng.integers(16, 50_000, int(lengths.sum()), dtype=np.uint16)
+            out[name].append(np.split(tokens, np.cumsum(lengths)[:-1]))
+    return out
+
+
+def loader_config(root: str, cache: str, endpoint: str | None) -> dict[str, Any]:
+    return dict(
+        data_path=root,
+        datasets=["web", "code"],
+        weights=[0.7, 0.3],
+        seq_length=SEQ,
+        batch_size=BATCH,
+        logical_shards=16,
+        shuffle_window=16,
+        bos_token=0,
+        eos_token=1,
+        num_workers=1,
+        cache_dir=cache,
+        endpoint_url=endpoint,
+    )
+
+
+def first_pass(config: dict[str, Any], batches: int) -> tuple[float, float]:
+    """Seconds to a fresh loader's first batch, and tokens/s over its first ``batches``
+    (start-up and downloads included)."""
+    start = time.perf_counter()
+    iterator = iter(build_dataloader(config))
+    tokens = next(iterator)["input_ids"].numel()
+    first = time.perf_counter() - start
+    tokens += sum(next(iterator)["input_ids"].numel() for _ in range(batches - 1))
+    return first, tokens / (time.perf_counter() - start)
+
+
+def steady(config: dict[str, Any], warmup: int, batches: int) -> float:
+    return tokens_per_second(iter(build_dataloader(config)), warmup, batches)
+
+
+def download(endpoint: str, dest: str, jobs: int) -> float:
+    """Bytes/s of one full ``fmsdata download`` into an empty ``dest``."""
+    storage = Storage(endpoint_url=endpoint)
+    src = f"s3://{BUCKET}/data"
+    plan, manifest = plan_mirror(src, dest, storage)
+    result = run_mirror(src, dest, storage, plan, manifest, jobs)
+    if result.failed or len(result.transferred) != len(plan.transfers):
+        raise RuntimeError(f"download failed: {result.failed}")
+    return result.transferred_bytes / result.seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer shards and batches")
+    parser.add_argument("--latency", type=float, default=0.03, help="seconds added per GET")
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "remote.json"))
+    args = parser.parse_args()
+    files, docs = (8, 700) if args.quick else (16, 700)
+    first, warmup, batches = (100, 100, 1000) if args.quick else (300, 200, 3000)
+
+    for key, value in CREDENTIALS.items():
+        os.environ[key.upper()] = value
+    os.environ["AWS_DEFAULT_REGION"] = REGION
+    scratch = tempfile.mkdtemp(prefix="fmsdata-remote-")
+    server = S3Server()
+    proxy = FaultProxy(server.url, delay=args.latency)
+    results: dict[str, Any] = {"seq_length": SEQ, "batch_size": BATCH, "num_workers": 1}
+    results["latency_s"] = args.latency
+    try:
+        local = os.path.join(scratch, "local")
+        write_arrow(local, generated_documents(files, docs))
+        index_root(local, ArrowDocHandler())  # meta/counts.csv, as the Bamba release has
+        client = server.client()
+        client.create_bucket(Bucket=BUCKET)
+        keys = upload_tree(client, BUCKET, local, "data")
+        results["files"] = len(keys)
+        results["bytes"] = sum(
+            os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(local) for f in fs
+        )
+        s3_root = f"s3://{BUCKET}/data"
+        sources = {
+            "local disk": (local, None),
+            "s3 loopback": (s3_root, server.url),
+            f"s3 + {args.latency * 1000:.0f} ms/GET": (s3_root, proxy.url),
+        }
+        for name, (root, endpoint) in sources.items():
+            cache = os.path.join(scratch, "cache-" + name.split()[0] + str(len(results)))
+            config = loader_config(root, cache, endpoint)
+            latency, results[f"{name}, first pass"] = first_pass(config, first)
+            results[f"{name}, first batch s"] = latency
+            results[f"{name}, steady"] = steady(config, warmup, batches)
+            print(
+                f"{name:24} first {results[f'{name}, first pass'] / 1e6:7.1f} M tok/s, "
+                f"steady {results[f'{name}, steady'] / 1e6:7.1f} M tok/s",
+                flush=True,
+            )
+        for label, endpoint in (("loopback", server.url), ("latency", proxy.url)):
+            for jobs in (1, 8):
+                dest = os.path.join(scratch, f"download-{label}-{jobs}")
+                results[f"download {label}, {jobs} job(s)"] = download(endpoint, dest, jobs)
+                shutil.rmtree(dest)
+    finally:
+        proxy.stop()
+        server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    print(f"\n{results['files']} shards, {results['bytes'] / 1e6:.1f} MB\n")
+    print(f"{'loader (1 worker)':32} {'tokens/s':>12} {'vs local':>10}")
+    for kind in ("first pass", "steady"):
+        base = results[f"local disk, {kind}"]
+        for name in sources:
+            value = results[f"{name}, {kind}"]
+            print(f"{name + ', ' + kind:32} {value / 1e6:10.1f} M {value / base:10.2f}")
+    for name in sources:
+        print(f"{'first batch, ' + name:32} {results[f'{name}, first batch s']:10.2f} s")
+    print(f"\n{'fmsdata download':32} {'MB/s':>12} {'vs 1 job':>10}")
+    for label in ("loopback", "latency"):
+        base = results[f"download {label}, 1 job(s)"]
+        for jobs in (1, 8):
+            value = results[f"download {label}, {jobs} job(s)"]
+            print(f"{label + f', {jobs} job(s)':32} {value / 1e6:12.1f} {value / base:10.2f}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(results, handle, indent=2)
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
