@@ -7,12 +7,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from fmsdata.cli import bench, demo, download, index, inspect_cmd, state
+from fmsdata.cli import bench, demo, download, index, inspect_cmd, state, tokenize
 from fmsdata.errors import FmsDataError
 
 __all__ = ["main"]
 
-COMMANDS = (demo, index, inspect_cmd, download, bench, state)
+COMMANDS = (demo, tokenize, index, inspect_cmd, download, bench, state)
 
 
 def build_parser() -> argparse.ArgumentParser:

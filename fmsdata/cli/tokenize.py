@@ -1,0 +1,124 @@
+"""``fmsdata tokenize INPUT... --tokenizer T --output-dir OUT``: raw text to token shards."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from typing import Any
+
+from fmsdata.cli.progress import Progress
+from fmsdata.tokenize import TokenizeSpec, run_tokenize
+from fmsdata.tokenize.plan import OUTPUT_FORMATS
+from fmsdata.tokenize.run import BACKENDS
+
+__all__ = ["add_parser", "run", "parse_size"]
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``256MB``, ``1GiB``, ``1000000`` -> bytes (k/m/g/t are powers of 1024)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 256MB, 1GB, 1000000)")
+    power = "bkmgt".index((match.group(2) or "b")[0].lower())
+    return int(float(match.group(1)) * (1 << (10 * power)))
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "tokenize",
+        help="tokenize JSONL / Parquet / text files into Arrow (or Megatron) token shards",
+        description=(
+            "Tokenize raw text into a data root the loader reads: OUT/DATASET/shard-NNNNN.arrow "
+            "(Bamba layout: one record batch per document), OUT/meta/counts.csv and "
+            "OUT/metadata.json. The output is the same bytes whatever the number of workers, "
+            "SLURM tasks (--num-shards/--shard-id) or the backend; a rerun skips finished "
+            "shards. Bad records are counted per file (or fatal with --strict)."
+        ),
+    )
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files or folders of text")
+    parser.add_argument("--tokenizer", required=True, help="a tokenizers tokenizer.json")
+    parser.add_argument("--output-dir", required=True, help="data root to write")
+    parser.add_argument("--dataset", default="default", help="dataset folder of the shards")
+    parser.add_argument(
+        "--text-field", default="text", help="JSON field / Parquet column of the text"
+    )
+    parser.add_argument(
+        "--shard-size",
+        type=parse_size,
+        default="256MB",
+        help="input bytes per output shard (default 256MB)",
+    )
+    parser.add_argument("--format", choices=OUTPUT_FORMATS, default="arrow", dest="fmt")
+    parser.add_argument("--workers", type=int, default=1, help="processes on this machine")
+    parser.add_argument("--backend", choices=BACKENDS, default="local")
+    parser.add_argument("--num-shards", type=int, default=1, help="tasks sharing the work")
+    parser.add_argument("--shard-id", type=int, default=0, help="this task (0..num-shards-1)")
+    parser.add_argument("--strict", action="store_true", help="fail on the first bad record")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = TokenizeSpec(
+        output_dir=args.output_dir,
+        dataset=args.dataset,
+        tokenizer=args.tokenizer,
+        text_field=args.text_field,
+        shard_bytes=args.shard_size,
+        output_format=args.fmt,
+        strict=args.strict,
+    )
+    start = time.perf_counter()
+    totals = {"documents": 0, "tokens": 0}
+    progress: Progress | None = None
+
+    def on_plan(todo: list[Any]) -> None:
+        nonlocal progress
+        progress = Progress(sum(u.weight for u in todo), "B", label="tokenizing ")
+
+    def on_unit(record: dict[str, Any]) -> None:
+        totals["documents"] += record["documents"]
+        totals["tokens"] += record["tokens"]
+        rate = totals["tokens"] / max(time.perf_counter() - start, 1e-9)
+        if progress is not None:
+            progress.update(
+                record["input_bytes"],
+                f"{totals['documents']:,} docs, {totals['tokens']:,} tokens, "
+                f"{rate / 1e6:.2f} M tok/s",
+            )
+
+    try:
+        result = run_tokenize(
+            spec,
+            args.inputs,
+            workers=args.workers,
+            backend=args.backend,
+            num_shards=args.num_shards,
+            shard_id=args.shard_id,
+            on_unit=on_unit,
+            on_plan=on_plan,
+        )
+    finally:
+        if progress is not None:
+            progress.close()
+    seconds = time.perf_counter() - start
+    print(
+        f"{len(result.written)} shard(s) written ({totals['documents']:,} documents, "
+        f"{totals['tokens']:,} tokens, {totals['tokens'] / max(seconds, 1e-9) / 1e6:.2f} M "
+        f"tokens/s), {result.skipped} already done, of {result.mine} for this task "
+        f"({result.units} in the run)"
+    )
+    if not result.complete:
+        print("other tasks' shards are not all done yet: the last task writes the metadata")
+        return 0
+    print(
+        f"{args.output_dir}: {result.units} shard(s), {result.documents:,} documents, "
+        f"{result.tokens:,} tokens; meta/counts.csv and metadata.json written"
+    )
+    for path, problems in sorted(result.bad_records.items()):
+        detail = ", ".join(f"{n} {what}" for what, n in sorted(problems.items()))
+        print(f"skipped bad records in {path}: {detail}", file=sys.stderr)
+    return 0

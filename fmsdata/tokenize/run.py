@@ -1,0 +1,249 @@
+"""A tokenize run: plan, skip what is done, run the rest on a backend, write the metadata.
+
+Backends run the same ``tokenize_unit`` on the same plan: ``local`` (``workers``
+processes on this machine, in-process for one) or ``ray`` (tasks on the Ray cluster of
+``RAY_ADDRESS``, or a local Ray instance). The output directory must be visible to every
+task under the same path. When every unit of the plan is done, whichever task finishes
+last writes ``meta/counts.csv`` and ``metadata.json`` (same bytes from any of them); a
+rerun of a finished run only rewrites those.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fmsdata import __version__
+from fmsdata.catalog import COUNTS_HEADER, META_DIR
+from fmsdata.errors import ConfigError
+from fmsdata.handlers.text import TextTokenizer
+from fmsdata.indexing import write_counts
+from fmsdata.tokenize.inputs import InputFile, find_inputs
+from fmsdata.tokenize.plan import TokenizeSpec, Unit, plan_document, plan_units, select_units
+from fmsdata.tokenize.work import (
+    file_sha256,
+    read_record,
+    tokenize_unit,
+    unit_done,
+    write_json_atomic,
+)
+
+__all__ = ["TokenizeResult", "run_tokenize", "BACKENDS"]
+
+BACKENDS = ("local", "ray")
+METADATA = "metadata.json"
+
+
+@dataclasses.dataclass
+class TokenizeResult:
+    """What one invocation did, and the run's totals once every unit is done."""
+
+    units: int  # in the whole plan
+    mine: int  # this task's units
+    skipped: int  # this task's units already done
+    written: list[dict[str, Any]]  # records of the units written now
+    complete: bool  # every unit of the plan is done (metadata written)
+    documents: int = 0  # whole run, when complete
+    tokens: int = 0
+    bad_records: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+
+
+def run_tokenize(
+    spec: TokenizeSpec,
+    input_paths: Sequence[str],
+    workers: int = 1,
+    backend: str = "local",
+    num_shards: int = 1,
+    shard_id: int = 0,
+    on_unit: Callable[[dict[str, Any]], None] | None = None,
+    on_plan: Callable[[list[Unit]], None] | None = None,
+) -> TokenizeResult:
+    """Tokenize ``input_paths`` per ``spec``; ``on_plan(todo)`` is told the units about to
+    run and ``on_unit(record)`` hears of each one written."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if workers < 1:
+        raise ConfigError(f"workers must be at least 1, got {workers!r}")
+    inputs = find_inputs(input_paths)
+    units = plan_units(inputs, spec.shard_bytes)
+    tokenizer_sha = file_sha256(spec.tokenizer)
+    _claim(spec, plan_document(spec, inputs, units, tokenizer_sha))
+    mine = select_units(units, num_shards, shard_id)
+    todo = [u for u in mine if not unit_done(spec, u.index)]
+    if on_plan is not None:
+        on_plan(todo)
+    # Largest first, so the last unit to finish is a small one.
+    todo.sort(key=lambda u: (-u.weight, u.index))
+    if backend == "ray":
+        written = _run_ray(spec, inputs, todo, on_unit)
+    else:
+        written = _run_local(spec, inputs, todo, workers, on_unit)
+    result = TokenizeResult(len(units), len(mine), len(mine) - len(todo), written, False)
+    if all(unit_done(spec, u.index) for u in units):
+        records = [read_record(spec, u.index) for u in units]
+        _finish(spec, inputs, records, tokenizer_sha)
+        result.complete = True
+        result.documents = sum(r["documents"] for r in records)
+        result.tokens = sum(r["tokens"] for r in records)
+        result.bad_records = _merge_bad(records)
+    return result
+
+
+def _claim(spec: TokenizeSpec, plan: dict[str, Any]) -> None:
+    """Store the plan beside the output, or check it matches the one stored there."""
+    path = os.path.join(spec.work_dir, "plan.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            stored = json.load(handle)
+        if stored.get("fingerprint") != plan["fingerprint"]:
+            changed = sorted(k for k in plan if k != "fingerprint" and stored.get(k) != plan[k])
+            raise ConfigError(
+                f"{spec.output_dir}/{spec.dataset} holds the output of another tokenize run "
+                f"(its {', '.join(changed) or 'plan'} differ; see {path}): use another "
+                "--output-dir or --dataset, or delete that folder to start over"
+            )
+        return
+    write_json_atomic(path, plan)
+
+
+def _run_local(
+    spec: TokenizeSpec,
+    inputs: Sequence[InputFile],
+    todo: Sequence[Unit],
+    workers: int,
+    on_unit: Callable[[dict[str, Any]], None] | None,
+) -> list[dict[str, Any]]:
+    written = []
+    if workers == 1 or len(todo) <= 1:
+        for unit in todo:
+            written.append(tokenize_unit(spec, inputs, unit))
+            if on_unit is not None:
+                on_unit(written[-1])
+        return written
+    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, initializer=_share_cores, initargs=(threads,)
+    ) as pool:
+        futures = [pool.submit(tokenize_unit, spec, inputs, unit) for unit in todo]
+        for future in concurrent.futures.as_completed(futures):
+            written.append(future.result())
+            if on_unit is not None:
+                on_unit(written[-1])
+    return written
+
+
+def _share_cores(threads: str) -> None:
+    """Give each worker process its share of the cores for ``tokenizers``' thread pool."""
+    os.environ["RAYON_NUM_THREADS"] = threads
+    os.environ["RAYON_RS_NUM_THREADS"] = threads
+
+
+def _run_ray(
+    spec: TokenizeSpec,
+    inputs: Sequence[InputFile],
+    todo: Sequence[Unit],
+    on_unit: Callable[[dict[str, Any]], None] | None,
+) -> list[dict[str, Any]]:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "backend 'ray' needs Ray: pip install 'fmsdata[ray]' (or ray>=2.9)"
+        ) from None
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+    task = ray.remote(num_cpus=1, max_retries=2)(tokenize_unit)
+    pending = [task.remote(spec, inputs, unit) for unit in todo]
+    written = []
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        written.append(ray.get(done[0]))
+        if on_unit is not None:
+            on_unit(written[-1])
+    return written
+
+
+def _merge_bad(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    bad: dict[str, dict[str, int]] = {}
+    for record in records:
+        for path, problems in record["bad_records"].items():
+            per_file = bad.setdefault(path, {})
+            for what, n in problems.items():
+                per_file[what] = per_file.get(what, 0) + n
+    return bad
+
+
+def tokenizer_info(path: str, sha256: str) -> dict[str, Any]:
+    tokenizer = TextTokenizer(path)
+    added = tokenizer.tokenizer.get_added_tokens_decoder()
+    return {
+        "file": os.path.basename(path),
+        "sha256": sha256,
+        "vocab_size": tokenizer.tokenizer.get_vocab_size(with_added_tokens=True),
+        "special_tokens": {t.content: i for i, t in sorted(added.items()) if t.special},
+        "dtype": tokenizer.dtype.name,
+    }
+
+
+def _finish(
+    spec: TokenizeSpec,
+    inputs: Sequence[InputFile],
+    records: Sequence[dict[str, Any]],
+    tokenizer_sha: str,
+) -> None:
+    """Write ``meta/counts.csv`` (other datasets' rows kept) and ``metadata.json``."""
+    import tokenizers
+
+    rows = [(r["shard"], r["documents"], r["tokens"]) for r in records if r["documents"]]
+    write_counts(spec.output_dir, _other_counts(spec) + rows)
+    hashes: dict[str, str] = {}
+    for record in records:
+        hashes.update(record["input_sha256"])
+    path = os.path.join(spec.output_dir, METADATA)
+    metadata: dict[str, Any] = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            metadata = json.load(handle)
+        known = metadata.get("tokenizer", {}).get("sha256")
+        if known not in (None, tokenizer_sha):
+            raise ConfigError(
+                f"{path}: the other datasets of this root were tokenized with another "
+                f"tokenizer (sha256 {known}, this one {tokenizer_sha}); use another --output-dir"
+            )
+    metadata["fmsdata_version"] = __version__
+    metadata["tokenizers_version"] = tokenizers.__version__
+    metadata["tokenizer"] = tokenizer_info(spec.tokenizer, tokenizer_sha)
+    metadata.setdefault("datasets", {})[spec.dataset] = {
+        "format": spec.output_format,
+        "text_field": spec.text_field,
+        "col_name": spec.col_name if spec.output_format == "arrow" else None,
+        "shards": len(records),
+        "documents": sum(r["documents"] for r in records),
+        "tokens": sum(r["tokens"] for r in records),
+        "empty_documents": sum(r["empty_documents"] for r in records),
+        "bad_records": _merge_bad(records),
+        "inputs": [{"path": f.path, "bytes": f.size, "sha256": hashes[f.path]} for f in inputs],
+    }
+    write_json_atomic(path, metadata)
+
+
+def _other_counts(spec: TokenizeSpec) -> list[tuple[str, int, int]]:
+    """Rows of ``meta/counts.csv`` that belong to other datasets of the root."""
+    path = os.path.join(spec.output_dir, META_DIR, "counts.csv")
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None or tuple(h.strip() for h in header[:3]) != COUNTS_HEADER:
+            raise ConfigError(f"{path}: not a counts file (header {header!r})")
+        rows = []
+        for row in reader:
+            if row and not row[0].lstrip("/").startswith(spec.dataset + "/"):
+                rows.append((row[0].lstrip("/"), int(row[1]), int(row[2])))
+    return rows
