@@ -1,0 +1,253 @@
+"""fmsdata tokenize: the output, its determinism over workers / tasks / backends, resume,
+bad records, and the loader reading it back to the input text."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from textinputs import output_files, write_jsonl
+
+from fmsdata import build_dataloader
+from fmsdata.cli.main import main
+from fmsdata.errors import ConfigError, ShardFormatError
+from fmsdata.handlers import ArrowDocHandler
+from fmsdata.handlers.megatron import MegatronHandler
+from fmsdata.handlers.text import TextTokenizer
+from fmsdata.indexing import index_root
+from fmsdata.tokenize import TokenizeSpec, run_tokenize
+
+SHARD = 16_000  # bytes of input per output shard: many shards from a small corpus
+
+
+def spec(root, tokenizer, **kw):
+    return TokenizeSpec(str(root), "docs", tokenizer, shard_bytes=SHARD, **kw)
+
+
+def shard_documents(root, handler=None):
+    """Every document of a tokenize output in shard order, as token lists."""
+    handler = handler or ArrowDocHandler()
+    folder = os.path.join(root, "docs")
+    docs = []
+    for name in handler.select(sorted(os.path.join(folder, f) for f in os.listdir(folder))):
+        reader = handler.open(name)
+        docs.extend(
+            np.asarray(handler.get(reader, i)).tolist() for i in range(handler.num_docs(reader))
+        )
+    return docs
+
+
+def test_output_holds_every_document_in_order_with_counts_and_metadata(inputs, tokenizer, tmp_path):
+    folder, documents = inputs
+    root = tmp_path / "out"
+    result = run_tokenize(spec(root, tokenizer), [folder])
+    assert result.complete and result.units > 5
+    decoder = TextTokenizer(tokenizer)
+    assert [decoder.decode(d) for d in shard_documents(str(root))] == documents
+    assert result.documents == len(documents)
+
+    meta = json.loads((root / "metadata.json").read_text())
+    with open(tokenizer, "rb") as handle:
+        assert meta["tokenizer"]["sha256"] == hashlib.sha256(handle.read()).hexdigest()
+    assert meta["tokenizer"]["vocab_size"] == 4096
+    assert meta["tokenizer"]["dtype"] == "uint16"
+    assert meta["tokenizer"]["special_tokens"] == {"<|bos|>": 0, "<|eos|>": 1, "<|pad|>": 2}
+    assert meta["tokenizers_version"] and meta["fmsdata_version"]
+    entry = meta["datasets"]["docs"]
+    assert entry["documents"] == len(documents) and entry["tokens"] == result.tokens
+    for record in entry["inputs"]:
+        with open(record["path"], "rb") as handle:
+            data = handle.read()
+        assert record["bytes"] == len(data)
+        assert record["sha256"] == hashlib.sha256(data).hexdigest()
+    assert len(entry["inputs"]) == 4 + 10
+    # The bad lines of a.jsonl (every 40th record) are counted by kind.
+    bad = entry["bad_records"][os.path.join(folder, "a.jsonl")]
+    assert sum(bad.values()) == len(documents[:120]) // 40
+    assert set(bad) == {
+        "invalid JSON (Expecting value)",
+        "no field 'text'",
+        "field 'text' is int, not text",
+    }
+
+    # meta/counts.csv is what `fmsdata index` writes for the same shards.
+    counts = (root / "meta" / "counts.csv").read_bytes()
+    index_root(str(root), ArrowDocHandler())
+    assert (root / "meta" / "counts.csv").read_bytes() == counts
+
+
+@pytest.mark.slow
+def test_the_same_bytes_for_one_and_two_workers(inputs, tokenizer, tmp_path):
+    folder, _ = inputs
+    run_tokenize(spec(tmp_path / "one", tokenizer), [folder], workers=1)
+    run_tokenize(spec(tmp_path / "two", tokenizer), [folder], workers=2)
+    one, two = output_files(tmp_path / "one"), output_files(tmp_path / "two")
+    assert len(one) > 8 and one == two
+
+
+def test_slurm_style_tasks_together_equal_the_single_run(inputs, tokenizer, tmp_path):
+    folder, _ = inputs
+    run_tokenize(spec(tmp_path / "single", tokenizer), [folder])
+    tasks, array = 3, tmp_path / "array"
+    results = []
+    for task in (2, 0, 1):
+        results.append(
+            run_tokenize(spec(array, tokenizer), [folder], num_shards=tasks, shard_id=task)
+        )
+        # Only the task that finds every shard done writes the metadata.
+        assert (array / "metadata.json").exists() == (len(results) == tasks)
+    assert [r.complete for r in results] == [False, False, True]
+    assert sum(r.mine for r in results) == results[0].units
+    assert output_files(tmp_path / "array") == output_files(tmp_path / "single")
+
+
+def test_ray_backend_gives_the_same_output(inputs, tokenizer, tmp_path):
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'fmsdata[ray]')")
+    folder, _ = inputs
+    run_tokenize(spec(tmp_path / "local", tokenizer), [folder])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        run_tokenize(spec(tmp_path / "ray", tokenizer), [folder], backend="ray")
+    finally:
+        ray.shutdown()
+    assert output_files(tmp_path / "ray") == output_files(tmp_path / "local")
+
+
+def test_a_killed_run_resumes_to_the_same_result(inputs, tokenizer, tmp_path):
+    folder, _ = inputs
+    run_tokenize(spec(tmp_path / "reference", tokenizer), [folder])
+    target = tmp_path / "killed"
+    command = [
+        sys.executable, "-m", "fmsdata.cli.main", "tokenize", folder, "--tokenizer", tokenizer,
+        "--output-dir", str(target), "--dataset", "docs", "--shard-size", str(SHARD),
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    records = target / "meta" / "tokenize" / "docs"
+    deadline = time.monotonic() + 120
+    while len(list(records.glob("shard-*.json"))) < 3 and process.poll() is None:
+        assert time.monotonic() < deadline, "the run never wrote a shard"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done = len(list(records.glob("shard-*.json")))
+    assert not (target / "metadata.json").exists(), "killed before the end, no metadata"
+    # Whatever is under a shard's final name is a whole, readable shard.
+    handler = ArrowDocHandler()
+    for shard in (target / "docs").glob("*.arrow"):
+        handler.num_docs(handler.open(str(shard)))
+
+    result = run_tokenize(spec(target, tokenizer), [folder])
+    assert result.complete and result.skipped >= done - 1 and result.skipped > 0
+    assert output_files(target) == output_files(tmp_path / "reference")
+
+
+def test_a_rerun_skips_finished_shards_and_refuses_other_settings(inputs, tokenizer, tmp_path):
+    folder, _ = inputs
+    root = tmp_path / "out"
+    first = run_tokenize(spec(root, tokenizer), [folder])
+    again = run_tokenize(spec(root, tokenizer), [folder])
+    assert again.skipped == first.units and again.written == [] and again.complete
+    with pytest.raises(ConfigError, match="another tokenize run.*settings"):
+        run_tokenize(spec(root, tokenizer, text_field="body"), [folder])
+
+
+def test_strict_names_the_file_and_line(tmp_path, texts, tokenizer):
+    raw = tmp_path / "raw.jsonl"
+    write_jsonl(raw, texts[:300], bad_every=250)  # the bad line is line 251, in a late piece
+    with pytest.raises(ShardFormatError, match=rf"{raw}:251: invalid JSON"):
+        run_tokenize(spec(tmp_path / "out", tokenizer, strict=True), [str(raw)])
+    gz = tmp_path / "raw.jsonl.gz"
+    import gzip
+
+    write_jsonl(gz, texts[:10], bad_every=4, opener=gzip.open)
+    with pytest.raises(ShardFormatError, match=rf"{gz}:5: invalid JSON"):
+        run_tokenize(spec(tmp_path / "gz", tokenizer, strict=True), [str(gz)])
+
+
+def test_cli_reports_bad_records_and_writes_megatron(inputs, tokenizer, tmp_path, capsys):
+    folder, documents = inputs
+    root = tmp_path / "mega"
+    argv = ["tokenize", folder, "--tokenizer", tokenizer, "--output-dir", str(root)]
+    argv += ["--dataset", "docs", "--format", "megatron", "--shard-size", "16KB"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert f"{len(documents):,} documents" in out
+    assert "skipped bad records in" in err and "a.jsonl" in err
+    decoder = TextTokenizer(tokenizer)
+    docs = shard_documents(str(root), MegatronHandler())
+    assert [decoder.decode(d) for d in docs] == documents
+
+
+def test_the_loader_streams_the_output_back_to_the_input_text(inputs, tokenizer, tmp_path):
+    folder, documents = inputs
+    root = tmp_path / "out"
+    result = run_tokenize(spec(root, tokenizer), [folder])
+    seq = 128
+    loader = build_dataloader(
+        dict(
+            data_path=str(root),
+            seq_length=seq,
+            batch_size=1,
+            logical_shards=1,
+            shuffle_window=1,
+            bos_token=0,
+            eos_token=1,
+            num_workers=0,
+        )
+    )
+    framed = result.tokens + 2 * result.documents
+    stream: list[int] = []
+    for batch in loader:
+        stream += batch["input_ids"][0].tolist() + batch["labels"][0, -1:].tolist()
+        if len(stream) >= framed:
+            break
+    stream = stream[:framed]
+    decoder = TextTokenizer(tokenizer)
+    ends = [i for i, t in enumerate(stream) if t == 1]
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    decoded = [decoder.decode(stream[s + 1 : e]) for s, e in zip(starts, ends)]
+    assert all(stream[s] == 0 for s in starts)
+    assert sorted(decoded) == sorted(documents)
+
+
+def test_vocabularies_beyond_uint16_get_uint32_shards(tmp_path, texts):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{k}": k for k in range(70_000)}
+    words = sorted({w for t in texts[:50] for w in t.split()})
+    for word in words:
+        vocab.setdefault(word, len(vocab))
+    big = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    big.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path = str(tmp_path / "big.json")
+    big.save(path)
+    raw = tmp_path / "raw.jsonl"
+    write_jsonl(raw, texts[:50])
+    run_tokenize(spec(tmp_path / "out", path), [str(raw)])
+    meta = json.loads((tmp_path / "out" / "metadata.json").read_text())
+    assert meta["tokenizer"]["dtype"] == "uint32"
+    docs = shard_documents(str(tmp_path / "out"))
+    assert docs[0] == [vocab[w] for w in texts[0].split()]
+    assert max(max(d) for d in docs) >= 70_000
+
+
+def test_bad_utf8_is_counted_and_a_broken_archive_is_an_error(tmp_path, texts, tokenizer):
+    import gzip
+
+    good = tmp_path / "raw" / "good.jsonl.gz"
+    good.parent.mkdir()
+    with gzip.open(good, "wb") as out:
+        out.write(b'{"text": "fine"}\n{"text": "\xff\xfe broken"}\n{"text": "also fine"}\n')
+    result = run_tokenize(spec(tmp_path / "out", tokenizer), [str(good)])
+    assert result.documents == 2
+    assert list(result.bad_records[str(good)]) == ["not UTF-8 (invalid start byte at byte 10)"]
+
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(good.read_bytes()[:20])
+    with pytest.raises(ShardFormatError, match=rf"{broken}: unreadable input"):
+        run_tokenize(spec(tmp_path / "out2", tokenizer), [str(broken)])
