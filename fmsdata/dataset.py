@@ -184,6 +184,8 @@ class RankLineDataset(IterableDataset):
                 )
             return pipeline
 
+        for local in sorted(mine):
+            shard(local)  # all at once: a remote root fetches their first files in parallel
         dealer = RowDealer(list(self.start_emitted))
         counts = item_batch_counts(config.batch_size, config.line_length)
         ring = None

@@ -78,9 +78,11 @@ def open_shard(
     The replayed lines stay in the shuffle buffer's journal, so a replica that still holds
     ``state`` learns about them with the shard's next update.
     """
-    pipeline = build_shard(shard, recipe, accesses)
+    streams, pipeline = _chain(shard, recipe, accesses)
     if state is not None:
         pipeline.load_state_dict(state)
+    for stream in streams:
+        stream.prefetch_upcoming()
     for _ in range(advance):
         next(pipeline)
     return pipeline
@@ -92,10 +94,16 @@ def build_shard(shard: int, recipe: ShardRecipe, accesses: Sequence) -> ShuffleB
     ``accesses`` start with the mixed datasets, in recipe order (more may follow: datasets
     that only buffered lines still read from).
     """
+    return _chain(shard, recipe, accesses)[1]
+
+
+def _chain(
+    shard: int, recipe: ShardRecipe, accesses: Sequence
+) -> tuple[list[DocumentStream], ShuffleBuffer]:
     streams = [
         DocumentStream(access, shard, recipe.n_shards, recipe.seed, recipe.decoration)
         for access in accesses[: len(recipe.names)]
     ]
     mixer = TokenShareMixer(streams, recipe.names, recipe.schedule)
     packer = LinePacker(mixer, recipe.capacity, recipe.packing)
-    return ShuffleBuffer(packer, recipe.window, derive_key(recipe.seed, "shuffle", shard))
+    return streams, ShuffleBuffer(packer, recipe.window, derive_key(recipe.seed, "shuffle", shard))

@@ -43,7 +43,10 @@ def stdlib_docstrings(min_chars: int = 200, limit: int | None = None) -> Iterato
                 module = importlib.import_module(name)
             except Exception:  # noqa: BLE001 - platform modules may be missing
                 continue
-        for text in _docstrings(module):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated members (typing.io) warn on access
+            found = list(_docstrings(module))
+        for text in found:
             text = inspect.cleandoc(text)
             if len(text) < min_chars or text in seen:
                 continue

@@ -96,7 +96,7 @@ class RemoteFiles:
         cache_dir: str,
         limit_bytes: int,
         companions: Callable[[str], list[str]] = lambda relative: [],
-        prefetch_threads: int = 2,
+        prefetch_threads: int = 4,
     ):
         self.root = root.rstrip("/")
         self.storage = storage

@@ -216,6 +216,15 @@ class DocumentStream:
         self._walk_orders = Permutations(sizes, keys)
         self._walk_epoch = epoch
 
+    def prefetch_upcoming(self) -> None:
+        """Tell the file source which file the next read opens, so that a remote root can
+        start downloading it now (streams opened together then download in parallel)."""
+        self._setup()
+        epoch, pos = divmod(self._ahead, self._size)
+        self._walk_for(epoch)
+        fragment = int(np.searchsorted(self._walk_ends, pos, side="right"))
+        self.access.prefetch(int(self._walk[fragment, 0]))
+
     # -- read ahead / commit -------------------------------------------------------------
 
     def read_ahead(self) -> DocBlock:

@@ -110,3 +110,28 @@ def test_credentials_are_never_logged_or_saved(data, s3, bucket, tmp_path, caplo
     assert raw and secret.encode() not in raw
     assert secret not in caplog.text
     assert secret not in repr(loader.config)
+
+
+def test_every_stream_asks_for_its_first_file_before_any_is_read(
+    data, s3, bucket, tmp_path, monkeypatch
+):
+    """Start-up downloads overlap: all logical shards' streams hint their first file to the
+    cache before the first one is opened, not one after another as lines are dealt."""
+    events = []
+    prefetch, local = RemoteFiles.prefetch, RemoteFiles.local
+    monkeypatch.setattr(
+        RemoteFiles, "prefetch", lambda self, rel: (events.append("hint"), prefetch(self, rel))
+    )
+    monkeypatch.setattr(
+        RemoteFiles, "local", lambda self, rel: (events.append("open"), local(self, rel))[1]
+    )
+    shards = 4
+    config = remote(
+        base_config(data, num_workers=0, batch_size=1, logical_shards=shards),
+        f"s3://{bucket}/root",
+        s3.url,
+        tmp_path,
+    )
+    take(build_dataloader(config), 1)
+    streams = shards * 2  # datasets a and b
+    assert events.index("open") >= streams, events
