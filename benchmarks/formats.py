@@ -17,7 +17,6 @@ Prints a table and writes ``benchmarks/results/formats.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -32,6 +31,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
+from benchlib import generated_documents, write_results  # noqa: E402
 from formats import (  # noqa: E402  (the shared format writers live beside the tests)
     write_arrow,
     write_flat,
@@ -67,18 +67,6 @@ TOKEN_FORMATS: dict[str, tuple[Callable[[str, Any], None], dict[str, Any]]] = {
     "npy (flat)": (lambda root, docs: write_flat(root, docs, EOS), {"file_type": "npy"}),
     "mds": (write_mds, {"file_type": "mds"}),
 }
-
-
-def generated_documents(files: int, docs: int, seed: int = 0) -> dict[str, list]:
-    rng = np.random.default_rng(seed)
-    out: dict[str, list] = {}
-    for name in ("web", "code"):
-        out[name] = []
-        for _ in range(files):
-            lengths = np.maximum(1, rng.lognormal(np.log(700), 1.0, docs)).astype(np.int64)
-            tokens = rng.integers(16, 50_000, int(lengths.sum()), dtype=np.uint16)
-            out[name].append(np.split(tokens, np.cumsum(lengths)[:-1]))
-    return out
 
 
 def bare_read(paths: list[str], line_length: int, seconds: float) -> float:
@@ -187,10 +175,7 @@ def main() -> int:
     print(f"{name:34} {results[name] / 1e6:10.1f} M {results[name] / bare:12.2f}")
     encode = results["bare_encode_tokens_per_s"]
     print(f"{'bare encode_batch of the texts':34} {encode / 1e6:10.1f} M")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as handle:
-        json.dump(results, handle, indent=2)
-    print(f"\nwrote {args.out}")
+    write_results(args.out, results)
     return 0
 
 

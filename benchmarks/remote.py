@@ -23,7 +23,6 @@ Prints a table and writes ``benchmarks/results/remote.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -31,11 +30,10 @@ import tempfile
 import time
 from typing import Any
 
-import numpy as np
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
+from benchlib import generated_documents, write_results  # noqa: E402
 from formats import write_arrow  # noqa: E402  (the shared format writers live beside the tests)
 from s3local import CREDENTIALS, REGION, FaultProxy, S3Server, upload_tree  # noqa: E402
 
@@ -49,18 +47,6 @@ from fmsdata.remote.storage import Storage  # noqa: E402
 SEQ = 4096
 BATCH = 8
 BUCKET = "bench"
-
-
-def generated_documents(files: int, docs: int) -> dict[str, list]:
-    rng = np.random.default_rng(0)
-    out: dict[str, list] = {}
-    for name in ("web", "code"):
-        out[name] = []
-        for _ in range(files):
-            lengths = np.maximum(1, rng.lognormal(np.log(700), 1.0, docs)).astype(np.int64)
-            tokens = rng.integers(16, 50_000, int(lengths.sum()), dtype=np.uint16)
-            out[name].append(np.split(tokens, np.cumsum(lengths)[:-1]))
-    return out
 
 
 def loader_config(root: str, cache: str, endpoint: str | None) -> dict[str, Any]:
@@ -178,10 +164,7 @@ def main() -> int:
         for jobs in (1, 8):
             value = results[f"download {label}, {jobs} job(s)"]
             print(f"{label + f', {jobs} job(s)':32} {value / 1e6:12.1f} {value / base:10.2f}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as handle:
-        json.dump(results, handle, indent=2)
-    print(f"\nwrote {args.out}")
+    write_results(args.out, results)
     return 0
 
 

@@ -13,7 +13,6 @@ Prints a table and writes ``benchmarks/results/throughput.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from benchlib import write_results
 
 from fmsdata import build_dataloader
 from fmsdata.checkpoint import load_loader_state, save_loader_state
@@ -210,10 +210,7 @@ def main() -> int:
     results["peak_rss_main_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     print_table(results)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as handle:
-        json.dump(results, handle, indent=2)
-    print(f"\nwrote {args.out}")
+    write_results(args.out, results)
     return 0
 
 

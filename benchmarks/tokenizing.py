@@ -23,6 +23,8 @@ import tempfile
 import time
 from typing import Any
 
+from benchlib import write_results
+
 from fmsdata.handlers.text import TextTokenizer
 from fmsdata.textcorpus import bundled_tokenizer_path, stdlib_docstrings
 from fmsdata.tokenize import TokenizeSpec, run_tokenize
@@ -86,10 +88,7 @@ def main() -> int:
     print(f"{'':28} {'tokens/s':>12} {'vs encode_batch':>16}")
     for name in ("bare encode_batch", "tokenize, 1 worker(s)", "tokenize, 2 worker(s)"):
         print(f"{name:28} {results[name] / 1e6:10.2f} M {results[name] / base:16.2f}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as handle:
-        json.dump(results, handle, indent=2)
-    print(f"\nwrote {args.out}")
+    write_results(args.out, results)
     return 0
 
 

@@ -184,8 +184,11 @@ class RankLineDataset(IterableDataset):
                 )
             return pipeline
 
-        for local in sorted(mine):
-            shard(local)  # all at once: a remote root fetches their first files in parallel
+        if context.source.downloads:
+            # Open every shard now so their first files download in parallel; local roots
+            # open shards as rows reach them (first batch independent of the shard count).
+            for local in sorted(mine):
+                shard(local)
         dealer = RowDealer(list(self.start_emitted))
         counts = item_batch_counts(config.batch_size, config.line_length)
         ring = None

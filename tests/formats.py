@@ -156,10 +156,10 @@ def write_mds(root, files, encoding="bytes", compression=None):
             for i, doc in enumerate(chunk):
                 tokens = doc.astype(np.uint16)
                 # ndarray: [dtype code,] ndim << 2 | shape dtype, shape (smallest uint), values
-                shape_code = 0 if len(tokens) < 256 else 1
+                shape_code = int(np.searchsorted([1 << 8, 1 << 16, 1 << 32], len(tokens), "right"))
+                shape_type = (np.uint8, np.uint16, np.uint32, np.uint64)[shape_code]
                 shape = (
-                    bytes([(1 << 2) | shape_code])
-                    + np.array([len(tokens)], (np.uint8, np.uint16)[shape_code]).tobytes()
+                    bytes([(1 << 2) | shape_code]) + np.array([len(tokens)], shape_type).tobytes()
                 )
                 if encoding == "bytes":
                     payload = tokens.tobytes()

@@ -41,6 +41,8 @@ _STALE_PARTIAL_S = 3600.0
 class FileSource(Protocol):
     """Local paths of a root's files, given relative to the root."""
 
+    downloads: bool  # files are fetched before they can be read (prefetch hints pay off)
+
     def local(self, relative: str) -> str:
         """A readable local path of the file (and its companions); pinned until release."""
         ...
@@ -60,6 +62,8 @@ class FileSource(Protocol):
 
 class LocalFiles:
     """A root on the local filesystem, read in place."""
+
+    downloads = False
 
     def __init__(self, base: str):
         self.base = base
@@ -88,6 +92,8 @@ class RemoteFiles:
         companions: Other files a shard needs beside it (root-relative), fetched with it.
         prefetch_threads: Background downloads at a time in this process.
     """
+
+    downloads = True
 
     def __init__(
         self,
