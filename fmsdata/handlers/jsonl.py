@@ -14,7 +14,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.derived import default_cache_dir
@@ -27,25 +27,52 @@ from fmsdata.handlers.text import (
     encode_texts,
 )
 
-__all__ = ["JsonlHandler", "open_text"]
+__all__ = ["JsonlHandler", "open_binary", "decode_text", "parse_record"]
 
 logger = logging.getLogger(__name__)
 
 TEXTS_PER_BATCH = 512  # texts per encode_batch call
 
 
-def open_text(path: str) -> io.TextIOBase:
-    """A text stream over a plain, gzip or zstandard file (by ending)."""
-    if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    if path.endswith(".zst") or path.endswith(".zstd"):
+def open_binary(path: str) -> BinaryIO:
+    """A byte stream over a plain, gzip or zstandard file (by ending)."""
+    name = path.lower()
+    if name.endswith(".gz"):
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if name.endswith((".zst", ".zstd")):
         import zstandard
 
         raw = open(path, "rb")
-        return io.TextIOWrapper(
-            zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), encoding="utf-8"
-        )
-    return open(path, encoding="utf-8")
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+        return io.BufferedReader(reader)  # type: ignore[arg-type]
+    return open(path, "rb")
+
+
+def decode_text(raw: bytes) -> tuple[str | None, str | None]:
+    """``(text, None)``, or ``(None, problem)`` when ``raw`` is not UTF-8."""
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as err:
+        return None, f"not UTF-8 ({err.reason} at byte {err.start})"
+
+
+def parse_record(raw: bytes, text_field: str) -> tuple[str | None, str | None]:
+    """One JSON line: ``(text, None)``, or ``(None, problem)`` when it holds no document."""
+    line, problem = decode_text(raw)
+    if line is None:
+        return None, problem
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        return None, f"invalid JSON ({err.msg})"
+    if not isinstance(record, dict):
+        return None, f"not a JSON object ({type(record).__name__})"
+    if text_field not in record:
+        return None, f"no field {text_field!r}"
+    text = record[text_field]
+    if not isinstance(text, str):
+        return None, f"field {text_field!r} is {type(text).__name__}, not text"
+    return text, None
 
 
 class JsonlHandler(CachedTokensHandler):
@@ -77,18 +104,11 @@ class JsonlHandler(CachedTokensHandler):
 
     def records(self, path: str) -> Iterator[str | None]:
         """The documents of a file in order; None for a skipped malformed line."""
-        with open_text(path) as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
+        with open_binary(path) as lines:
+            for number, raw in enumerate(lines, start=1):
+                if not raw.strip():
                     continue
-                try:
-                    record = json.loads(line)
-                    text = record.get(self.text_field) if isinstance(record, dict) else None
-                    problem = (
-                        None if isinstance(text, str) else f"no text field {self.text_field!r}"
-                    )
-                except json.JSONDecodeError as err:
-                    problem = f"invalid JSON ({err.msg})"
+                text, problem = parse_record(raw, self.text_field)
                 if problem is None:
                     yield text
                 elif self.strict:

@@ -11,17 +11,14 @@ plans the same inputs cuts them the same way.
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import io
-import json
 import os
 from collections.abc import Iterator, Sequence
-from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fmsdata.errors import ConfigError, ShardFormatError
+from fmsdata.handlers.jsonl import decode_text, open_binary, parse_record
 
 __all__ = [
     "InputFile",
@@ -149,30 +146,16 @@ def read_piece(file: InputFile, piece: Piece, text_field: str) -> Iterator[Recor
             yield from _parquet_records(file, piece, text_field)
         elif file.kind == "text":
             with open_binary(file.path) as handle:
-                yield (0, *_decode_text(handle.read()))
+                yield (0, *decode_text(handle.read()))
         elif file.compressed:
             with open_binary(file.path) as handle:
                 for number, raw in enumerate(handle, start=1):
                     if raw.strip():
-                        yield (number, *_parse(raw, text_field))
+                        yield (number, *parse_record(raw, text_field))
         else:
             yield from _plain_jsonl_records(file, piece, text_field)
     except (OSError, EOFError) as err:
         raise ShardFormatError(f"{file.path}: unreadable input ({err})") from None
-
-
-def open_binary(path: str) -> BinaryIO:
-    """A byte stream over a plain, gzip or zstandard file (by ending)."""
-    name = path.lower()
-    if name.endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    if name.endswith((".zst", ".zstd")):
-        import zstandard
-
-        raw = open(path, "rb")
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-        return io.BufferedReader(reader)  # type: ignore[arg-type]
-    return open(path, "rb")
 
 
 def _plain_jsonl_records(file: InputFile, piece: Piece, text_field: str) -> Iterator[Record]:
@@ -186,33 +169,8 @@ def _plain_jsonl_records(file: InputFile, piece: Piece, text_field: str) -> Iter
             if not raw:
                 break
             if raw.strip():
-                yield (position, *_parse(raw, text_field))
+                yield (position, *parse_record(raw, text_field))
             position += len(raw)
-
-
-def _decode_text(raw: bytes) -> tuple[str | None, str | None]:
-    try:
-        return raw.decode("utf-8"), None
-    except UnicodeDecodeError as err:
-        return None, f"not UTF-8 ({err.reason} at byte {err.start})"
-
-
-def _parse(raw: bytes, text_field: str) -> tuple[str | None, str | None]:
-    line, problem = _decode_text(raw)
-    if line is None:
-        return None, problem
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        return None, f"invalid JSON ({err.msg})"
-    if not isinstance(record, dict):
-        return None, f"not a JSON object ({type(record).__name__})"
-    if text_field not in record:
-        return None, f"no field {text_field!r}"
-    text = record[text_field]
-    if not isinstance(text, str):
-        return None, f"field {text_field!r} is {type(text).__name__}, not text"
-    return text, None
 
 
 def _parquet_records(file: InputFile, piece: Piece, text_field: str) -> Iterator[Record]:
