@@ -69,7 +69,11 @@ def run_tokenize(
         raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers!r}")
-    inputs = find_inputs(input_paths)
+    # Absolute paths: Ray workers and SLURM tasks may run in other folders.
+    spec = dataclasses.replace(
+        spec, output_dir=os.path.abspath(spec.output_dir), tokenizer=os.path.abspath(spec.tokenizer)
+    )
+    inputs = find_inputs([os.path.abspath(p) for p in input_paths])
     units = plan_units(inputs, spec.shard_bytes)
     tokenizer_sha = file_sha256(spec.tokenizer)
     _claim(spec, plan_document(spec, inputs, units, tokenizer_sha))

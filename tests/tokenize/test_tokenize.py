@@ -106,13 +106,14 @@ def test_slurm_style_tasks_together_equal_the_single_run(inputs, tokenizer, tmp_
     assert output_files(tmp_path / "array") == output_files(tmp_path / "single")
 
 
-def test_ray_backend_gives_the_same_output(inputs, tokenizer, tmp_path):
+def test_ray_backend_gives_the_same_output(inputs, tokenizer, tmp_path, monkeypatch):
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'fmsdata[ray]')")
     folder, _ = inputs
     run_tokenize(spec(tmp_path / "local", tokenizer), [folder])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    monkeypatch.chdir(tmp_path)  # relative paths, though Ray workers run elsewhere
     try:
-        run_tokenize(spec(tmp_path / "ray", tokenizer), [folder], backend="ray")
+        run_tokenize(spec("ray", tokenizer), [os.path.relpath(folder)], backend="ray")
     finally:
         ray.shutdown()
     assert output_files(tmp_path / "ray") == output_files(tmp_path / "local")
