@@ -79,16 +79,21 @@ def run(args: argparse.Namespace) -> int:
         nonlocal progress
         progress = Progress(sum(u.weight for u in todo), "B", label="tokenizing ")
 
-    def on_unit(record: dict[str, Any]) -> None:
-        totals["documents"] += record["documents"]
-        totals["tokens"] += record["tokens"]
-        rate = totals["tokens"] / max(time.perf_counter() - start, 1e-9)
+    def on_progress(documents: int, tokens: int) -> None:
+        totals["documents"] += documents
+        totals["tokens"] += tokens
         if progress is not None:
-            progress.update(
-                record["input_bytes"],
-                f"{totals['documents']:,} docs, {totals['tokens']:,} tokens, "
-                f"{rate / 1e6:.2f} M tok/s",
-            )
+            progress.update(0, status())
+
+    def on_unit(record: dict[str, Any]) -> None:
+        if progress is not None:
+            progress.update(record["input_bytes"], status())
+
+    def status() -> str:
+        rate = totals["tokens"] / max(time.perf_counter() - start, 1e-9)
+        return (
+            f"{totals['documents']:,} docs, {totals['tokens']:,} tokens, {rate / 1e6:.2f} M tok/s"
+        )
 
     try:
         result = run_tokenize(
@@ -100,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             shard_id=args.shard_id,
             on_unit=on_unit,
             on_plan=on_plan,
+            on_progress=on_progress,
         )
     finally:
         if progress is not None:

@@ -13,8 +13,11 @@ from __future__ import annotations
 import concurrent.futures
 import csv
 import dataclasses
+import fcntl
 import json
+import multiprocessing
 import os
+import queue
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,11 +63,13 @@ def run_tokenize(
     backend: str = "local",
     num_shards: int = 1,
     shard_id: int = 0,
-    on_unit: Callable[[dict[str, Any]], None] | None = None,
-    on_plan: Callable[[list[Unit]], None] | None = None,
+    on_unit: Callable[[dict[str, Any]], None] = lambda record: None,
+    on_plan: Callable[[list[Unit]], None] = lambda todo: None,
+    on_progress: Callable[[int, int], None] = lambda documents, tokens: None,
 ) -> TokenizeResult:
-    """Tokenize ``input_paths`` per ``spec``; ``on_plan(todo)`` is told the units about to
-    run and ``on_unit(record)`` hears of each one written."""
+    """Tokenize ``input_paths`` per ``spec``. ``on_plan(todo)`` is told the units about to
+    run, ``on_progress(documents, tokens)`` the increments as they are encoded (per unit
+    with Ray), and ``on_unit(record)`` of each unit written."""
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if workers < 1:
@@ -76,17 +81,17 @@ def run_tokenize(
     inputs = find_inputs([os.path.abspath(p) for p in input_paths])
     units = plan_units(inputs, spec.shard_bytes)
     tokenizer_sha = file_sha256(spec.tokenizer)
+    _root_metadata(spec, tokenizer_sha)  # refuse a root of another tokenizer before any work
     _claim(spec, plan_document(spec, inputs, units, tokenizer_sha))
     mine = select_units(units, num_shards, shard_id)
     todo = [u for u in mine if not unit_done(spec, u.index)]
-    if on_plan is not None:
-        on_plan(todo)
+    on_plan(todo)
     # Largest first, so the last unit to finish is a small one.
     todo.sort(key=lambda u: (-u.weight, u.index))
     if backend == "ray":
-        written = _run_ray(spec, inputs, todo, on_unit)
+        written = _run_ray(spec, inputs, todo, on_unit, on_progress)
     else:
-        written = _run_local(spec, inputs, todo, workers, on_unit)
+        written = _run_local(spec, inputs, todo, workers, on_unit, on_progress)
     result = TokenizeResult(len(units), len(mine), len(mine) - len(todo), written, False)
     if all(unit_done(spec, u.index) for u in units):
         records = [read_record(spec, u.index) for u in units]
@@ -120,39 +125,66 @@ def _run_local(
     inputs: Sequence[InputFile],
     todo: Sequence[Unit],
     workers: int,
-    on_unit: Callable[[dict[str, Any]], None] | None,
+    on_unit: Callable[[dict[str, Any]], None],
+    on_progress: Callable[[int, int], None],
 ) -> list[dict[str, Any]]:
     written = []
     if workers == 1 or len(todo) <= 1:
         for unit in todo:
-            written.append(tokenize_unit(spec, inputs, unit))
-            if on_unit is not None:
-                on_unit(written[-1])
+            written.append(tokenize_unit(spec, inputs, unit, on_progress))
+            on_unit(written[-1])
         return written
     threads = str(max(1, (os.cpu_count() or 1) // workers))
+    progress: multiprocessing.Queue = multiprocessing.Queue()
+
+    def drain() -> None:
+        while True:
+            try:
+                on_progress(*progress.get_nowait())
+            except queue.Empty:
+                return
+
     with concurrent.futures.ProcessPoolExecutor(
-        workers, initializer=_share_cores, initargs=(threads,)
+        workers, initializer=_start_worker, initargs=(threads, progress)
     ) as pool:
-        futures = [pool.submit(tokenize_unit, spec, inputs, unit) for unit in todo]
-        for future in concurrent.futures.as_completed(futures):
-            written.append(future.result())
-            if on_unit is not None:
+        pending = {pool.submit(tokenize_unit, spec, inputs, u, _queue_progress) for u in todo}
+        while pending:
+            done, pending = concurrent.futures.wait(
+                pending, timeout=0.2, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            drain()
+            for future in done:
+                written.append(future.result())
                 on_unit(written[-1])
+    drain()
     return written
 
 
-def _share_cores(threads: str) -> None:
-    """Give each worker process its share of the cores for ``tokenizers``' thread pool."""
+_progress_queue: multiprocessing.Queue | None = None
+
+
+def _start_worker(threads: str, progress: multiprocessing.Queue) -> None:
+    """Give each worker process its share of the cores for ``tokenizers``' thread pool,
+    and the queue its progress goes to."""
+    global _progress_queue
     os.environ["RAYON_NUM_THREADS"] = threads
     os.environ["RAYON_RS_NUM_THREADS"] = threads
+    _progress_queue = progress
+
+
+def _queue_progress(documents: int, tokens: int) -> None:
+    if _progress_queue is not None:
+        _progress_queue.put((documents, tokens))
 
 
 def _run_ray(
     spec: TokenizeSpec,
     inputs: Sequence[InputFile],
     todo: Sequence[Unit],
-    on_unit: Callable[[dict[str, Any]], None] | None,
+    on_unit: Callable[[dict[str, Any]], None],
+    on_progress: Callable[[int, int], None],
 ) -> list[dict[str, Any]]:
+    """Ray tasks report when their unit is done (no live progress from inside them)."""
     try:
         import ray
     except ImportError:
@@ -167,8 +199,8 @@ def _run_ray(
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         written.append(ray.get(done[0]))
-        if on_unit is not None:
-            on_unit(written[-1])
+        on_progress(written[-1]["documents"], written[-1]["tokens"])
+        on_unit(written[-1])
     return written
 
 
@@ -200,7 +232,20 @@ def _finish(
     records: Sequence[dict[str, Any]],
     tokenizer_sha: str,
 ) -> None:
-    """Write ``meta/counts.csv`` (other datasets' rows kept) and ``metadata.json``."""
+    """Write ``meta/counts.csv`` (other datasets' rows kept) and ``metadata.json``, under a
+    lock: runs of other datasets into the same root may finish at the same time."""
+    lock_path = os.path.join(spec.output_dir, "meta", ".tokenize.lock")
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _write_metadata(spec, inputs, records, tokenizer_sha)
+
+
+def _write_metadata(
+    spec: TokenizeSpec,
+    inputs: Sequence[InputFile],
+    records: Sequence[dict[str, Any]],
+    tokenizer_sha: str,
+) -> None:
     import tokenizers
 
     rows = [(r["shard"], r["documents"], r["tokens"]) for r in records if r["documents"]]
@@ -209,16 +254,7 @@ def _finish(
     for record in records:
         hashes.update(record["input_sha256"])
     path = os.path.join(spec.output_dir, METADATA)
-    metadata: dict[str, Any] = {}
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as handle:
-            metadata = json.load(handle)
-        known = metadata.get("tokenizer", {}).get("sha256")
-        if known not in (None, tokenizer_sha):
-            raise ConfigError(
-                f"{path}: the other datasets of this root were tokenized with another "
-                f"tokenizer (sha256 {known}, this one {tokenizer_sha}); use another --output-dir"
-            )
+    metadata = _root_metadata(spec, tokenizer_sha)
     metadata["fmsdata_version"] = __version__
     metadata["tokenizers_version"] = tokenizers.__version__
     metadata["tokenizer"] = tokenizer_info(spec.tokenizer, tokenizer_sha)
@@ -234,6 +270,22 @@ def _finish(
         "inputs": [{"path": f.path, "bytes": f.size, "sha256": hashes[f.path]} for f in inputs],
     }
     write_json_atomic(path, metadata)
+
+
+def _root_metadata(spec: TokenizeSpec, tokenizer_sha: str) -> dict[str, Any]:
+    """The root's ``metadata.json`` (empty if none), checked to hold the same tokenizer."""
+    path = os.path.join(spec.output_dir, METADATA)
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as handle:
+        metadata = json.load(handle)
+    known = metadata.get("tokenizer", {}).get("sha256")
+    if known not in (None, tokenizer_sha):
+        raise ConfigError(
+            f"{path}: the other datasets of this root were tokenized with another "
+            f"tokenizer (sha256 {known}, this one {tokenizer_sha}); use another --output-dir"
+        )
+    return metadata
 
 
 def _other_counts(spec: TokenizeSpec) -> list[tuple[str, int, int]]:

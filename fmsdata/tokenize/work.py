@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,13 +67,15 @@ def read_record(spec: TokenizeSpec, unit: int) -> dict[str, Any]:
 
 
 class _Tally:
-    """Documents, tokens and bad records of one unit as its documents stream past."""
+    """Documents, tokens and bad records of one unit as its documents stream past;
+    ``report(documents, tokens)`` hears the increments after each encoded batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, report: Callable[[int, int], None] | None) -> None:
         self.documents = 0
         self.tokens = 0
         self.empty = 0
         self.bad: dict[str, dict[str, int]] = {}
+        self.report = report
 
     def problem(self, path: str, what: str) -> None:
         per_file = self.bad.setdefault(path, {})
@@ -89,14 +91,18 @@ def _documents(
     batch: list[str] = []
 
     def encoded() -> Iterator[np.ndarray]:
-        for ids in tokenizer.encode(batch):
-            if not ids:
-                tally.empty += 1
-                continue
-            tally.documents += 1
-            tally.tokens += len(ids)
-            yield np.asarray(ids, dtype=dtype)
+        if not batch:
+            return
+        kept = [ids for ids in tokenizer.encode(batch) if ids]
+        tally.empty += len(batch) - len(kept)
         batch.clear()
+        tokens = sum(len(ids) for ids in kept)
+        tally.documents += len(kept)
+        tally.tokens += tokens
+        if tally.report is not None:
+            tally.report(len(kept), tokens)
+        for ids in kept:
+            yield np.asarray(ids, dtype=dtype)
 
     for piece in unit.pieces:
         file = inputs[piece.file]
@@ -112,9 +118,15 @@ def _documents(
     yield from encoded()
 
 
-def tokenize_unit(spec: TokenizeSpec, inputs: Sequence[InputFile], unit: Unit) -> dict[str, Any]:
-    """Tokenize one unit into its shard and write its record; returns the record."""
-    tally = _Tally()
+def tokenize_unit(
+    spec: TokenizeSpec,
+    inputs: Sequence[InputFile],
+    unit: Unit,
+    report: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Tokenize one unit into its shard and write its record; returns the record.
+    ``report(documents, tokens)`` is told of progress as batches are encoded."""
+    tally = _Tally(report)
     target = os.path.join(spec.output_dir, spec.shard_name(unit.index))
     os.makedirs(os.path.dirname(target), exist_ok=True)
     dtype = _tokenizer(spec.tokenizer).dtype

@@ -84,9 +84,18 @@ def test_output_holds_every_document_in_order_with_counts_and_metadata(inputs, t
 @pytest.mark.slow
 def test_the_same_bytes_for_one_and_two_workers(inputs, tokenizer, tmp_path):
     folder, _ = inputs
-    run_tokenize(spec(tmp_path / "one", tokenizer), [folder], workers=1)
-    run_tokenize(spec(tmp_path / "two", tokenizer), [folder], workers=2)
-    one, two = output_files(tmp_path / "one"), output_files(tmp_path / "two")
+    for workers in (1, 2):
+        heard = []
+        result = run_tokenize(
+            spec(tmp_path / str(workers), tokenizer),
+            [folder],
+            workers=workers,
+            on_progress=lambda docs, tokens, heard=heard: heard.append((docs, tokens)),
+        )
+        # Progress arrives per encoded batch, from the worker processes too, and adds up.
+        assert len(heard) >= result.units
+        assert [sum(x) for x in zip(*heard)] == [result.documents, result.tokens]
+    one, two = output_files(tmp_path / "1"), output_files(tmp_path / "2")
     assert len(one) > 8 and one == two
 
 
@@ -252,3 +261,44 @@ def test_bad_utf8_is_counted_and_a_broken_archive_is_an_error(tmp_path, texts, t
     broken.write_bytes(good.read_bytes()[:20])
     with pytest.raises(ShardFormatError, match=rf"{broken}: unreadable input"):
         run_tokenize(spec(tmp_path / "out2", tokenizer), [str(broken)])
+
+
+def test_progress_is_reported_while_a_shard_is_written(tmp_path, texts, tokenizer):
+    raw = tmp_path / "raw.jsonl"
+    write_jsonl(raw, texts)
+    heard = []
+    big = TokenizeSpec(str(tmp_path / "out"), "docs", tokenizer, shard_bytes=1 << 30)
+    result = run_tokenize(big, [str(raw)], on_progress=lambda *x: heard.append(x))
+    assert result.units == 1 and len(heard) == -(-len(texts) // 256)
+    assert [sum(x) for x in zip(*heard)] == [result.documents, result.tokens]
+
+
+def test_datasets_tokenized_into_one_root_share_its_metadata(tmp_path, texts, tokenizer):
+    import threading
+
+    for name in ("web", "code"):
+        write_jsonl(tmp_path / f"{name}.jsonl", texts[: 200 if name == "web" else 100])
+    root = tmp_path / "out"
+    runs = [
+        threading.Thread(
+            target=run_tokenize,
+            args=(TokenizeSpec(str(root), name, tokenizer), [str(tmp_path / f"{name}.jsonl")]),
+        )
+        for name in ("web", "code")
+    ]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    meta = json.loads((root / "metadata.json").read_text())
+    assert {k: v["documents"] for k, v in meta["datasets"].items()} == {"web": 200, "code": 100}
+    counts = (root / "meta" / "counts.csv").read_text().splitlines()
+    assert sorted(line.split("/")[1] for line in counts[1:]) == ["code", "web"]
+    loader = build_dataloader(dict(data_path=str(root), seq_length=64, batch_size=2))
+    assert sorted(d.name for d in loader.dataset.catalog().datasets) == ["code", "web"]
+
+    other = tmp_path / "other.json"
+    other.write_bytes(open(tokenizer, "rb").read().replace(b'"<|pad|>"', b'"<|pad2|>"'))
+    with pytest.raises(ConfigError, match="another tokenizer"):
+        run_tokenize(TokenizeSpec(str(root), "math", str(other)), [str(tmp_path / "web.jsonl")])
+    assert not (root / "math").exists()
