@@ -6,7 +6,7 @@ check: lint test
 lint:
 	ruff check .
 	ruff format --check .
-	mypy fmsdata
+	mypy -p fmsdata
 
 test:
 	python -m pytest -q
