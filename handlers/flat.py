@@ -5,7 +5,12 @@ The type comes from ``token_dtype`` or a ``<file>.json`` sidecar (``{"dtype": "u
 Document ends are found by scanning for the separator once per file; the result is cached
 under ``<cache_dir>/flat/``. Writers that pre-allocate files can leave a zero-filled tail
 after the last document: it is detected and never served as tokens (a warning says how
-long it is). Files carrying a real ``.npy`` header are read past it.
+long it is).
+
+Files written by ``np.save`` (they start with the ``\x93NUMPY`` magic) are read through
+their header: its dtype is the token type (a conflicting ``token_dtype`` is an error), the
+data starts after it, and a size that disagrees with its shape is a truncation. Files
+without the magic are headerless, whatever their extension.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.derived import default_cache_dir, derived_path
 from fmsdata.handlers.mapping import MappedFile
+from fmsdata.handlers.npy_header import has_npy_magic, parse_npy_header
 
 __all__ = ["FlatTokensHandler"]
 
@@ -30,10 +36,12 @@ _SCAN = 1 << 24  # tokens compared per step while looking for separators
 
 
 class _FlatReader:
-    def __init__(self, path: str, dtype: np.dtype, separator: int, cache_dir: str):
+    def __init__(
+        self, path: str, dtype: np.dtype | None, separator: int, cache_dir: str, source: str
+    ):
         self.path = path
         self.mapped = MappedFile(path)
-        offset = _npy_header_length(self.mapped.bytes, path)
+        dtype, offset = _layout(self.mapped.bytes, path, dtype, source)
         if (len(self.mapped.bytes) - offset) % dtype.itemsize:
             raise ShardFormatError(
                 f"{path}: {len(self.mapped.bytes) - offset} bytes is not a whole number of "
@@ -54,15 +62,35 @@ class _FlatReader:
         self.n = len(ends)
 
 
-def _npy_header_length(raw: np.ndarray, path: str) -> int:
-    if len(raw) < 10 or bytes(raw[:6]) != b"\x93NUMPY":
-        return 0
-    major = raw[6]
-    size = int(raw[8:10].view("<u2")[0]) if major == 1 else int(raw[8:12].view("<u4")[0])
-    start = (10 if major == 1 else 12) + size
-    if start > len(raw):
-        raise ShardFormatError(f"{path}: truncated .npy header")
-    return start
+def _layout(
+    raw: np.ndarray, path: str, configured: np.dtype | None, source: str
+) -> tuple[np.dtype, int]:
+    """Token type and data offset: from a NumPy header when the file has one, else the
+    configured type (``source`` says where it came from) and offset 0."""
+    if not has_npy_magic(raw):
+        if configured is None:
+            raise ConfigError(f"{path}: set token_dtype (or write {path}.json with a 'dtype')")
+        return configured, 0
+    header = parse_npy_header(raw, path)
+    if header.dtype.kind not in "ui":
+        raise ShardFormatError(
+            f"{path}: .npy header says dtype {header.dtype.str}, not an integer token type"
+        )
+    if header.fortran_order and len(header.shape) > 1:
+        raise ShardFormatError(
+            f"{path}: .npy array of shape {header.shape} is in Fortran order; a token stream "
+            "must be C-ordered"
+        )
+    if configured is not None and (configured.kind, configured.itemsize) != (
+        header.dtype.kind,
+        header.dtype.itemsize,
+    ):
+        raise ConfigError(
+            f"{path}: {source} is {configured.name} but the file's .npy header says "
+            f"{header.dtype.name}; make them agree (the header is what np.save wrote)"
+        )
+    header.check_size(len(raw), path)
+    return header.dtype, header.offset
 
 
 def _document_ends(
@@ -127,20 +155,22 @@ class FlatTokensHandler(FileHandler):
         self.separator = separator
         self.cache_dir = cache_dir or default_cache_dir()
 
-    def _dtype(self, path: str) -> np.dtype:
+    def _dtype(self, path: str) -> tuple[np.dtype | None, str]:
+        """The configured token type and where it came from (None: not configured)."""
         if self.token_dtype is not None:
-            return np.dtype(self.token_dtype)
+            return np.dtype(self.token_dtype), "token_dtype"
         sidecar = path + ".json"
         if os.path.exists(sidecar):
             try:
                 with open(sidecar) as handle:
-                    return np.dtype(json.load(handle)["dtype"])
+                    return np.dtype(json.load(handle)["dtype"]), f"the 'dtype' of {sidecar}"
             except (ValueError, KeyError, TypeError) as err:
                 raise ShardFormatError(f"{sidecar}: no readable 'dtype' ({err})") from None
-        raise ConfigError(f"{path}: set token_dtype (or write {sidecar} with a 'dtype')")
+        return None, ""
 
     def open(self, path: str) -> _FlatReader:
-        return _FlatReader(path, self._dtype(path), self.separator, self.cache_dir)
+        dtype, source = self._dtype(path)
+        return _FlatReader(path, dtype, self.separator, self.cache_dir, source)
 
     def num_docs(self, reader: _FlatReader) -> int:
         return reader.n

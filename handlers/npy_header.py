@@ -1,0 +1,172 @@
+"""The header of files written by ``np.save`` (NumPy ``.npy`` format, versions 1 to 3).
+
+A ``.npy`` file starts with the magic ``\\x93NUMPY``, a major and minor version, the
+header's length (2 bytes little-endian in version 1, 4 bytes in versions 2 and 3) and the
+header itself: a Python dict literal with ``descr``, ``fortran_order`` and ``shape``. The
+data follows it. Files from other writers share the extension without the header (OLMo and
+Dolma token streams are raw memory maps), so the magic, never the extension, tells the two
+apart.
+
+The header is parsed as a literal (``ast.literal_eval``: no names, calls or pickles are
+evaluated) and checked strictly; object dtypes, which ``np.load`` could only read by
+unpickling, are refused. Anything malformed is a ``ShardFormatError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+import numpy as np
+
+from fmsdata.errors import ShardFormatError
+
+__all__ = ["NPY_MAGIC", "NpyHeader", "has_npy_magic", "parse_npy_header", "read_npy_header"]
+
+NPY_MAGIC = b"\x93NUMPY"
+_MAX_HEADER = 1 << 20  # numpy writes a few hundred bytes; larger is damage, not a header
+_KEYS = {"descr", "fortran_order", "shape"}
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """What a ``.npy`` header says about its array.
+
+    Attributes:
+        dtype: Element type (never an object dtype).
+        shape: Array shape.
+        fortran_order: Whether the data is stored column-major.
+        offset: Byte offset of the first data byte.
+    """
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    fortran_order: bool
+    offset: int
+
+    @property
+    def count(self) -> int:
+        """Number of elements the shape holds."""
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of data the header promises after ``offset``."""
+        return self.count * self.dtype.itemsize
+
+    def check_size(self, file_size: int, path: str) -> None:
+        """Raise ``ShardFormatError`` unless the file holds exactly the promised data."""
+        have = file_size - self.offset
+        if have < self.nbytes:
+            raise ShardFormatError(
+                f"{path}: truncated .npy file: its header promises shape {self.shape} of "
+                f"{self.dtype.str} ({self.nbytes} bytes of data), the file holds {have}"
+            )
+        if have > self.nbytes:
+            raise ShardFormatError(
+                f"{path}: .npy file has {have - self.nbytes} bytes after the {self.nbytes} "
+                f"bytes of data its header (shape {self.shape}, {self.dtype.str}) promises"
+            )
+
+
+def has_npy_magic(raw: bytes | np.ndarray) -> bool:
+    """Whether ``raw`` (the file's first bytes) starts with the ``.npy`` magic."""
+    return len(raw) >= len(NPY_MAGIC) and bytes(raw[: len(NPY_MAGIC)]) == NPY_MAGIC
+
+
+def read_npy_header(path: str) -> NpyHeader:
+    """Parse the header of the ``.npy`` file at ``path`` (reads only the header)."""
+    with open(path, "rb") as handle:
+        start = handle.read(12)
+        length = _header_length(start, path)
+        raw = start + handle.read(max(0, length - len(start)))
+    return parse_npy_header(raw, path)
+
+
+def _header_length(raw: bytes, path: str) -> int:
+    """Bytes from the file's start to the end of the header, from the fixed prefix."""
+    if not has_npy_magic(raw):
+        raise ShardFormatError(f"{path}: not a .npy file (no \\x93NUMPY magic)")
+    if len(raw) < 8:
+        raise ShardFormatError(f"{path}: truncated .npy header ({len(raw)} bytes)")
+    major, minor = raw[6], raw[7]
+    if major not in (1, 2, 3) or minor != 0:
+        raise ShardFormatError(
+            f"{path}: .npy format version {major}.{minor} is not 1.0, 2.0 or 3.0"
+        )
+    prefix = 10 if major == 1 else 12
+    if len(raw) < prefix:
+        raise ShardFormatError(f"{path}: truncated .npy header ({len(raw)} bytes)")
+    size = int.from_bytes(bytes(raw[8:prefix]), "little")
+    if size > _MAX_HEADER:
+        raise ShardFormatError(f"{path}: .npy header length {size} is implausible (damaged?)")
+    return prefix + size
+
+
+def parse_npy_header(raw: bytes | np.ndarray, path: str) -> NpyHeader:
+    """Parse a ``.npy`` header from the file's first bytes (at least the whole header).
+
+    Args:
+        raw: The start of the file (bytes, or a uint8 array such as a memory map's view).
+        path: The file, for messages.
+
+    Raises:
+        ShardFormatError: No magic, an unknown version, a cut or malformed header, an
+            object dtype.
+    """
+    head = bytes(raw[:12])
+    end = _header_length(head, path)
+    if len(raw) < end:
+        raise ShardFormatError(
+            f"{path}: truncated .npy header (needs {end} bytes, the file holds {len(raw)})"
+        )
+    prefix = 10 if head[6] == 1 else 12
+    encoding = "utf8" if head[6] == 3 else "latin1"
+    try:
+        text = bytes(raw[prefix:end]).decode(encoding)
+        fields = ast.literal_eval(text)
+    except (UnicodeDecodeError, SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        raise ShardFormatError(f"{path}: .npy header is not a dict literal") from None
+    if not isinstance(fields, dict) or set(fields) != _KEYS:
+        keys = sorted(map(str, fields)) if isinstance(fields, dict) else type(fields).__name__
+        raise ShardFormatError(f"{path}: .npy header must hold exactly {sorted(_KEYS)}, got {keys}")
+    return NpyHeader(
+        dtype=_dtype(fields["descr"], path),
+        shape=_shape(fields["shape"], path),
+        fortran_order=_flag(fields["fortran_order"], path),
+        offset=end,
+    )
+
+
+def _dtype(descr: object, path: str) -> np.dtype:
+    try:
+        if isinstance(descr, str):
+            dtype = np.dtype(descr)
+        elif isinstance(descr, list):
+            dtype = np.lib.format.descr_to_dtype(descr)
+        else:
+            raise TypeError(type(descr).__name__)
+    except (TypeError, ValueError, KeyError, IndexError, SyntaxError):
+        raise ShardFormatError(f"{path}: .npy header has an unreadable descr {descr!r}") from None
+    if dtype.hasobject:
+        raise ShardFormatError(
+            f"{path}: .npy file holds Python objects (descr {descr!r}); refused: reading them "
+            "means unpickling"
+        )
+    return dtype
+
+
+def _shape(shape: object, path: str) -> tuple[int, ...]:
+    if not isinstance(shape, tuple) or not all(
+        type(n) is int and 0 <= n < (1 << 62) for n in shape
+    ):
+        raise ShardFormatError(f"{path}: .npy header has an invalid shape {shape!r}")
+    if shape and int(np.prod([float(n) for n in shape])) >= (1 << 62):
+        raise ShardFormatError(f"{path}: .npy header has an impossible shape {shape!r}")
+    return shape
+
+
+def _flag(value: object, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise ShardFormatError(f"{path}: .npy header has fortran_order {value!r}, not a bool")
+    return value
