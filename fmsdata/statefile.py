@@ -64,12 +64,19 @@ def state_to_bytes(state: Any) -> bytes:
     tree = _flatten(state, arrays)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
-        archive.writestr(_JSON, json.dumps(tree, separators=(",", ":")))
+        archive.writestr(_entry(_JSON), json.dumps(tree, separators=(",", ":")), compresslevel=1)
         for name, array in arrays.items():
             data = io.BytesIO()
             np.lib.format.write_array(data, np.ascontiguousarray(array), allow_pickle=False)
-            archive.writestr(f"{name}.npy", data.getvalue())
+            archive.writestr(_entry(f"{name}.npy"), data.getvalue(), compresslevel=1)
     return buffer.getvalue()
+
+
+def _entry(name: str) -> zipfile.ZipInfo:
+    """A member with a fixed timestamp: the same state always gives the same bytes."""
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
 
 
 def state_from_bytes(data: bytes, source: str = "<bytes>") -> Any:

@@ -61,6 +61,18 @@ def test_state_file_holds_only_json_and_npy_and_never_unpickles(tmp_path):
         load_state(crafted)
 
 
+def test_the_same_state_gives_the_same_bytes_at_any_time(tmp_path, monkeypatch):
+    import time
+
+    info = corpus(tmp_path / "d")
+    loader = build_dataloader(base_config(info))
+    take(loader, 3)
+    first = state_to_bytes(loader.snapshot())
+    later = time.time() + 3600
+    monkeypatch.setattr(time, "time", lambda: later)
+    assert state_to_bytes(loader.snapshot()) == first
+
+
 def test_state_size_does_not_grow_with_the_tokens_in_the_buffer(tmp_path):
     info = write_corpus(tmp_path, {"a": 2}, docs_per_file=40, mean_length=20_000, spread=0.3)
     sizes = {}

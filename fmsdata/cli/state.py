@@ -2,8 +2,10 @@
 
 Reads a loader checkpoint folder (``loader_rank_*.fms``), a folder of automatic
 checkpoints (the newest complete ``step_*``), a single state file, or a
-``torch.distributed.checkpoint`` folder holding a loader entry — only tensors and JSON are
-read, nothing is unpickled.
+``torch.distributed.checkpoint`` folder holding a loader entry. Nothing is unpickled that
+could build arbitrary objects: DCP's ``.metadata`` pickle goes through an allow-list of
+DCP's own metadata classes, tensors through ``torch.load(weights_only=True)``, the rest
+is JSON.
 """
 
 from __future__ import annotations
@@ -14,9 +16,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from fmsdata.checkpoint import latest_checkpoint, rank_files
+from fmsdata.dcpread import read_metadata, read_tensors
 from fmsdata.errors import StateMismatchError
 from fmsdata.state import META_KEY, SHARD_PREFIX, as_rank_states
 from fmsdata.statefile import load_state
@@ -54,21 +55,17 @@ def read_states(path: str) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _read_dcp(path: str) -> list[dict[str, Any]]:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    metadata = dcp.FileSystemReader(path).read_metadata()
-    entries = {
-        key: torch.empty(meta.size, dtype=torch.uint8)
-        for key, meta in metadata.state_dict_metadata.items()
-        if isinstance(meta, TensorStorageMetadata)
-        and (key.rsplit(".", 1)[-1] == META_KEY or key.rsplit(".", 1)[-1].startswith(SHARD_PREFIX))
-    }
+    metadata = read_metadata(path)
+    entries = read_tensors(path, metadata, _is_loader_key)
     if not entries:
         raise StateMismatchError(f"{path}: the checkpoint holds no fmsdata loader state")
-    dcp.load(entries, checkpoint_id=path)
     packed = {key.rsplit(".", 1)[-1]: value for key, value in entries.items()}
     return [dict(s) for s in as_rank_states(packed)]
+
+
+def _is_loader_key(key: str) -> bool:
+    leaf = key.rsplit(".", 1)[-1]
+    return leaf == META_KEY or leaf.startswith(SHARD_PREFIX)
 
 
 def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,201 @@
+"""DCP checkpoint folders are read without running the ``.metadata`` pickle (issue 18)."""
+
+import io
+import os
+import pickle
+import struct
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from support import base_config, corpus, take
+
+from fmsdata import build_dataloader
+from fmsdata.cli.main import main
+from fmsdata.dcpread import read_metadata, read_tensors
+from fmsdata.errors import StateMismatchError
+
+
+@pytest.fixture
+def dcp_folder(tmp_path):
+    info = corpus(tmp_path / "data")
+    loader = build_dataloader(base_config(info))
+    take(loader, 5)
+    folder = tmp_path / "dcp"
+    model = torch.nn.Linear(3, 2)
+    extra = {"step": 5, "name": "run"}
+    dcp.save(
+        {"dataloader": loader, "model": model.state_dict(), "extra": extra}, checkpoint_id=folder
+    )
+    return loader, folder
+
+
+def _global(module: str, name: str, protocol: int) -> bytes:
+    """Pickle opcodes pushing ``module.name`` (GLOBAL for protocol 0-3, STACK_GLOBAL for 4)."""
+    if protocol < 4:
+        return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+    return (
+        b"".join(b"\x8c" + bytes([len(text.encode())]) + text.encode() for text in (module, name))
+        + b"\x93"
+    )
+
+
+def _payload(module: str, name: str, arg: str, protocol: int = 4) -> bytes:
+    """A pickle calling ``module.name(arg)``: what a crafted ``.metadata`` would hold."""
+    data = arg.encode()
+    call = _global(module, name, protocol) + b"X" + struct.pack("<I", len(data)) + data
+    return b"\x80" + bytes([max(protocol, 2)]) + call + b"\x85R."  # TUPLE1 REDUCE STOP
+
+
+def test_a_loader_saved_with_dcp_is_read_exactly(dcp_folder):
+    loader, folder = dcp_folder
+    metadata = read_metadata(folder)
+    entries = read_tensors(folder, metadata, lambda key: key.startswith("dataloader."))
+    expected = loader.state_dict()
+    assert {key.removeprefix("dataloader.") for key in entries} == set(expected)
+    for key, value in entries.items():
+        assert torch.equal(value, expected[key.removeprefix("dataloader.")])
+    model = read_tensors(folder, metadata, lambda key: key == "model.weight")
+    assert model["model.weight"].shape == (2, 3)
+
+
+def test_state_show_reads_a_dcp_folder(dcp_folder, capsys):
+    _, folder = dcp_folder
+    assert main(["state", "show", str(folder)]) == 0
+    assert "saved by 1 rank(s) at step 5, 4 logical shards" in capsys.readouterr().out
+
+
+def _with_planner_data(folder, planner_data):
+    """Rewrite a real ``.metadata`` with ``planner_data`` replaced (pickled by ``pickle``)."""
+    path = folder / ".metadata"
+    with open(path, "rb") as handle:
+        metadata = pickle.load(handle)  # our own file, written by dcp.save above
+    metadata.planner_data = planner_data
+    path.write_bytes(pickle.dumps(metadata))
+
+
+class _Reduce:
+    """Pickles as a call of ``func(*args)``: the attack a crafted metadata makes."""
+
+    def __init__(self, func, *args):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+def test_crafted_metadata_does_not_run(dcp_folder, tmp_path, capsys):
+    _, folder = dcp_folder
+    marker = tmp_path / "marker"
+    _with_planner_data(folder, _Reduce(os.system, f"touch {marker}"))
+    assert main(["state", "show", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "StateMismatchError" in err and ".metadata" in err
+    assert "os" in err and "system" in err and "not part of DCP metadata" in err
+    assert not marker.exists()
+    # What torch's own reader does with the same file (this is why fmsdata does not use it).
+    dcp.FileSystemReader(str(folder)).read_metadata()
+    assert marker.exists()
+
+
+ATTACKS = [
+    ("os", "system"),
+    ("posix", "system"),
+    ("subprocess", "getoutput"),
+    ("builtins", "exec"),
+    ("builtins", "eval"),
+    ("builtins", "getattr"),
+    ("builtins", "__import__"),
+    ("builtins", "open"),
+    ("shutil", "rmtree"),
+    ("torch", "load"),
+    ("torch.serialization", "load"),
+    ("pathlib", "Path.write_text"),  # a dotted name off an allowed class
+    ("torch.distributed.checkpoint.metadata", "os.system"),  # through an allowed module
+    ("torch.distributed.checkpoint.metadata", "Metadata.__init__.__globals__"),
+    ("torch", "Size.__class__"),
+    ("torch", "_C"),
+    ("io", "open"),
+]
+
+
+@pytest.mark.parametrize("protocol", [0, 4])
+@pytest.mark.parametrize(("module", "name"), ATTACKS)
+def test_every_global_outside_dcp_metadata_is_refused(tmp_path, module, name, protocol):
+    folder = tmp_path / "dcp"
+    folder.mkdir()
+    marker = tmp_path / "marker"
+    (folder / ".metadata").write_bytes(_payload(module, name, str(marker), protocol))
+    with pytest.raises(StateMismatchError, match=r"\.metadata: refused .* not part of DCP"):
+        read_metadata(folder)
+    assert not marker.exists()
+
+
+def test_a_real_attack_payload_is_what_the_refusal_stops(tmp_path):
+    """The crafted bytes are live: plain pickle runs them (so the test above means something)."""
+    marker = tmp_path / "marker"
+    pickle.loads(_payload("builtins", "exec", f"open({str(marker)!r}, 'w').close()"))
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x80\x04",
+        b"P0\n.",  # a persistent id
+        pickle.dumps([1, 2, 3]),  # not metadata
+        pickle.dumps({"state_dict_metadata": {}}),
+        b"not a pickle at all",
+    ],
+)
+def test_malformed_metadata_is_a_state_error(tmp_path, data):
+    folder = tmp_path / "dcp"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(data)
+    with pytest.raises(StateMismatchError, match=r"\.metadata"):
+        read_metadata(folder)
+
+
+def test_truncated_metadata_is_a_state_error(dcp_folder):
+    _, folder = dcp_folder
+    path = folder / ".metadata"
+    data = path.read_bytes()
+    for cut in (1, len(data) // 3, len(data) - 1):
+        path.write_bytes(data[:cut])
+        with pytest.raises(StateMismatchError, match=r"\.metadata"):
+            read_metadata(folder)
+
+
+@pytest.mark.parametrize("relative", ["../outside", "/etc/passwd", "sub/file", ".."])
+def test_storage_outside_the_folder_is_refused(dcp_folder, relative):
+    _, folder = dcp_folder
+    metadata = read_metadata(folder)
+    for info in metadata.storage_data.values():
+        info.relative_path = relative
+    with pytest.raises(StateMismatchError, match="outside the checkpoint folder"):
+        read_tensors(folder, metadata, lambda key: key.startswith("dataloader."))
+
+
+def test_cut_storage_file_is_named(dcp_folder):
+    _, folder = dcp_folder
+    (storage,) = [p for p in folder.iterdir() if p.suffix == ".distcp"]
+    storage.write_bytes(storage.read_bytes()[:100])
+    with pytest.raises(StateMismatchError, match="distcp ends .* before the entry"):
+        read_tensors(folder, read_metadata(folder), lambda key: key.startswith("dataloader."))
+
+
+def test_storage_entry_that_is_a_crafted_pickle_is_refused(dcp_folder, tmp_path):
+    """The storage bytes go through ``torch.load(weights_only=True)``, never plain pickle."""
+    _, folder = dcp_folder
+    marker = tmp_path / "marker"
+    buffer = io.BytesIO()
+    torch.save(_Reduce(os.system, f"touch {marker}"), buffer)
+    metadata = read_metadata(folder)
+    evil = folder / "evil.distcp"
+    evil.write_bytes(buffer.getvalue())
+    for info in metadata.storage_data.values():
+        info.relative_path, info.offset, info.length = "evil.distcp", 0, len(buffer.getvalue())
+    with pytest.raises(StateMismatchError, match="not a tensor saved by DCP"):
+        read_tensors(folder, metadata, lambda key: key.startswith("dataloader."))
+    assert not marker.exists()
