@@ -17,9 +17,10 @@ import yaml
 
 from fmsdata.errors import ConfigError
 
-__all__ = ["LoaderConfig", "PACKING_MODES", "as_config", "parse_overrides"]
+__all__ = ["LoaderConfig", "BATCH_FORMATS", "PACKING_MODES", "as_config", "parse_overrides"]
 
 PACKING_MODES = ("hard", "pad")
+BATCH_FORMATS = ("dict", "tuple")
 
 
 def _split_csv(field: str, value: Any) -> tuple[str, ...] | None:
@@ -75,7 +76,10 @@ class LoaderConfig:
         skip_steps: ``[[step, n], ...]``: when the run reaches ``step``, pass over the next
             ``n`` batches (applied once; the state records it).
         file_type: Shard format name (see ``fmsdata.handlers``), or ``"auto"`` (by ending).
-        col_name: Token column of Arrow/Parquet/MDS shards.
+        col_name: Token column of Arrow/Parquet/MDS shards, or a comma list of candidate
+            columns (``"tokens,input_ids"``): each file uses the first one it has, so an
+            error comes only from a file that has none. A text column among a Parquet
+            file's candidates is tokenized with ``tokenizer``.
         text_field: Text column or JSON field of text shards, tokenized while loading.
         tokenizer: ``tokenizer.json`` (Hugging Face ``tokenizers``) for text shards.
         token_dtype: Token type of formats that do not record it (flat token files,
@@ -117,6 +121,10 @@ class LoaderConfig:
         vocab_size: When set, a token id at or above it is an error naming the file.
         return_position_ids: Add ``position_ids`` restarting at each document.
         return_cu_seqlens: Add ``cu_seqlens`` and ``max_seqlen`` for varlen attention.
+        batch_format: ``"dict"`` (named tensors) or ``"tuple"``: the same tensors in the
+            batch's key order, ``(input_ids, labels, ...)`` (a preprocess's keys sorted),
+            for loops written ``for input, label in loader``; a batch of one tensor is
+            that tensor.
         open_files: Shard files each worker keeps open at most (least recently used closed);
             None sizes it from the streams the worker runs.
         checkpoint_dir: Folder of automatic loader checkpoints (``step_NNNNNNNNN/``); when
@@ -170,6 +178,7 @@ class LoaderConfig:
     vocab_size: int | None = None
     return_position_ids: bool = False
     return_cu_seqlens: bool = False
+    batch_format: str = "dict"
     open_files: int | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -263,6 +272,16 @@ class LoaderConfig:
                 "multiprocessing_context must be fork, spawn, forkserver or None, "
                 f"got {self.multiprocessing_context!r}"
             )
+        if self.batch_format not in BATCH_FORMATS:
+            raise ConfigError(
+                f"batch_format must be one of {BATCH_FORMATS}, got {self.batch_format!r}"
+            )
+        columns = _split_csv("col_name", self.col_name)
+        if not columns or not all(columns):
+            raise ConfigError(
+                f"col_name must name a column or a comma list of them, got {self.col_name!r}"
+            )
+        set_(self, "col_name", ",".join(columns))
         if not isinstance(self.file_type, str) or not self.file_type:
             raise ConfigError(f"file_type must be a format name, got {self.file_type!r}")
         if self.token_dtype is not None:

@@ -31,7 +31,7 @@ from fmsdata.state import (
 from fmsdata.topology import RowDealer, Topology
 from fmsdata.transport import assemble_batch, ring_shape
 
-__all__ = ["FmsDataLoader", "build_dataloader"]
+__all__ = ["FmsDataLoader", "as_tuple", "build_dataloader"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +43,11 @@ def _keep(part: Any) -> Any:
 class FmsDataLoader(DataLoader):
     """A DataLoader over a rank's logical shards whose state is exactly what was consumed.
 
-    Iterating yields batches (dicts of tensors). ``state_dict()`` after any batch, loaded
-    into a loader built from the same config in a fresh process — on the same or another
-    world size — continues with the batch that would have come next. Each ``iter()``
-    continues from the consumed position; workers are started per iteration.
+    Iterating yields batches (dicts of tensors, or tuples: ``batch_format``).
+    ``state_dict()`` after any batch, loaded into a loader built from the same config in a
+    fresh process — on the same or another world size — continues with the batch that
+    would have come next. Each ``iter()`` continues from the consumed position; workers
+    are started per iteration.
     """
 
     def __init__(self, dataset: RankLineDataset):
@@ -73,7 +74,7 @@ class FmsDataLoader(DataLoader):
 
     # -- iteration -----------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         config = self.config
         while True:
             generation = self._generation
@@ -105,7 +106,7 @@ class FmsDataLoader(DataLoader):
                     self._consumed.steps += 1
                     if self.checkpointer is not None:
                         self.checkpointer.after_step(self)
-                    yield batch
+                    yield batch if config.batch_format == "dict" else as_tuple(batch)
                 else:
                     for item in items:
                         self._consumed.finish_item(item)
@@ -181,6 +182,14 @@ class FmsDataLoader(DataLoader):
     def steps(self) -> int:
         """Batches consumed since the start of the run (carried through resumes)."""
         return self._consumed.steps
+
+    def restart_step_count(self) -> None:
+        """Count steps from 0 again, at the same data position.
+
+        For a run that continues another run's data under its own step count (a new
+        training stage): automatic checkpoints then fall on this run's steps.
+        """
+        self._consumed.steps = 0
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's state keyed by logical shard, each entry a uint8 tensor.
@@ -322,6 +331,12 @@ class FmsDataLoader(DataLoader):
         return shards
 
 
+def as_tuple(batch: dict[str, torch.Tensor]) -> Any:
+    """A batch's tensors in its key order (``batch_format="tuple"``); one tensor alone."""
+    values = tuple(batch.values())
+    return values[0] if len(values) == 1 else values
+
+
 def build_dataloader(
     config: LoaderConfig | Mapping[str, Any] | str | os.PathLike[str],
     rank: int | None = None,
@@ -340,7 +355,8 @@ def build_dataloader(
 
     Returns:
         An ``FmsDataLoader`` yielding dicts with ``input_ids`` and ``labels`` of shape
-        ``[batch_size, seq_length]`` (plus ``position_ids`` / ``cu_seqlens`` on request).
+        ``[batch_size, seq_length]`` (plus ``position_ids`` / ``cu_seqlens`` on request),
+        or, with ``batch_format="tuple"`` in the config, ``(input_ids, labels, ...)``.
 
     Raises:
         ConfigError: Invalid config, missing data, more ranks than logical shards.

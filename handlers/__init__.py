@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.arrow import ArrowDocHandler
-from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.base import FileHandler, column_candidates
 from fmsdata.handlers.flat import FlatTokensHandler
 from fmsdata.handlers.hf_arrow import HFArrowHandler
 from fmsdata.handlers.jsonl import JsonlHandler
@@ -135,7 +135,7 @@ class AutoHandler(FileHandler):
         raise ShardFormatError(f"{path}: no format reads files ending like this")
 
     def _arrow_kind(self, path: str) -> str:
-        col = self.options.get("col_name", "tokens")
+        wanted = column_candidates(self.options.get("col_name", "tokens"))
         try:
             with pa.memory_map(path) as source:
                 head = source.read(6)
@@ -145,7 +145,8 @@ class AutoHandler(FileHandler):
                 ).schema
         except (pa.ArrowInvalid, OSError) as err:
             raise ShardFormatError(f"{path}: not a readable Arrow file ({err})") from None
-        kind = schema.field(col).type if col in schema.names else None
+        col = next((name for name in wanted if name in schema.names), None)
+        kind = schema.field(col).type if col is not None else None
         return (
             "hf_arrow"
             if kind is not None and (pa.types.is_list(kind) or pa.types.is_large_list(kind))

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.arrow_index import RecordBatchIndex
-from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.base import FileHandler, pick_column
 from fmsdata.handlers.mapping import MappedFile
 
 __all__ = ["ArrowDocHandler", "write_arrow_docs"]
@@ -32,11 +32,7 @@ class _DocBatchReader:
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
             raise ShardFormatError(f"{path}: not a readable Arrow IPC file ({err})") from None
         schema = self._ipc.schema
-        if col_name not in schema.names:
-            raise ShardFormatError(
-                f"{path}: no token column {col_name!r}; columns are {schema.names} "
-                "(set col_name to the column holding token ids)"
-            )
+        col_name = pick_column(path, schema.names, col_name)
         column_type = schema.field(col_name).type
         if not pa.types.is_integer(column_type):
             raise ShardFormatError(

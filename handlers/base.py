@@ -9,11 +9,40 @@ format overrides when it can answer from metadata or vectorize.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["FileHandler"]
+from fmsdata.errors import ShardFormatError
+
+__all__ = ["FileHandler", "column_candidates", "pick_column"]
+
+
+def column_candidates(col_name: str) -> tuple[str, ...]:
+    """The column names a ``col_name`` option allows: one name, or a comma list of them
+    (``"text,contents,tokens"``), tried in order in each file."""
+    return tuple(name for name in (part.strip() for part in col_name.split(",")) if name)
+
+
+def pick_column(path: str, columns: Sequence[str], col_name: str) -> str:
+    """The first of ``col_name``'s candidates that the file at ``path`` has.
+
+    Resolved per file, so the datasets of one root may name their column differently.
+
+    Raises:
+        ShardFormatError: The file has none of them (naming the file, the candidates and
+            the columns it has).
+    """
+    candidates = column_candidates(col_name)
+    for name in candidates:
+        if name in columns:
+            return name
+    wanted = repr(candidates[0]) if len(candidates) == 1 else f"among {list(candidates)}"
+    raise ShardFormatError(
+        f"{path}: no token column {wanted}; columns are {list(columns)} "
+        "(set col_name to the column holding token ids)"
+    )
 
 
 class FileHandler(ABC):

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from fmsdata.errors import ShardFormatError
-from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.base import FileHandler, pick_column
 from fmsdata.handlers.mapping import MappedFile
 
 __all__ = ["HFArrowHandler"]
@@ -37,11 +37,7 @@ class _RowsReader:
                 f"{path}: not a readable Arrow IPC file or stream ({err})"
             ) from None
         schema = ipc.schema
-        if col_name not in schema.names:
-            raise ShardFormatError(
-                f"{path}: no token column {col_name!r}; columns are {schema.names} "
-                "(set col_name to the column holding token ids)"
-            )
+        col_name = pick_column(path, schema.names, col_name)
         column_type = schema.field(col_name).type
         if not (pa.types.is_list(column_type) or pa.types.is_large_list(column_type)) or not (
             pa.types.is_integer(column_type.value_type)

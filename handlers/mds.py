@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ConfigError, ShardFormatError
-from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.base import FileHandler, pick_column
 from fmsdata.handlers.derived import default_cache_dir, derived_path
 from fmsdata.handlers.mapping import MappedFile
 
@@ -66,8 +66,7 @@ class _MdsReader:
             entry["column_encodings"],
             entry["column_sizes"],
         )
-        if col_name not in names:
-            raise ShardFormatError(f"{path}: no token column {col_name!r}; MDS columns are {names}")
+        col_name = pick_column(path, names, col_name)
         column = names.index(col_name)
         encoding = encodings[column]
         if encoding == "pkl":

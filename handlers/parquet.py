@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fmsdata.errors import ConfigError, ShardFormatError
+from fmsdata.handlers.base import column_candidates
 from fmsdata.handlers.derived import default_cache_dir
 from fmsdata.handlers.text import (
     CachedTokens,
@@ -33,6 +34,10 @@ __all__ = ["ParquetHandler"]
 logger = logging.getLogger(__name__)
 
 TEXT_COLUMNS = ("text", "contents", "raw_content")
+
+
+def _is_text(kind: Any) -> bool:
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
 
 
 def _column_by_row_group(path: str, column: str) -> Iterator[tuple[int, Any]]:
@@ -78,9 +83,11 @@ class ParquetHandler(CachedTokensHandler):
     """Parquet, one document per row.
 
     Args:
-        col_name: Pre-tokenized ``list<int>`` column; used when the file has it.
-        text_field: Text column, tokenized with ``tokenizer`` when there is no token
-            column (``text``, ``contents`` and ``raw_content`` are tried too).
+        col_name: The document column, or a comma list of candidates of which each file
+            uses the first it has: a ``list<int>`` column is read as token ids, a text
+            column is tokenized with ``tokenizer``.
+        text_field: Text column, tokenized with ``tokenizer`` when the file has none of
+            ``col_name`` (``text``, ``contents`` and ``raw_content`` are tried too).
         tokenizer: Path of a ``tokenizer.json``, for text columns.
         strict: A row without text is an error instead of a skipped (counted) record.
         cache_dir: Root of the token cache.
@@ -108,29 +115,34 @@ class ParquetHandler(CachedTokensHandler):
             schema = pq.read_schema(path, memory_map=True)
         except (pa.ArrowInvalid, OSError) as err:
             raise ShardFormatError(f"{path}: not a readable Parquet file ({err})") from None
-        if self.col_name in schema.names:
-            kind = schema.field(self.col_name).type
-            if not (
-                pa.types.is_list(kind) or pa.types.is_large_list(kind)
-            ) or not pa.types.is_integer(kind.value_type):
+        named = [c for c in column_candidates(self.col_name) if c in schema.names]
+        if named:
+            # col_name's first column present decides: token ids are read, text is tokenized.
+            column = named[0]
+            kind = schema.field(column).type
+            if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(
+                kind.value_type
+            ):
+                cache = TokenCache(self.cache_dir, "parquet", column)
+                dtype = kind.value_type.to_pandas_dtype()
+                return cache.load(path, lambda: token_chunks(path, column), dtype)
+            if not _is_text(kind):
                 raise ShardFormatError(
-                    f"{path}: column {self.col_name!r} has type {kind}, not a list of token ids"
+                    f"{path}: column {column!r} has type {kind}, not a list of token ids or text"
                 )
-            cache = TokenCache(self.cache_dir, "parquet", self.col_name)
-            dtype = kind.value_type.to_pandas_dtype()
-            return cache.load(path, lambda: token_chunks(path, self.col_name), dtype)
+            return self._open_text(path, column, self._need_tokenizer(path, column))
         for name in (self.text_field, *TEXT_COLUMNS):
-            kind = schema.field(name).type if name in schema.names else None
-            if kind is not None and (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-                if self.tokenizer is None:
-                    raise ConfigError(
-                        f"{path}: has text column {name!r}: set tokenizer to tokenize it"
-                    )
-                return self._open_text(path, name, self.tokenizer)
+            if name in schema.names and _is_text(schema.field(name).type):
+                return self._open_text(path, name, self._need_tokenizer(path, name))
         raise ShardFormatError(
             f"{path}: no token column {self.col_name!r} and no text column "
             f"{[self.text_field, *TEXT_COLUMNS]}; columns are {schema.names}"
         )
+
+    def _need_tokenizer(self, path: str, column: str) -> TextTokenizer:
+        if self.tokenizer is None:
+            raise ConfigError(f"{path}: has text column {column!r}: set tokenizer to tokenize it")
+        return self.tokenizer
 
     def _open_text(self, path: str, column: str, tokenizer: TextTokenizer) -> CachedTokens:
         cache = TokenCache(self.cache_dir, "text", tokenizer.digest, column)

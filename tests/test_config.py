@@ -15,6 +15,16 @@ def test_fms_fsdp_style_comma_strings():
     assert config.strip_tokens == (0, 1)
 
 
+def test_col_name_takes_candidate_columns():
+    assert LoaderConfig(data_path="/d", col_name=" text, tokens ").col_name == "text,tokens"
+    assert LoaderConfig(data_path="/d", col_name=["a", "b"]).col_name == "a,b"
+    for bad in ("", ",", None, 5):
+        with pytest.raises(ConfigError, match="col_name"):
+            LoaderConfig(data_path="/d", col_name=bad)
+    with pytest.raises(ConfigError, match="batch_format must be one of"):
+        LoaderConfig(data_path="/d", batch_format="list")
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [

@@ -91,3 +91,22 @@ def test_line_delimiters(tmp_path):
     for batch in take(build_dataloader(config), 4):
         assert (batch["input_ids"][:, 0] == BOL).all()
         assert (batch["labels"][:, -1] == EOL).all()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_tuple_batches_hold_the_dict_batches_tensors_in_key_order(tmp_path, num_workers):
+    info = corpus(tmp_path)
+    config = base_config(info, num_workers=num_workers, return_position_ids=True)
+    named = take(build_dataloader(config), 4)
+    loader = build_dataloader({**config, "batch_format": "tuple"})
+    for batch, (input_ids, labels, position_ids) in zip(named, loader):
+        assert torch.equal(input_ids, batch["input_ids"]) and torch.equal(labels, batch["labels"])
+        assert torch.equal(position_ids, batch["position_ids"])
+    assert loader.steps == 4
+
+
+def test_a_tuple_batch_of_one_tensor_is_that_tensor(tmp_path):
+    info = corpus(tmp_path)
+    config = base_config(info, batch_format="tuple")
+    batch = next(iter(build_dataloader(config, preprocess=lambda line, n: {"line": line})))
+    assert isinstance(batch, torch.Tensor) and batch.shape == (4, 33)
