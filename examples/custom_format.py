@@ -4,7 +4,10 @@ The format here is a simple one many in-house pipelines have: ``NAME.tok`` holds
 tokens back to back and the sidecar ``NAME.len`` holds the magic ``TOKLEN01`` then one
 int64 length per document. The handler memory-maps both, so documents are zero-copy
 views and a worker's memory stays flat however large the files are; bad files raise
-``ShardFormatError`` naming the file and what is wrong.
+``ShardFormatError`` naming the file and what is wrong. Since its documents are ranges
+of one flat token buffer, it derives from ``FlatBufferHandler`` and only writes ``open``
+(a format without such a buffer subclasses ``FileHandler`` and writes ``num_docs`` and
+``get`` too).
 
 Run it (no downloads; it writes a small corpus first):
 
@@ -23,46 +26,40 @@ import tempfile
 import numpy as np
 import torch
 
-from fmsdata import FileHandler, ShardFormatError, build_dataloader, register_handler
-from fmsdata.handlers import ArrowDocHandler, MappedFile
+from fmsdata import ShardFormatError, build_dataloader, register_handler
+from fmsdata.handlers import ArrowDocHandler, FlatBuffer, FlatBufferHandler, MappedFile
 from fmsdata.synthetic import write_corpus
 
 LENGTHS_MAGIC = b"TOKLEN01"
 
 
-class TokLenReader:
+class TokLenReader(FlatBuffer):
     """One open ``.tok`` shard: the token map and where each document starts."""
 
     def __init__(self, path: str):
         lengths_path = path[: -len(".tok")] + ".len"
         if not os.path.exists(lengths_path):
             raise ShardFormatError(f"{path}: its lengths file {lengths_path} is missing")
-        self.path = path
-        self.lengths_file = MappedFile(lengths_path)
-        if bytes(self.lengths_file.bytes[:8]) != LENGTHS_MAGIC:
+        lengths_file = MappedFile(lengths_path)
+        if bytes(lengths_file.bytes[:8]) != LENGTHS_MAGIC:
             raise ShardFormatError(f"{lengths_path}: bad magic, expected {LENGTHS_MAGIC!r}")
-        self.lengths = self.lengths_file.view(np.int64, offset=8)
-        if len(self.lengths) and self.lengths.min() < 0:
+        lengths = lengths_file.view(np.int64, offset=8)
+        if len(lengths) and lengths.min() < 0:
             raise ShardFormatError(f"{lengths_path}: negative document length")
-        self.starts = np.concatenate(([0], np.cumsum(self.lengths)[:-1])).astype(np.int64)
-        self.tokens_file = MappedFile(path)
-        self.tokens = self.tokens_file.view(np.dtype("<u4"))
-        total = int(self.lengths.sum())
-        if total != len(self.tokens):
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        tokens_file = MappedFile(path)
+        tokens = tokens_file.view(np.dtype("<u4"))
+        total = int(lengths.sum())
+        if total != len(tokens):
             raise ShardFormatError(
-                f"{path}: holds {len(self.tokens)} tokens, its lengths file says {total}"
+                f"{path}: holds {len(tokens)} tokens, its lengths file says {total}"
             )
-
-    def release(self) -> None:
-        self.tokens_file.release()
-        self.lengths_file.release()
-
-    def close(self) -> None:
-        self.tokens_file.close()
-        self.lengths_file.close()
+        # Documents are ranges of one flat token buffer: FlatBufferHandler does the rest
+        # (``get``, lengths from metadata, lines copied straight out of the map).
+        super().__init__(path, tokens, starts, lengths, [tokens_file, lengths_file])
 
 
-class TokLenHandler(FileHandler):
+class TokLenHandler(FlatBufferHandler):
     """``.tok`` token streams with ``.len`` document lengths beside them."""
 
     name = "toklen"
@@ -75,24 +72,6 @@ class TokLenHandler(FileHandler):
 
     def open(self, path: str) -> TokLenReader:
         return TokLenReader(path)
-
-    def num_docs(self, reader: TokLenReader) -> int:
-        return len(reader.lengths)
-
-    def get(self, reader: TokLenReader, index: int) -> np.ndarray:
-        start = int(reader.starts[index])
-        return reader.tokens[start : start + int(reader.lengths[index])]
-
-    # Optional: answered from metadata instead of one ``get`` per document.
-    def doc_lengths(self, reader: TokLenReader, indices: np.ndarray) -> np.ndarray:
-        return reader.lengths[indices].astype(np.int64)
-
-    def token_buffer(self, reader: TokLenReader):
-        # Lets the pipeline copy training lines straight out of the map.
-        return reader.tokens, reader.starts, reader.lengths
-
-    def release(self, reader: TokLenReader) -> None:
-        reader.release()
 
 
 def write_toklen(path: str, documents: list[np.ndarray]) -> None:

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.arrow import ArrowDocHandler
-from fmsdata.handlers.base import FileHandler, column_candidates
+from fmsdata.handlers.base import FileHandler, FlatBuffer, FlatBufferHandler, column_candidates
 from fmsdata.handlers.flat import FlatTokensHandler
 from fmsdata.handlers.hf_arrow import HFArrowHandler
 from fmsdata.handlers.jsonl import JsonlHandler
@@ -28,6 +28,8 @@ from fmsdata.handlers.pbin import PbinHandler
 
 __all__ = [
     "FileHandler",
+    "FlatBuffer",
+    "FlatBufferHandler",
     "ArrowDocHandler",
     "HFArrowHandler",
     "ParquetHandler",

@@ -16,7 +16,7 @@ import numpy as np
 
 from fmsdata.errors import ShardFormatError
 
-__all__ = ["FileHandler", "column_candidates", "pick_column"]
+__all__ = ["FileHandler", "FlatBuffer", "FlatBufferHandler", "column_candidates", "pick_column"]
 
 
 def column_candidates(col_name: str) -> tuple[str, ...]:
@@ -92,14 +92,6 @@ class FileHandler(ABC):
     def get(self, reader: Any, index: int) -> np.ndarray:
         """Document ``index`` as a 1-D integer array, a zero-copy view where the format allows."""
 
-    def length(self, path: str) -> int:
-        """Number of documents in the shard at ``path``."""
-        reader = self.open(path)
-        try:
-            return self.num_docs(reader)
-        finally:
-            self.close(reader)
-
     def slice(self, doc: np.ndarray, start: int, n: int) -> np.ndarray:
         """Tokens ``[start, start + n)`` of a document returned by ``get``."""
         return doc[start : start + n]
@@ -163,3 +155,79 @@ class FileHandler(ABC):
     def describe(self) -> dict[str, Any]:
         """The options that decide what this handler reads, for state fingerprints."""
         return {"file_type": self.name}
+
+
+class FlatBuffer:
+    """An open shard whose documents are ranges of one flat token array.
+
+    Document ``i`` is ``flat[starts[i] : starts[i] + lengths[i]]``. Formats that store
+    tokens back to back (memory maps of ``.npy``/``.bin``/``.pbin``/Megatron files, token
+    caches) build one of these in ``open`` and let ``FlatBufferHandler`` answer the rest.
+
+    Args:
+        path: The shard, for error messages.
+        flat: All tokens of the shard (usually a view of a memory map).
+        starts, lengths: Each document's first token in ``flat`` and its token count.
+        maps: The ``MappedFile``s behind ``flat`` (released and closed with the reader).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        flat: np.ndarray,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        maps: Sequence[Any] = (),
+    ):
+        self.path = path
+        self.flat = flat
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.maps = [m for m in maps if m is not None]
+
+    @property
+    def n(self) -> int:
+        """Documents in the shard."""
+        return len(self.lengths)
+
+    def document(self, index: int) -> np.ndarray:
+        """Tokens of document ``index`` (a view), or ShardFormatError naming the file."""
+        if not 0 <= index < len(self.lengths):
+            raise ShardFormatError(
+                f"{self.path}: document {index} requested, the file holds {len(self.lengths)}"
+            )
+        start = int(self.starts[index])
+        return self.flat[start : start + int(self.lengths[index])]
+
+    def release(self) -> None:
+        for mapped in self.maps:
+            mapped.release()
+
+    def close(self) -> None:
+        for mapped in self.maps:
+            mapped.close()
+
+
+class FlatBufferHandler(FileHandler):
+    """A handler whose ``open`` returns a ``FlatBuffer``: documents are ranges of a flat
+    token buffer. Subclasses write ``open`` (parse and check the file) and nothing else of
+    the read path; lines are then copied straight out of the buffer."""
+
+    @abstractmethod
+    def open(self, path: str) -> FlatBuffer:
+        """Open a local shard file as a ``FlatBuffer``."""
+
+    def num_docs(self, reader: FlatBuffer) -> int:
+        return reader.n
+
+    def get(self, reader: FlatBuffer, index: int) -> np.ndarray:
+        return reader.document(index)
+
+    def doc_lengths(self, reader: FlatBuffer, indices: np.ndarray) -> np.ndarray:
+        return reader.lengths[indices]
+
+    def token_buffer(self, reader: FlatBuffer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return reader.flat, reader.starts, reader.lengths
+
+    def release(self, reader: FlatBuffer) -> None:
+        reader.release()

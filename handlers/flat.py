@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ConfigError, ShardFormatError
-from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.base import FlatBuffer, FlatBufferHandler
 from fmsdata.handlers.derived import default_cache_dir, derived_path
 from fmsdata.handlers.mapping import MappedFile
 from fmsdata.handlers.npy_header import has_npy_magic, parse_npy_header
@@ -35,31 +35,24 @@ logger = logging.getLogger(__name__)
 _SCAN = 1 << 24  # tokens compared per step while looking for separators
 
 
-class _FlatReader:
-    def __init__(
-        self, path: str, dtype: np.dtype | None, separator: int, cache_dir: str, source: str
-    ):
-        self.path = path
-        self.mapped = MappedFile(path)
-        dtype, offset = _layout(self.mapped.bytes, path, dtype, source)
-        if (len(self.mapped.bytes) - offset) % dtype.itemsize:
-            raise ShardFormatError(
-                f"{path}: {len(self.mapped.bytes) - offset} bytes is not a whole number of "
-                f"{dtype.name} tokens (is token_dtype right?)"
-            )
-        self.flat = self.mapped.view(dtype, offset=offset)
-        ends, tail = _document_ends(self.flat, separator, path, cache_dir)
-        if tail:
-            logger.warning(
-                "%s: ignoring a zero-filled tail of %d tokens after the last document", path, tail
-            )
-        self.starts = (
-            np.concatenate([[0], ends[:-1]]).astype(np.int64)
-            if len(ends)
-            else np.zeros(0, np.int64)
+def _open_flat(
+    path: str, dtype: np.dtype | None, separator: int, cache_dir: str, source: str
+) -> FlatBuffer:
+    mapped = MappedFile(path)
+    dtype, offset = _layout(mapped.bytes, path, dtype, source)
+    if (len(mapped.bytes) - offset) % dtype.itemsize:
+        raise ShardFormatError(
+            f"{path}: {len(mapped.bytes) - offset} bytes is not a whole number of "
+            f"{dtype.name} tokens (is token_dtype right?)"
         )
-        self.lengths = ends - self.starts
-        self.n = len(ends)
+    flat = mapped.view(dtype, offset=offset)
+    ends, tail = _document_ends(flat, separator, path, cache_dir)
+    if tail:
+        logger.warning(
+            "%s: ignoring a zero-filled tail of %d tokens after the last document", path, tail
+        )
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64) if len(ends) else ends
+    return FlatBuffer(path, flat, starts, ends - starts, [mapped])
 
 
 def _layout(
@@ -129,7 +122,7 @@ def _document_ends(
     return ends, tail
 
 
-class FlatTokensHandler(FileHandler):
+class FlatTokensHandler(FlatBufferHandler):
     """Headerless token files split on a separator token.
 
     Args:
@@ -168,29 +161,9 @@ class FlatTokensHandler(FileHandler):
                 raise ShardFormatError(f"{sidecar}: no readable 'dtype' ({err})") from None
         return None, ""
 
-    def open(self, path: str) -> _FlatReader:
+    def open(self, path: str) -> FlatBuffer:
         dtype, source = self._dtype(path)
-        return _FlatReader(path, dtype, self.separator, self.cache_dir, source)
-
-    def num_docs(self, reader: _FlatReader) -> int:
-        return reader.n
-
-    def get(self, reader: _FlatReader, index: int) -> np.ndarray:
-        if not 0 <= index < reader.n:
-            raise ShardFormatError(
-                f"{reader.path}: document {index} requested, the file holds {reader.n}"
-            )
-        start = int(reader.starts[index])
-        return reader.flat[start : start + int(reader.lengths[index])]
-
-    def doc_lengths(self, reader: _FlatReader, indices: np.ndarray) -> np.ndarray:
-        return reader.lengths[indices]
-
-    def token_buffer(self, reader: _FlatReader) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return reader.flat, reader.starts, reader.lengths
-
-    def release(self, reader: _FlatReader) -> None:
-        reader.mapped.release()
+        return _open_flat(path, dtype, self.separator, self.cache_dir, source)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ConfigError, ShardFormatError
-from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.base import FlatBuffer, FlatBufferHandler
 from fmsdata.handlers.mapping import MappedFile
 
 __all__ = ["MegatronHandler", "MEGATRON_DTYPES", "write_megatron"]
@@ -30,9 +30,8 @@ MEGATRON_DTYPES = {
 }
 
 
-class _IndexedReader:
+class _IndexedReader(FlatBuffer):
     def __init__(self, idx_path: str):
-        self.path = idx_path
         bin_path = idx_path[: -len(".idx")] + ".bin"
         try:
             with open(idx_path, "rb") as handle:
@@ -62,8 +61,8 @@ class _IndexedReader:
         lengths = np.frombuffer(body, np.int32, sequences, 0).astype(np.int64)
         pointers = np.frombuffer(body, np.int64, sequences, 4 * sequences)
         doc_index = np.frombuffer(body, np.int64, doc_count, 12 * sequences)
-        self.dtype = np.dtype(MEGATRON_DTYPES[code])
-        itemsize = self.dtype.itemsize
+        dtype = np.dtype(MEGATRON_DTYPES[code])
+        itemsize = dtype.itemsize
         if not os.path.exists(bin_path):
             raise ShardFormatError(f"{idx_path}: its token file {bin_path} is missing")
         bin_size = os.path.getsize(bin_path)
@@ -90,14 +89,13 @@ class _IndexedReader:
             raise ShardFormatError(
                 f"{idx_path}: index points past the end of {bin_path} ({end} > {bin_size} bytes)"
             )
-        self.starts = offsets[doc_index[:-1]]
-        self.lengths = offsets[doc_index[1:]] - self.starts
-        self.n = doc_count - 1
-        self.mapped = MappedFile(bin_path) if bin_size else None
-        self.flat = self.mapped.view(self.dtype) if self.mapped else np.zeros(0, self.dtype)
+        starts = offsets[doc_index[:-1]]
+        mapped = MappedFile(bin_path) if bin_size else None
+        flat = mapped.view(dtype) if mapped else np.zeros(0, dtype)
+        super().__init__(idx_path, flat, starts, offsets[doc_index[1:]] - starts, [mapped])
 
 
-class MegatronHandler(FileHandler):
+class MegatronHandler(FlatBufferHandler):
     """Megatron ``.bin`` / ``.idx`` pairs; a shard is named by its ``.idx`` file."""
 
     name = "megatron"
@@ -114,27 +112,6 @@ class MegatronHandler(FileHandler):
 
     def open(self, path: str) -> _IndexedReader:
         return _IndexedReader(path)
-
-    def num_docs(self, reader: _IndexedReader) -> int:
-        return reader.n
-
-    def get(self, reader: _IndexedReader, index: int) -> np.ndarray:
-        if not 0 <= index < reader.n:
-            raise ShardFormatError(
-                f"{reader.path}: document {index} requested, the index holds {reader.n}"
-            )
-        start = int(reader.starts[index])
-        return reader.flat[start : start + int(reader.lengths[index])]
-
-    def doc_lengths(self, reader: _IndexedReader, indices: np.ndarray) -> np.ndarray:
-        return reader.lengths[indices]
-
-    def token_buffer(self, reader: _IndexedReader) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return reader.flat, reader.starts, reader.lengths
-
-    def release(self, reader: _IndexedReader) -> None:
-        if reader.mapped is not None:
-            reader.mapped.release()
 
     def describe(self) -> dict[str, Any]:
         return {"file_type": self.name}

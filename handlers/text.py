@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fmsdata.errors import ConfigError, ShardFormatError
-from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.base import FlatBuffer, FlatBufferHandler
 from fmsdata.handlers.derived import derived_path
 from fmsdata.handlers.mapping import MappedFile
 
@@ -157,54 +157,24 @@ class TokenCache:
         os.replace(stem + ".json" + suffix, stem + ".json")  # last: the cache is complete
 
 
-class CachedTokens:
+class CachedTokens(FlatBuffer):
     """An open cache entry: the mapped tokens and where each document starts."""
 
     def __init__(
         self, path: str, tokens_path: str, offsets: np.ndarray, dtype: np.dtype, meta: dict
     ):
-        self.path = path
         self.meta = meta
-        self.starts = offsets[:-1]
-        self.lengths = np.diff(offsets)
-        self.mapped = MappedFile(tokens_path) if offsets[-1] else None
-        self.tokens = (
-            self.mapped.view(dtype, count=int(offsets[-1]))
-            if self.mapped is not None
+        mapped = MappedFile(tokens_path) if offsets[-1] else None
+        tokens = (
+            mapped.view(dtype, count=int(offsets[-1]))
+            if mapped is not None
             else np.zeros(0, dtype=dtype)
         )
-        if len(self.tokens) != int(offsets[-1]):
+        if len(tokens) != int(offsets[-1]):
             raise ShardFormatError(f"{path}: its token cache {tokens_path} is truncated")
-
-    def release(self) -> None:
-        if self.mapped is not None:
-            self.mapped.release()
-
-    def close(self) -> None:
-        if self.mapped is not None:
-            self.mapped.close()
+        super().__init__(path, tokens, offsets[:-1], np.diff(offsets), [mapped])
 
 
-class CachedTokensHandler(FileHandler):
+class CachedTokensHandler(FlatBufferHandler):
     """Random access over shards read through a ``TokenCache`` (``open`` returns
-    ``CachedTokens``): the rest of the handler contract, answered from the cache."""
-
-    def num_docs(self, reader: CachedTokens) -> int:
-        return len(reader.lengths)
-
-    def get(self, reader: CachedTokens, index: int) -> np.ndarray:
-        if not 0 <= index < len(reader.lengths):
-            raise ShardFormatError(
-                f"{reader.path}: document {index} requested, it holds {len(reader.lengths)}"
-            )
-        start = int(reader.starts[index])
-        return reader.tokens[start : start + int(reader.lengths[index])]
-
-    def doc_lengths(self, reader: CachedTokens, indices: np.ndarray) -> np.ndarray:
-        return reader.lengths[indices]
-
-    def token_buffer(self, reader: CachedTokens) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return reader.tokens, reader.starts, reader.lengths
-
-    def release(self, reader: CachedTokens) -> None:
-        reader.release()
+    ``CachedTokens``, a ``FlatBuffer``): the rest of the handler contract comes with it."""
