@@ -13,7 +13,7 @@ import dataclasses
 import itertools
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,17 +27,22 @@ from fmsdata.errors import ConfigError, ShardFormatError, StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.derived import default_cache_dir
 from fmsdata.handlers.mapping import resident_file_bytes
-from fmsdata.pipeline import ShardRecipe, open_shard
+from fmsdata.pipeline import (
+    ShardPipeline,
+    ShardRecipe,
+    StageFactory,
+    build_pipeline,
+    open_shard,
+)
 from fmsdata.remote.cache import FileSource, file_source
 from fmsdata.remote.storage import Storage
 from fmsdata.stages.base import SPAN_WIDTH
 from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.outputs import segment_lengths
-from fmsdata.stages.shuffle import ShuffleBuffer
 from fmsdata.topology import RowDealer, Topology, owned_shards, worker_shards
 from fmsdata.transport import WorkerItem, item_batch_counts
 
-__all__ = ["RankLineDataset", "Preprocess"]
+__all__ = ["RankLineDataset", "Preprocess", "Start"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +57,24 @@ MAPPED_BUDGET = 1 << 30
 # A custom preprocess maps one packed line (int64, seq_length + 1 tokens) and its count of
 # non-pad tokens to named arrays of fixed shapes; it replaces the built-in causal-LM shift.
 Preprocess = Callable[[np.ndarray, int], Mapping[str, np.ndarray]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Where an iteration of the rank's shards starts: the consumed position.
+
+    Attributes:
+        states: Per logical shard, a pipeline state it passed through (absent: not started).
+        advance: Per logical shard, lines consumed after that state (replayed on start).
+        emitted: Lines consumed from each of the rank's shards, in shard order (where the
+            row dealing continues).
+        rings: Shared-memory token rings, one per worker (None: tokens travel in items).
+    """
+
+    states: Mapping[int, Any] = dataclasses.field(default_factory=dict)
+    advance: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    emitted: Sequence[int] | None = None
+    rings: Sequence[torch.Tensor] | None = None
 
 
 @dataclasses.dataclass
@@ -70,6 +93,10 @@ class ShardContext:
         finally:
             self.source.close()
 
+    def open(self, shard: int, factory: StageFactory | None, **position: Any) -> ShardPipeline:
+        """Shard ``shard``'s chain at a position (see ``fmsdata.pipeline.open_shard``)."""
+        return open_shard(shard, self.recipe, self.accesses, factory=factory, **position)
+
 
 class RankLineDataset(IterableDataset):
     """Yields ``WorkerItem``s: this worker's rows of consecutive batches of the rank.
@@ -83,6 +110,8 @@ class RankLineDataset(IterableDataset):
         handler: Shard format handler.
         preprocess: Optional per-line function run in the workers instead of the built-in
             causal-LM shift (see ``Preprocess``).
+        stages: Stage factory building each logical shard's chain (default:
+            ``fmsdata.pipeline.default_stages``).
     """
 
     def __init__(
@@ -91,30 +120,77 @@ class RankLineDataset(IterableDataset):
         topology: Topology,
         handler: FileHandler,
         preprocess: Preprocess | None = None,
+        stages: StageFactory | None = None,
     ):
         self.config = config
         self.topology = topology
         self.handler = handler
         self.storage = Storage.from_config(config)
         self.preprocess = preprocess
+        self.stages = stages
         self.shard_ids = list(
             owned_shards(topology.rank, topology.world_size, config.logical_shards)
         )
-        self.data_fingerprint: dict[str, str] | None = None
-        # Set by the loader before each iteration: where the consumed stream stands, as
-        # shard states plus lines consumed after each (to fast-forward).
-        self.start_states: Mapping[int, Any] = {}
-        self.start_advance: Mapping[int, int] = {}
-        self.start_emitted: list[int] = [0] * len(self.shard_ids)
-        # Shared-memory token rings, one per worker (set by the loader when it uses workers).
-        self.rings: list[torch.Tensor] | None = None
+        self.start = Start()
         self.drain_datasets: tuple[str, ...] = ()
+        self.data_fingerprint: dict[str, str] | None = None
         self._catalog: Catalog | None = None
+        self._layout: tuple[list[dict[str, Any]], tuple[str, ...] | None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_catalog"] = None
         return state
+
+    def start_at(self, start: Start) -> None:
+        """Where the next iteration starts (the loader's consumed position)."""
+        self.start = start
+
+    def drain(self, names: Sequence[str]) -> None:
+        """Datasets dropped from the mix whose lines saved buffers still hold: readable
+        until emitted (the catalog is listed again with them)."""
+        names = tuple(names)
+        if names != self.drain_datasets:
+            self.drain_datasets = names
+            self._catalog = self.data_fingerprint = None
+            self._layout = None
+            self.data_fingerprint = self.catalog().fingerprint()
+
+    def layout(self) -> tuple[list[dict[str, Any]], tuple[str, ...] | None]:
+        """The chain every shard runs, as state fingerprints record it (stages with their
+        paths and settings, then the line writer's), and where the journaled buffer sits
+        in a shard state. Built once, in this process, without reading any document."""
+        if self._layout is None:
+            context = self.shard_context(1)
+            try:
+                pipeline = build_pipeline(
+                    self.shard_ids[0] if self.shard_ids else 0,
+                    context.recipe,
+                    context.accesses,
+                    self.stages,
+                )
+                stages = pipeline.layout()
+                stages.append(self._writer(context).fingerprint())
+                self._layout = stages, pipeline.buffer_path
+            finally:
+                context.close()
+        return self._layout
+
+    def skeleton(self, context: ShardContext) -> ShardPipeline:
+        """A chain of this loader, for reading saved states (it never reads documents)."""
+        return build_pipeline(0, context.recipe, context.accesses, self.stages)
+
+    def _writer(self, context: ShardContext) -> LineWriter:
+        config = self.config
+        return LineWriter(
+            context.accesses,
+            context.recipe.decoration,
+            config.line_length,
+            bol=config.bol_token,
+            eol=config.eol_token,
+            pad=config.pad_token if config.packing == "pad" else None,
+            vocab_size=config.vocab_size,
+        )
 
     @property
     def mix_names(self) -> list[str]:
@@ -165,28 +241,21 @@ class RankLineDataset(IterableDataset):
         config = self.config
         mine = set(worker_shards(len(self.shard_ids), worker, num_workers))
         context = self.shard_context(len(mine))
-        readers, accesses, recipe = context.readers, context.accesses, context.recipe
-        writer = LineWriter(
-            accesses,
-            recipe.decoration,
-            config.line_length,
-            bol=config.bol_token,
-            eol=config.eol_token,
-            pad=config.pad_token if config.packing == "pad" else None,
-            vocab_size=config.vocab_size,
-        )
-        shards: dict[int, ShuffleBuffer] = {}
+        readers = context.readers
+        writer = self._writer(context)
+        start = self.start
+        shards: dict[int, ShardPipeline] = {}
 
-        def shard(local: int) -> ShuffleBuffer:
+        def shard(local: int) -> ShardPipeline:
             pipeline = shards.get(local)
             if pipeline is None:
                 sid = self.shard_ids[local]
-                pipeline = shards[local] = open_shard(
+                pipeline = shards[local] = context.open(
                     sid,
-                    recipe,
-                    accesses,
-                    self.start_states.get(sid),
-                    self.start_advance.get(sid, 0),
+                    self.stages,
+                    state=start.states.get(sid),
+                    advance=start.advance.get(sid, 0),
+                    writer=writer,
                 )
             return pipeline
 
@@ -195,11 +264,12 @@ class RankLineDataset(IterableDataset):
             # open shards as rows reach them (first batch independent of the shard count).
             for local in sorted(mine):
                 shard(local)
-        dealer = RowDealer(list(self.start_emitted))
+        emitted = start.emitted if start.emitted is not None else [0] * len(self.shard_ids)
+        dealer = RowDealer(list(emitted))
         counts = item_batch_counts(config.batch_size, config.line_length)
         ring = None
-        if self.rings is not None and info is not None and self.preprocess is None:
-            ring = self.rings[worker].numpy()
+        if start.rings is not None and info is not None and self.preprocess is None:
+            ring = start.rings[worker].numpy()
         # File-backed memory before any shard is read (libraries, the ring): not ours to give back.
         baseline = resident_file_bytes() or 0
         try:
@@ -220,7 +290,7 @@ class RankLineDataset(IterableDataset):
         n_batches: int,
         dealer: RowDealer,
         mine: set[int],
-        shard: Callable[[int], ShuffleBuffer],
+        shard: Callable[[int], ShardPipeline],
         writer: LineWriter,
         ring: np.ndarray | None,
         slot: int | None,
@@ -230,13 +300,15 @@ class RankLineDataset(IterableDataset):
         rows: list[int] = []
         row_shards: list[int] = []
         offsets = [0]
-        touched: dict[int, ShuffleBuffer] = {}
+        touched: dict[int, ShardPipeline] = {}
+        pipelines: list[ShardPipeline] = []
         for _ in range(n_batches):
             for row, local in enumerate(dealer.deal(config.batch_size)):
                 if local in mine:
                     sid = self.shard_ids[local]
                     pipeline = shard(local)
                     lines.append(next(pipeline))
+                    pipelines.append(pipeline)
                     rows.append(row)
                     row_shards.append(sid)
                     touched[sid] = pipeline
@@ -260,6 +332,11 @@ class RankLineDataset(IterableDataset):
                 "a document holds a token id of 2**31 or more, or a negative one; set vocab_size "
                 "to find which file"
             )
+        if any(p.token_stages for p in touched.values()):
+            # In the order each shard emitted its lines: token stages' state is per line.
+            for i, pipeline in enumerate(pipelines):
+                if pipeline.token_stages:
+                    content[i] = pipeline.apply_tokens(tokens[i], int(content[i]))
         segments = segment_counts = None
         if config.return_position_ids or config.return_cu_seqlens:
             has_bol, has_eol = config.bol_token is not None, config.eol_token is not None

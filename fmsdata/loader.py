@@ -13,10 +13,10 @@ from torch.utils.data import DataLoader
 
 from fmsdata.checkpoint import AutoCheckpointer, latest_checkpoint, load_loader_state
 from fmsdata.config import LoaderConfig, as_config
-from fmsdata.dataset import Preprocess, RankLineDataset
+from fmsdata.dataset import Preprocess, RankLineDataset, Start
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.handlers import handler_from_config
-from fmsdata.pipeline import open_shard
+from fmsdata.pipeline import StageFactory
 from fmsdata.state import (
     MIX_FIELDS,
     STATE_VERSION,
@@ -63,7 +63,7 @@ class FmsDataLoader(DataLoader):
             multiprocessing_context=config.multiprocessing_context if workers > 0 else None,
         )
         self.config: LoaderConfig = config
-        self._consumed = ConsumedState(dataset.shard_ids)
+        self._consumed = ConsumedState(dataset.shard_ids, buffer_path=dataset.layout()[1])
         self._parts: Any = None
         self._generation = 0  # bumped by skip(): the running iteration restarts its workers
         self.checkpointer = (
@@ -117,9 +117,6 @@ class FmsDataLoader(DataLoader):
     def _start_workers(self) -> tuple[Iterator[Any], list[torch.Tensor] | None]:
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         config = self.config
-        dataset.start_states = self._consumed.shard_states()
-        dataset.start_advance = self._consumed.advances()
-        dataset.start_emitted = self._consumed.emitted()
         rings = None
         if self.num_workers > 0 and dataset.preprocess is None:
             shape = ring_shape(config.batch_size, config.line_length, config.prefetch_factor)
@@ -127,7 +124,14 @@ class FmsDataLoader(DataLoader):
                 torch.empty(shape, dtype=torch.int32).share_memory_()
                 for _ in range(self.num_workers)
             ]
-        dataset.rings = rings
+        dataset.start_at(
+            Start(
+                states=self._consumed.shard_states(),
+                advance=self._consumed.advances(),
+                emitted=self._consumed.emitted(),
+                rings=rings,
+            )
+        )
         self._parts = super().__iter__()
         return self._parts, rings
 
@@ -176,7 +180,7 @@ class FmsDataLoader(DataLoader):
             for name, digest in dataset.catalog().fingerprint().items()
             if name in names
         }
-        return stream_fingerprint(self.config, dataset.handler, names, data)
+        return stream_fingerprint(self.config, dataset.handler, names, data, dataset.layout()[0])
 
     @property
     def steps(self) -> int:
@@ -219,14 +223,15 @@ class FmsDataLoader(DataLoader):
         if settle and any(entry["advance"] for entry in shards):
             context = dataset.shard_context(len(shards))
             try:
+                writer = dataset._writer(context)
                 for entry in shards:
                     if entry["advance"]:
-                        pipeline = open_shard(
+                        pipeline = context.open(
                             entry["id"],
-                            context.recipe,
-                            context.accesses,
-                            entry["state"],
-                            entry["advance"],
+                            dataset.stages,
+                            state=entry["state"],
+                            advance=entry["advance"],
+                            writer=writer,
                         )
                         entry["state"], entry["advance"] = pipeline.state_dict(), 0
             finally:
@@ -275,7 +280,12 @@ class FmsDataLoader(DataLoader):
             shards = self._replay_old_mix(shards, saved)
         mix = dataset.mix_names
         old_space = saved.span_datasets
-        used = span_names((state for state, _ in shards.values()), old_space)
+        context = dataset.shard_context(1)
+        try:
+            chain = dataset.skeleton(context).top
+        finally:
+            context.close()
+        used = span_names(chain, (state for state, _ in shards.values()), old_space)
         dropped = sorted(set(saved.fingerprint["datasets"]) - set(mix))
         if dropped:
             logger.warning(
@@ -287,17 +297,15 @@ class FmsDataLoader(DataLoader):
                 sid: (
                     None
                     if state is None
-                    else remix_shard(state, mix, old_space, new_space, rebase),
+                    else remix_shard(chain, state, mix, old_space, new_space, rebase),
                     advance,
                 )
                 for sid, (state, advance) in shards.items()
             }
-        drain = tuple(new_space[len(mix) :])
-        if drain != dataset.drain_datasets:
-            dataset.drain_datasets = drain
-            dataset._catalog = dataset.data_fingerprint = None
-            dataset.data_fingerprint = dataset.catalog().fingerprint()
-        self._consumed = ConsumedState(dataset.shard_ids, shards, saved.steps, saved.skips)
+        dataset.drain(new_space[len(mix) :])
+        self._consumed = ConsumedState(
+            dataset.shard_ids, shards, saved.steps, saved.skips, dataset.layout()[1]
+        )
         self._generation += 1
 
     def _replay_old_mix(
@@ -316,15 +324,19 @@ class FmsDataLoader(DataLoader):
             checkpoint_dir=None,
             checkpoint_every=0,
         )
-        replay = RankLineDataset(old, dataset.topology, dataset.handler)
+        replay = RankLineDataset(old, dataset.topology, dataset.handler, stages=dataset.stages)
         replay.drain_datasets = tuple(
             n for n in saved.span_datasets if n not in fingerprint["datasets"]
         )
         context = replay.shard_context(len(pending))
         shards = dict(shards)
         try:
+            writer = replay._writer(context)
             for sid in pending:
-                pipeline = open_shard(sid, context.recipe, context.accesses, *shards[sid])
+                state, advance = shards[sid]
+                pipeline = context.open(
+                    sid, dataset.stages, state=state, advance=advance, writer=writer
+                )
                 shards[sid] = (pipeline.state_dict(), 0)
         finally:
             context.close()
@@ -342,6 +354,7 @@ def build_dataloader(
     rank: int | None = None,
     world_size: int | None = None,
     preprocess: Preprocess | None = None,
+    stages: StageFactory | None = None,
 ) -> FmsDataLoader:
     """Build this rank's loader.
 
@@ -352,6 +365,10 @@ def build_dataloader(
             causal-LM shift: ``preprocess(line, n_tokens) -> {name: array}``, where ``line``
             is the packed int64 line (``seq_length + 1`` tokens, padding after
             ``n_tokens``); batches then hold those names, stacked.
+        stages: Builds each logical shard's chain of stages, ``stages(shard) -> Stage``
+            (default ``fmsdata.pipeline.default_stages``; see ``fmsdata.stages`` for the
+            protocol). A module-level function: workers receive it pickled. Its stages'
+            settings are part of the state fingerprint.
 
     Returns:
         An ``FmsDataLoader`` yielding dicts with ``input_ids`` and ``labels`` of shape
@@ -365,7 +382,7 @@ def build_dataloader(
     config = as_config(config)
     topology = Topology.resolve(rank, world_size)
     handler = handler_from_config(config)
-    dataset = RankLineDataset(config, topology, handler, preprocess)
+    dataset = RankLineDataset(config, topology, handler, preprocess, stages)
     catalog = dataset.catalog()
     dataset.data_fingerprint = catalog.fingerprint()
     loader = FmsDataLoader(dataset)

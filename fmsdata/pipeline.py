@@ -1,24 +1,45 @@
-"""The span pipeline of one logical shard: documents -> mixing -> packing -> shuffle.
+"""The chain of stages of one logical shard, and the public way to build your own.
 
-A logical shard's lines depend only on (data, config, seed, shard id); this module is the
-single place that wires the stages together for a shard.
+A logical shard's lines depend only on (data, config, seed, shard id). Its chain is built
+by a *stage factory*: a function ``factory(shard: Shard) -> Stage`` called once per shard
+in each worker. The default one reads like the fms-fsdp chains it replaces::
+
+    def default_stages(shard):
+        return shard.shuffle(shard.pack(shard.documents()))
+
+documents -> (mixed by token share) -> packed into lines -> shuffled. Pass your own to
+``build_dataloader(config, stages=...)`` to insert, replace or add stages (see
+``fmsdata.stages`` for the protocol and an example); the factory must be a module-level
+function (workers receive it pickled).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from fmsdata.config import LoaderConfig
+from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.permute import derive_key
 from fmsdata.schedule import WeightSchedule
+from fmsdata.stages.base import SpanStage, Stage, TokenStage, check_keys, layout, walk
 from fmsdata.stages.documents import Decoration, DocumentStream
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.packing import LinePacker
 from fmsdata.stages.shuffle import ShuffleBuffer
 
-__all__ = ["ShardRecipe", "build_shard", "open_shard"]
+__all__ = [
+    "Shard",
+    "ShardRecipe",
+    "ShardPipeline",
+    "StageFactory",
+    "default_stages",
+    "open_shard",
+    "weight_schedule",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,41 +90,175 @@ def weight_schedule(config: LoaderConfig, n_datasets: int) -> WeightSchedule:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """What a stage factory builds one logical shard's chain from.
+
+    Attributes:
+        id: The logical shard.
+        recipe: Settings taken from the config (``capacity``, ``packing``, ``window``,
+            ``seed``, ``decoration``, the dataset ``names`` and weight ``schedule``).
+        accesses: The datasets' files in this process, mixed ones first in recipe order.
+    """
+
+    id: int
+    recipe: ShardRecipe
+    accesses: Sequence[Any]
+
+    def key(self, *parts: Any) -> int:
+        """A random key of this run and shard, for a stage's own randomness."""
+        return derive_key(self.recipe.seed, *parts, self.id)
+
+    def documents(self) -> TokenShareMixer:
+        """The shard's documents of every dataset, mixed by token share (the chain's
+        document source: the packer reads it)."""
+        r = self.recipe
+        streams = [
+            DocumentStream(access, self.id, r.n_shards, r.seed, r.decoration)
+            for access in self.accesses[: len(r.names)]
+        ]
+        return TokenShareMixer(streams, r.names, r.schedule)
+
+    def pack(self, source: TokenShareMixer) -> LinePacker:
+        """Documents packed into lines of ``seq_length + 1`` tokens (config ``packing``)."""
+        return LinePacker(source, self.recipe.capacity, self.recipe.packing)
+
+    def shuffle(self, source: SpanStage) -> ShuffleBuffer:
+        """Lines shuffled in a window of ``shuffle_window`` lines."""
+        return ShuffleBuffer(source, self.recipe.window, self.key("shuffle"))
+
+
+StageFactory = Callable[[Shard], Stage]
+
+
+def default_stages(shard: Shard) -> Stage:
+    """documents -> mix -> pack -> shuffle: the chain a loader runs unless told otherwise."""
+    return shard.shuffle(shard.pack(shard.documents()))
+
+
+class ShardPipeline:
+    """One logical shard's chain as a worker runs it: lines from the span-level part, the
+    token-level stages on top (applied after materialization), and the lines emitted.
+
+    State: ``{"emitted": lines handed out, "stages": the chain's state}``. The first
+    shuffle buffer of the chain is *journaled*: its buffer changes travel with each worker
+    item instead of the whole buffer (``light_state`` leaves it out; ``buffer_path`` says
+    where it goes back).
+    """
+
+    def __init__(self, top: Stage):
+        if not isinstance(top, Stage):
+            raise ConfigError(f"a stage factory must return a Stage, got {type(top).__name__}")
+        self.top = top
+        token_stages: list[TokenStage] = []
+        lines: Stage = top
+        while isinstance(lines, TokenStage):
+            token_stages.append(lines)
+            lines = lines.source
+        if not isinstance(lines, SpanStage):
+            raise ConfigError(
+                f"a chain must end in a span-level stage that yields lines (the packer or a "
+                f"stage reading it), found {type(lines).__name__}"
+            )
+        self.lines = lines
+        self.token_stages = token_stages[::-1]  # in the order they apply
+        self.emitted = 0
+        self.journaled: ShuffleBuffer | None = None
+        self.buffer_path: tuple[str, ...] | None = None
+        for path, stage in walk(top):
+            if isinstance(stage, ShuffleBuffer):
+                stage.journaled = True
+                self.journaled = stage
+                self.buffer_path = ("stages", *path)
+                break
+
+    def __iter__(self) -> ShardPipeline:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        line = next(self.lines)
+        self.emitted += 1
+        return line
+
+    def apply_tokens(self, row: np.ndarray, content: int) -> int:
+        """Run the token-level stages over one materialized line (in place)."""
+        for stage in self.token_stages:
+            content = int(stage.apply(row, content))
+        return content
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"emitted": self.emitted, "stages": self.top.state_dict()}
+
+    def light_state(self) -> dict[str, Any]:
+        """The state without the journaled buffer: what travels with every worker item."""
+        if self.journaled is None:
+            return self.state_dict()
+        self.journaled.light = True
+        try:
+            return self.state_dict()
+        finally:
+            self.journaled.light = False
+
+    def load_state_dict(self, state: Any, where: str = "shard state") -> None:
+        check_keys(where, state, ("emitted", "stages"))
+        emitted = state["emitted"]
+        if not isinstance(emitted, (int, np.integer)) or emitted < 0:
+            raise StateMismatchError(f"{where}: emitted must be a count, got {emitted!r}")
+        self.emitted = int(emitted)
+        try:
+            self.top.load_state_dict(state["stages"])
+        except StateMismatchError as err:
+            raise StateMismatchError(f"{where}: stages: {err}") from None
+
+    def drain_journal(self) -> tuple[list[int], list[np.ndarray]]:
+        return self.journaled.drain_journal() if self.journaled is not None else ([], [])
+
+    def layout(self) -> list[dict[str, Any]]:
+        return layout(self.top)
+
+    def prefetch_upcoming(self) -> None:
+        """Let remote roots start downloading the first file each document stream reads."""
+        for _, stage in walk(self.top):
+            if isinstance(stage, TokenShareMixer):
+                for stream in stage.streams:
+                    stream.prefetch_upcoming()
+
+
+def build_pipeline(
+    shard: int, recipe: ShardRecipe, accesses: Sequence, factory: StageFactory | None = None
+) -> ShardPipeline:
+    """A fresh chain of one logical shard (load a state into it to resume)."""
+    return ShardPipeline((factory or default_stages)(Shard(shard, recipe, accesses)))
+
+
 def open_shard(
-    shard: int, recipe: ShardRecipe, accesses: Sequence, state: Any = None, advance: int = 0
-) -> ShuffleBuffer:
+    shard: int,
+    recipe: ShardRecipe,
+    accesses: Sequence,
+    state: Any = None,
+    advance: int = 0,
+    factory: StageFactory | None = None,
+    writer: Any = None,
+) -> ShardPipeline:
     """A shard's pipeline at a saved position: ``state`` (None = start) plus ``advance``
-    lines emitted after it, which are replayed at span level (no tokens are read).
+    lines emitted after it, which are replayed at span level (no tokens are read, unless
+    token-level stages must see them: then ``writer`` materializes them).
 
     The replayed lines stay in the shuffle buffer's journal, so a replica that still holds
     ``state`` learns about them with the shard's next update.
     """
-    streams, pipeline = _chain(shard, recipe, accesses)
+    pipeline = build_pipeline(shard, recipe, accesses, factory)
     if state is not None:
-        pipeline.load_state_dict(state)
-    for stream in streams:
-        stream.prefetch_upcoming()
-    for _ in range(advance):
-        next(pipeline)
+        pipeline.load_state_dict(state, f"logical shard {shard}")
+    pipeline.prefetch_upcoming()
+    if pipeline.token_stages and advance:
+        if writer is None:
+            raise ConfigError("replaying token-level stages needs the line writer")
+        row = np.empty((1, writer.line_length), dtype=np.int32)
+        for _ in range(advance):
+            content = writer.write([next(pipeline)], row)
+            pipeline.apply_tokens(row[0], int(content[0]))
+    else:
+        for _ in range(advance):
+            next(pipeline)
     return pipeline
-
-
-def build_shard(shard: int, recipe: ShardRecipe, accesses: Sequence) -> ShuffleBuffer:
-    """The stage chain of one logical shard, fresh (load a state into it to resume).
-
-    ``accesses`` start with the mixed datasets, in recipe order (more may follow: datasets
-    that only buffered lines still read from).
-    """
-    return _chain(shard, recipe, accesses)[1]
-
-
-def _chain(
-    shard: int, recipe: ShardRecipe, accesses: Sequence
-) -> tuple[list[DocumentStream], ShuffleBuffer]:
-    streams = [
-        DocumentStream(access, shard, recipe.n_shards, recipe.seed, recipe.decoration)
-        for access in accesses[: len(recipe.names)]
-    ]
-    mixer = TokenShareMixer(streams, recipe.names, recipe.schedule)
-    packer = LinePacker(mixer, recipe.capacity, recipe.packing)
-    return streams, ShuffleBuffer(packer, recipe.window, derive_key(recipe.seed, "shuffle", shard))

@@ -11,6 +11,11 @@ A rank's state, as ``FmsDataLoader.snapshot()`` gives it, is plain nested data::
                  "state": shard pipeline state or None (not started),
                  "advance": lines the shard emitted after that state}, ...]}
 
+A shard pipeline state is ``{"emitted": lines, "stages": the chain's state}``, the chain's
+state nesting each stage's under its input key (``fmsdata.stages``). Nothing here knows
+that nesting: the fingerprint's ``stages`` entry records each stage's path, type, role and
+settings, and code looking for a stage's state finds it by role there (``stage_state``).
+
 Shard states depend only on the shard, never on the rank, so a rescale is a regrouping of
 the ``shards`` lists of all ranks. ``state_dict()`` gives the same content keyed by
 logical shard, each entry one uint8 tensor (``pack_state``): that is what
@@ -37,8 +42,8 @@ import torch
 from fmsdata.config import LoaderConfig
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers.base import FileHandler
-from fmsdata.stages.documents import fresh_stream_state
-from fmsdata.stages.shuffle import apply_journal, pack_lines, unpack_lines
+from fmsdata.stages.base import DatasetRenumbering, Stage, renumber_state, state_datasets
+from fmsdata.stages.shuffle import BUFFER_KEY, apply_journal, pack_lines, unpack_lines
 from fmsdata.statefile import state_from_bytes, state_to_bytes
 from fmsdata.transport import WorkerItem
 
@@ -54,6 +59,7 @@ __all__ = [
     "mix_changed",
     "remix_shard",
     "span_names",
+    "stage_state",
     "ConsumedState",
 ]
 
@@ -71,8 +77,10 @@ TOP_KEYS = (
 META_KEY = "fmsdata_meta"
 SHARD_PREFIX = "fmsdata_shard_"
 
-# Config fields that decide the lines of a logical shard (batch size, workers and world
-# size do not: they may change between save and load).
+# Config fields of the mix (what ``allow_mix_change`` lets differ; a resume replays the
+# lines drawn with the old ones). Every other setting that shapes the lines is a stage's
+# (``Stage.settings``), recorded per stage under ``stages``; batch size, workers and world
+# size shape no line and may change between save and load.
 MIX_FIELDS = (
     "datasets",
     "weights",
@@ -82,33 +90,26 @@ MIX_FIELDS = (
     "schedule_resolution",
     "global_batch_size",
 )
-_STREAM_FIELDS = (
-    *MIX_FIELDS,
-    "seq_length",
-    "bos_token",
-    "eos_token",
-    "bol_token",
-    "eol_token",
-    "strip_tokens",
-    "packing",
-    "pad_token",
-    "min_length",
-    "logical_shards",
-    "shuffle_window",
-    "seed",
-)
+# What every shard's walk is keyed by, outside any one stage.
+_SHARD_FIELDS = ("logical_shards", "seed")
 
 
 def stream_fingerprint(
-    config: LoaderConfig, handler: FileHandler, names: Sequence[str], data: Mapping[str, str]
+    config: LoaderConfig,
+    handler: FileHandler,
+    names: Sequence[str],
+    data: Mapping[str, str],
+    stages: Sequence[Mapping[str, Any]],
 ) -> dict[str, Any]:
-    """What a saved state must agree with to be loaded: data hash and stream-shaping config."""
+    """What a saved state must agree with to be loaded: data hash, mix, shard keys, the
+    handler's options and the chain's stages (``fmsdata.stages.base.layout``)."""
     values = config.to_dict()
     fingerprint: dict[str, Any] = {"data": dict(data)}
-    for field in _STREAM_FIELDS:
+    for field in (*MIX_FIELDS, *_SHARD_FIELDS):
         fingerprint[field] = values[field]
     fingerprint["datasets"] = list(names)
     fingerprint.update(handler.describe())
+    fingerprint["stages"] = [dict(stage) for stage in stages]
     return fingerprint
 
 
@@ -133,14 +134,64 @@ def check_fingerprint(
                     f"(data hash {saved_data[name]} became {current_data[name]})"
                 )
         allowed.add("data")
+    _check_stages(saved.get("stages"), current.get("stages"), allowed, mix_change)
     for field in sorted(set(saved) | set(current)):
-        if field in allowed:
+        if field in allowed or field == "stages":
             continue
         if _plain(saved.get(field)) != _plain(current.get(field)):
             raise StateMismatchError(
                 f"saved loader state has {field}={saved.get(field)!r} but this loader has "
                 f"{field}={current.get(field)!r}"
             )
+
+
+def _check_stages(saved: Any, current: Any, allowed: set[str], mix_change: bool) -> None:
+    """The same chain (stage types at the same paths) with the same settings; a differing
+    setting is named with its stage. The mixer's dataset list may differ with a mix change."""
+
+    def shape(stages: Any) -> list[tuple[Any, Any]]:
+        if not isinstance(stages, list) or not all(isinstance(s, Mapping) for s in stages):
+            raise StateMismatchError(f"fingerprint 'stages' must be a list of stages: {stages!r}")
+        return [(_plain(s.get("path")), s.get("stage")) for s in stages]
+
+    if saved is None:
+        raise StateMismatchError(
+            "the saved loader state records no stages (saved by an older fmsdata)"
+        )
+    if shape(saved) != shape(current):
+        raise StateMismatchError(
+            "the saved loader state comes from another chain of stages: saved "
+            f"{_chain_text(saved)}, this loader runs {_chain_text(current)}"
+        )
+    for old, new in zip(saved, current):
+        before, after = old.get("settings") or {}, new.get("settings") or {}
+        for key in sorted(set(before) | set(after)):
+            if key in allowed or (mix_change and new.get("role") == "mixer" and key == "datasets"):
+                continue
+            if _plain(before.get(key)) != _plain(after.get(key)):
+                name = new.get("role") or new.get("stage")
+                raise StateMismatchError(
+                    f"saved loader state has stage {name!r} with {key}={before.get(key)!r} but "
+                    f"this loader has {key}={after.get(key)!r}"
+                )
+
+
+def _chain_text(stages: list[Mapping[str, Any]]) -> str:
+    return " <- ".join(str(s.get("stage", "?")).rsplit(".", 1)[-1] for s in stages)
+
+
+def stage_state(shard_state: Any, fingerprint: Mapping[str, Any], role: str) -> Any:
+    """The saved state of the stage with ``role`` inside a shard state (None when the
+    shard has not started), found through the fingerprint's record of the chain."""
+    if shard_state is None:
+        return None
+    for stage in fingerprint.get("stages") or []:
+        if stage.get("role") == role and stage.get("path") is not None:
+            node = shard_state["stages"]
+            for key in stage["path"]:
+                node = node[key]
+            return node
+    raise StateMismatchError(f"the saved chain has no stage with role {role!r}")
 
 
 def _plain(value: Any) -> Any:
@@ -240,6 +291,7 @@ def mix_changed(saved: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
 
 
 def remix_shard(
+    chain: Stage,
     state: dict[str, Any],
     mix: Sequence[str],
     old_space: Sequence[str],
@@ -248,47 +300,30 @@ def remix_shard(
 ) -> dict[str, Any]:
     """A shard state carried over to another dataset list (``mix``) and dataset numbering.
 
-    Datasets kept continue from their own positions, new ones start at their beginning,
-    removed ones are dropped. Saved spans are renumbered from ``old_space`` to
-    ``new_space`` (lines of removed datasets still buffered stay readable through it).
-    With ``rebase`` every share is measured afresh from here (``base`` moves to the
-    tokens taken), so new weights hold from the resume on.
+    Each stage of ``chain`` (one built for the new config) carries its own part over
+    (``Stage.renumber``): the mixer keeps the positions of the datasets kept, starts new
+    ones and drops removed ones (with ``rebase`` measuring every share afresh from here);
+    stages holding spans renumber them from ``old_space`` to ``new_space`` (lines of
+    removed datasets still buffered stay readable through it).
     """
-    state = copy.deepcopy(state)
-    mixer = state["source"]["source"]
-    tokens = {name: int(mixer["tokens"].get(name, 0)) for name in mix}
-    base = dict(tokens) if rebase else {name: int(mixer["base"].get(name, 0)) for name in mix}
-    mixer["sources"] = {name: mixer["sources"].get(name, fresh_stream_state()) for name in mix}
-    mixer["tokens"], mixer["base"] = tokens, base
     number = np.array(
         [new_space.index(n) if n in new_space else -1 for n in old_space], dtype=np.int64
     )
-    spans = np.asarray(state["buffer"]["spans"], dtype=np.int64).copy()
-    if len(spans):
-        spans[:, 0] = number[spans[:, 0]]
-    state["buffer"]["spans"] = spans
-    carry = state["source"]["carry"]
-    if carry:
-        carry[0] = int(number[carry[0]])
-    if (spans[:, 0] < 0).any() or (carry and carry[0] < 0):
-        raise StateMismatchError(
-            "a buffered line refers to a dataset missing from the new numbering"
-        )
-    return state
+    change = DatasetRenumbering(tuple(mix), number, rebase)
+    return {
+        "emitted": state["emitted"],
+        "stages": renumber_state(chain, copy.deepcopy(state["stages"]), change),
+    }
 
 
-def span_names(states: Iterable[Any], space: Sequence[str]) -> set[str]:
-    """Names of the datasets that buffered lines and carries of shard states point into."""
-    used: set[str] = set()
+def span_names(chain: Stage, states: Iterable[Any], space: Sequence[str]) -> set[str]:
+    """Names of the datasets that spans saved in shard states (buffered lines, carries,
+    anything a stage holds) point into."""
+    used: set[int] = set()
     for state in states:
-        if state is None:
-            continue
-        spans = np.asarray(state["buffer"]["spans"])
-        used.update(space[int(i)] for i in np.unique(spans[:, 0]).tolist()) if len(spans) else None
-        carry = state["source"]["carry"]
-        if carry:
-            used.add(space[int(carry[0])])
-    return used
+        if state is not None:
+            used |= state_datasets(chain, state["stages"])
+    return {space[i] for i in used}
 
 
 @dataclasses.dataclass
@@ -354,6 +389,18 @@ def gather_shard_states(
     )
 
 
+def _at(state: Any, path: Sequence[str]) -> Any:
+    """The part of a shard state at ``path`` (a mapping holding the shuffle buffer)."""
+    node = state
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            raise StateMismatchError(f"shard state has no {'.'.join(path)} (the shuffle buffer)")
+        node = node[key]
+    if not isinstance(node, Mapping) or BUFFER_KEY not in node:
+        raise StateMismatchError(f"shard state {'.'.join(path)} holds no {BUFFER_KEY!r}")
+    return node
+
+
 def _lines(spans: np.ndarray, offsets: np.ndarray) -> Iterator[np.ndarray]:
     for i in range(len(offsets) - 1):
         yield spans[offsets[i] : offsets[i + 1]]
@@ -362,15 +409,18 @@ def _lines(spans: np.ndarray, offsets: np.ndarray) -> Iterator[np.ndarray]:
 class ConsumedState:
     """Per-shard pipeline state as of the last batch handed to the caller.
 
-    Each shard is described by a state it passed through (``light`` + ``buffer``) and the
-    number of lines it emitted since (``advance``); a shard's state moves forward when a
-    worker item that advanced it has been consumed completely.
+    Each shard is described by a state it passed through (``light`` + the journaled
+    shuffle buffer, kept here as lines) and the number of lines it emitted since
+    (``advance``); a shard's state moves forward when a worker item that advanced it has
+    been consumed completely.
 
     Args:
         shard_ids: This rank's logical shards.
         entries: Saved ``{shard id: (state or None, advance)}``.
         steps: Batches consumed before (skipped ones included).
         skips: ``[step, batches]`` of every skip so far.
+        buffer_path: Where the journaled shuffle buffer's own state sits in a shard state
+            (``ShardPipeline.buffer_path``; None: the chain journals nothing).
     """
 
     def __init__(
@@ -379,22 +429,26 @@ class ConsumedState:
         entries: Mapping[int, tuple[Any, int]] | None = None,
         steps: int = 0,
         skips: Sequence[Sequence[int]] = (),
+        buffer_path: Sequence[str] | None = None,
     ):
         self.shard_ids = list(shard_ids)
         self.steps = steps
         self.skips = [[int(at), int(n)] for at, n in skips]
+        self.buffer_path = None if buffer_path is None else tuple(buffer_path)
         self._light: dict[int, dict[str, Any] | None] = {}
         self._buffers: dict[int, list[np.ndarray]] = {}
         self._advance: dict[int, int] = {}
         for sid in self.shard_ids:
             state, advance = (entries or {}).get(sid, (None, 0))
             self._advance[sid] = int(advance)
+            self._buffers[sid] = []
             if state is None:
                 self._light[sid] = None
-                self._buffers[sid] = []
-            else:
-                self._light[sid] = copy.deepcopy({k: v for k, v in state.items() if k != "buffer"})
-                self._buffers[sid] = unpack_lines(state["buffer"])
+                continue
+            light = copy.deepcopy(state)
+            if self.buffer_path is not None:
+                self._buffers[sid] = unpack_lines(_at(light, self.buffer_path).pop(BUFFER_KEY))
+            self._light[sid] = light
 
     def consume_batch(self, item: WorkerItem, batch: int) -> None:
         """Count the lines of batch ``batch`` of ``item`` as consumed."""
@@ -427,8 +481,15 @@ class ConsumedState:
         light = self._light[sid]
         if light is None:
             return None
+        if self.buffer_path is None:
+            return light
+        # Copy the dicts on the way to the buffer only: the rest is shared, read-only.
         state = dict(light)
-        state["buffer"] = pack_lines(self._buffers[sid])
+        node = state
+        for key in self.buffer_path:
+            node[key] = dict(node[key])
+            node = node[key]
+        node[BUFFER_KEY] = pack_lines(self._buffers[sid])
         return state
 
     def shard_states(self) -> dict[int, Any]:

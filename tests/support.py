@@ -15,6 +15,7 @@ import torch
 from fmsdata import build_dataloader
 from fmsdata.catalog import discover
 from fmsdata.handlers import ArrowDocHandler
+from fmsdata.state import stage_state
 from fmsdata.statefile import load_state, save_state, state_from_bytes, state_to_bytes
 from fmsdata.synthetic import CorpusInfo, write_corpus
 
@@ -160,12 +161,12 @@ class Ledger:
     def add_state(self, state: dict[str, Any]) -> None:
         """Count the tokens held inside a rank state: buffered lines and packer carries."""
         for entry in state["shards"]:
-            shard = entry["state"]
-            if shard is None:
+            if entry["state"] is None:
                 continue
-            for row in shard["buffer"]["spans"].tolist():
+            shuffle = stage_state(entry["state"], state["fingerprint"], "shuffle")
+            for row in np.asarray(shuffle["buffer"]["spans"]).tolist():
                 self.add_tokens(self.span_tokens(*row))
-            carry = shard["source"]["carry"]
+            carry = stage_state(entry["state"], state["fingerprint"], "packer")["carry"]
             if carry:
                 self.add_tokens(self.span_tokens(*carry))
 
@@ -214,6 +215,7 @@ def check_exactly_once_per_epoch(
     from fmsdata.stages.documents import shard_fragments
 
     entries = {e["id"]: e for state in states for e in state["shards"]}
+    fingerprint = states[0]["fingerprint"]
     assert sorted(entries) == list(range(n_shards))
     for ds, name in enumerate(ledger.info.ranges):
         files = [ledger.info.files[p] for p in ledger.paths[ds]]
@@ -221,7 +223,8 @@ def check_exactly_once_per_epoch(
         for sid in range(n_shards):
             entry = entries[sid]
             assert entry["advance"] == 0, "settle the states first"
-            stream = entry["state"]["source"]["source"]["sources"][name] if entry["state"] else None
+            mixer = stage_state(entry["state"], fingerprint, "mixer")
+            stream = mixer["sources"][name] if mixer else None
             epoch, pos = (stream["epoch"], stream["pos"]) if stream else (0, 0)
             per_doc = []
             for f, lo, hi in shard_fragments(counts, n_shards, sid).tolist():

@@ -5,6 +5,7 @@ import yaml
 from support import base_config, corpus
 
 from fmsdata.cli.main import main
+from fmsdata.state import stage_state
 
 
 def test_every_command_has_help():
@@ -63,7 +64,10 @@ def test_state_show_reads_every_kind_of_checkpoint(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 7 and summary["skips"] == [[5, 2]] and summary["world_size"] == 1
     snapshot = loader.snapshot(settle=True)
-    tokens = sum(e["state"]["source"]["source"]["tokens"]["a"] for e in snapshot["shards"])
+    fingerprint = snapshot["fingerprint"]
+    tokens = sum(
+        stage_state(e["state"], fingerprint, "mixer")["tokens"]["a"] for e in snapshot["shards"]
+    )
     assert (
         summary["datasets"]["a"]["tokens"] <= tokens
     )  # saved at an item boundary, plus lines after

@@ -17,6 +17,7 @@ from support import (
 )
 
 from fmsdata import build_dataloader
+from fmsdata.state import stage_state
 
 
 def run_ranks(loaders, steps, ledger):
@@ -36,7 +37,7 @@ def test_every_token_once_per_epoch_across_ranks(tmp_path, num_workers):
         ledger.add_state(state)
     assert (
         max(
-            e["state"]["source"]["source"]["sources"]["b"]["epoch"]
+            stage_state(e["state"], s["fingerprint"], "mixer")["sources"]["b"]["epoch"]
             for s in settled
             for e in s["shards"]
         )

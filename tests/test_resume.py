@@ -15,6 +15,7 @@ from support import (
 )
 
 from fmsdata import build_dataloader
+from fmsdata.state import stage_state
 from fmsdata.statefile import save_state
 
 
@@ -40,8 +41,10 @@ def test_resume_is_exact_for_every_worker_count(tmp_path, num_workers):
     # the last resume point lies across an epoch boundary.
     probe = build_dataloader(config)
     take(probe, 80)
-    for entry in probe.snapshot()["shards"]:
-        streams = entry["state"]["source"]["source"]["sources"].values()
+    snapshot = probe.snapshot()
+    for entry in snapshot["shards"]:
+        mixer = stage_state(entry["state"], snapshot["fingerprint"], "mixer")
+        streams = mixer["sources"].values()
         assert max(s["epoch"] for s in streams) >= 1
     check_resume(lambda: build_dataloader(config), total=100, points=[0, 37, 80])
 

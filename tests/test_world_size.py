@@ -83,10 +83,6 @@ def test_rescale_to_a_world_size_that_does_not_divide_the_shards(tmp_path):
     check_exactly_once_per_epoch(ledger, settled, 8)
 
 
-def epoch_of(entry, dataset):
-    return entry["state"]["source"]["source"]["sources"][dataset]["epoch"]
-
-
 def test_a_rank_state_alone_cannot_rescale(tmp_path):
     from fmsdata.errors import StateMismatchError
 

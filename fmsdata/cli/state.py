@@ -19,7 +19,7 @@ from typing import Any
 from fmsdata.checkpoint import latest_checkpoint, rank_files
 from fmsdata.dcpread import read_metadata, read_tensors
 from fmsdata.errors import StateMismatchError
-from fmsdata.state import META_KEY, SHARD_PREFIX, as_rank_states
+from fmsdata.state import META_KEY, SHARD_PREFIX, as_rank_states, stage_state
 from fmsdata.statefile import load_state
 
 
@@ -83,7 +83,7 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "advance": int(entry["advance"]),
                 "datasets": {},
             }
-            mixer = entry["state"]["source"]["source"] if entry["state"] else None
+            mixer = stage_state(entry["state"], first["fingerprint"], "mixer")
             for name in names:
                 stream = mixer["sources"][name] if mixer and name in mixer["sources"] else None
                 tokens = int(mixer["tokens"].get(name, 0)) if mixer else 0

@@ -15,13 +15,23 @@ the first five columns only; after a resume the writer finds the facts again (-1
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 from torch.utils.data import IterableDataset
 
+from fmsdata.errors import StateMismatchError
+
 __all__ = [
     "Stage",
+    "SpanStage",
+    "TokenStage",
+    "DatasetRenumbering",
+    "walk",
+    "layout",
+    "check_keys",
     "SPAN_WIDTH",
     "SAVED_SPAN_WIDTH",
     "DS",
@@ -33,7 +43,6 @@ __all__ = [
     "BASE",
     "empty_spans",
     "restore_spans",
-    "check_keys",
 ]
 
 SAVED_SPAN_WIDTH = 5
@@ -52,23 +61,61 @@ def restore_spans(saved: np.ndarray) -> np.ndarray:
     return spans
 
 
-def check_keys(stage: str, state: Any, keys: tuple[str, ...]) -> None:
+def check_keys(stage: str, state: Any, keys: tuple[str, ...] | set[str]) -> None:
     """Raise unless ``state`` is a mapping with exactly ``keys`` (state is read strictly)."""
-    from fmsdata.errors import StateMismatchError
-
     if not isinstance(state, dict):
         raise StateMismatchError(f"{stage} state must be a mapping, got {type(state).__name__}")
     if set(state) != set(keys):
         raise StateMismatchError(f"{stage} state has keys {sorted(state)}, expected {sorted(keys)}")
 
 
-class Stage(IterableDataset):
-    """A stateful iterator stage: ``next`` gives one item, state reflects what was taken.
+@dataclasses.dataclass(frozen=True)
+class DatasetRenumbering:
+    """A change of the dataset list met on resume (``allow_mix_change``).
 
-    ``state_dict()`` called between two ``next`` calls describes exactly the items already
-    returned, so loading it into a fresh stage continues with the very next item. A stage
-    wrapping another stores the child's state under the key ``"source"``.
+    Attributes:
+        mix: The datasets mixed from now on, in config order.
+        number: For each dataset index of the saved spans, its index now (-1: gone).
+        rebase: Measure every share afresh from here (the weights changed).
     """
+
+    mix: tuple[str, ...]
+    number: np.ndarray
+    rebase: bool
+
+    def spans(self, spans: np.ndarray, where: str) -> np.ndarray:
+        """Saved spans (rows whose column 0 is a dataset index) in the new numbering."""
+        spans = np.array(spans, dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
+        if len(spans):
+            spans[:, DS] = self.number[spans[:, DS]]
+            if (spans[:, DS] < 0).any():
+                raise StateMismatchError(
+                    f"{where}: a buffered line refers to a dataset missing from the new numbering"
+                )
+        return spans
+
+
+class Stage(IterableDataset):
+    """One step of a logical shard's pipeline, with exact, nestable state.
+
+    A stage reads its input(s) (``children()``, each under a constant key) and keeps a few
+    fields of its own. Its state is those fields (``own_state``) plus each child's state
+    under the child's key; ``load_state_dict`` reads it strictly (exactly those keys, the
+    path inside the state named on a mismatch). ``state_dict()`` taken between two items
+    describes exactly the items already handed out, so loading it into a fresh chain built
+    the same way continues with the very next item.
+
+    A stage declares itself to the tools that work on saved states without knowing the
+    chain: ``role`` (what the loader's state code looks for: ``"mixer"``, ``"packer"``,
+    ``"shuffle"``; None for anything else), ``settings()`` (what its output depends on:
+    a changed setting refuses an old state, naming the stage and the setting), and, when
+    its own state holds spans, ``renumber`` and ``span_datasets``.
+
+    Subclasses write ``own_state``/``load_own_state`` and ``settings``; the generic
+    ``state_dict``/``load_state_dict`` nest the children.
+    """
+
+    role: ClassVar[str | None] = None
 
     def __iter__(self) -> Stage:
         return self
@@ -76,8 +123,133 @@ class Stage(IterableDataset):
     def __next__(self) -> Any:
         raise NotImplementedError
 
+    # -- what a stage writes -------------------------------------------------------------
+
+    def children(self) -> dict[str, Stage]:
+        """The stages this one reads, by the constant key their state is saved under
+        (default: ``{"source": self.source}`` when the stage has a ``source``)."""
+        source = getattr(self, "source", None)
+        return {"source": source} if isinstance(source, Stage) else {}
+
+    def own_state(self) -> dict[str, Any]:
+        """This stage's own fields (plain data: ints, strings, lists, numpy arrays)."""
+        return {}
+
+    def load_own_state(self, state: dict[str, Any]) -> None:
+        """Take back what ``own_state`` gave (the keys are checked already)."""
+
+    def settings(self) -> dict[str, Any]:
+        """What this stage's output depends on besides its input (JSON-able values)."""
+        return {}
+
+    def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
+        """This stage's own saved state after a change of the dataset list (default: as is;
+        stages whose state holds spans renumber them, the mixer carries positions over)."""
+        return own
+
+    def span_datasets(self, own: dict[str, Any]) -> set[int]:
+        """Dataset indices that spans in this stage's own saved state point into."""
+        return set()
+
+    # -- generic -------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """How messages name this stage."""
+        return self.role or type(self).__name__
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Type, role and settings: what a saved state of this stage must agree with."""
+        cls = type(self)
+        return {
+            "stage": f"{cls.__module__}.{cls.__qualname__}",
+            "role": self.role,
+            "settings": self.settings(),
+        }
+
     def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """Own fields plus each child's state under its key."""
+        state = self.own_state()
+        for key, child in self.children().items():
+            state[key] = child.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a ``state_dict()`` strictly: a StateMismatchError names the stage, and the
+        keys leading to it inside the state."""
+        children = self.children()
+        own_keys = set(self.own_state())
+        if own_keys & set(children):
+            raise StateMismatchError(f"{self.name}: own state keys clash with its inputs' keys")
+        check_keys(self.name, state, own_keys | set(children))
+        self.load_own_state({k: state[k] for k in own_keys})
+        for key, child in children.items():
+            try:
+                child.load_state_dict(state[key])
+            except StateMismatchError as err:
+                raise StateMismatchError(f"{key}: {err}") from None
+
+
+class SpanStage(Stage):
+    """A span-level stage: yields lines as span arrays (see the module docstring), before
+    any token is read. It reads lines from ``source`` (another ``SpanStage``) or, for the
+    packer, documents from a document source.
+
+    A line is an int64 array ``[pieces, SPAN_WIDTH]``; a stage may pass lines on, hold
+    them back, drop them or reorder them, but keeps the spans' columns as they are.
+    """
+
+    def __init__(self, source: Stage):
+        self.source = source
+
+    def __next__(self) -> np.ndarray:
         raise NotImplementedError
+
+
+class TokenStage(Stage):
+    """A token-level stage: changes each materialized line of its shard, in order.
+
+    ``apply(tokens, content)`` gets one line (int32 array of ``line_length`` tokens,
+    ``content`` of them before the padding), changes it in place, and returns the new
+    content count. It is called once per line, in the order its shard emits lines, so
+    its state (``own_state``) is exact per line; a resume replays the lines after the
+    last saved state through it. Its ``source`` is the chain it follows (a ``SpanStage``
+    or another ``TokenStage``).
+    """
+
+    def __init__(self, source: Stage):
+        self.source = source
+
+    def apply(self, tokens: np.ndarray, content: int) -> int:
+        raise NotImplementedError
+
+
+def walk(top: Stage, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Stage]]:
+    """Every stage of a chain with its path of keys in the chain's state, top first."""
+    yield path, top
+    for key, child in top.children().items():
+        yield from walk(child, (*path, key))
+
+
+def layout(top: Stage) -> list[dict[str, Any]]:
+    """The chain as the state fingerprint records it: each stage's path and fingerprint."""
+    return [{"path": list(path), **stage.fingerprint()} for path, stage in walk(top)]
+
+
+def renumber_state(stage: Stage, state: dict[str, Any], change: DatasetRenumbering) -> dict:
+    """A saved chain state after a change of the dataset list, stage by stage."""
+    children = stage.children()
+    own = {k: v for k, v in state.items() if k not in children}
+    out = dict(stage.renumber(own, change))
+    for key, child in children.items():
+        out[key] = renumber_state(child, state[key], change)
+    return out
+
+
+def state_datasets(stage: Stage, state: dict[str, Any]) -> set[int]:
+    """Dataset indices that spans saved anywhere in a chain state point into."""
+    children = stage.children()
+    used = stage.span_datasets({k: v for k, v in state.items() if k not in children})
+    for key, child in children.items():
+        used |= state_datasets(child, state[key])
+    return used

@@ -65,6 +65,21 @@ class LineWriter:
         self.pad = pad
         self.vocab_size = vocab_size
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What the rows depend on besides the spans, as stage fingerprints give it (the
+        vocabulary is a check and changes no row)."""
+        return {
+            "path": None,
+            "stage": f"{type(self).__module__}.{type(self).__qualname__}",
+            "role": "materialize",
+            "settings": {
+                "line_length": self.line_length,
+                "bol": self.bol,
+                "eol": self.eol,
+                "pad": self.pad,
+            },
+        }
+
     def write(self, lines: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
         """Fill row ``k`` of ``out`` from ``lines[k]``; return the non-pad token count per row."""
         n_rows, width = out.shape
@@ -89,8 +104,10 @@ class LineWriter:
         fill = np.bincount(row, weights=written, minlength=n_rows).astype(np.int64)
         fill += (self.bol is not None) + (self.eol is not None)
         if self.pad is None and (fill != width).any():
-            raise AssertionError(
-                f"hard-packed lines came out as {fill.tolist()} tokens, not {width}"
+            raise ShardFormatError(
+                f"hard-packed lines came out as {fill.tolist()} tokens, not {width}: their "
+                "spans name more tokens than the documents hold now (the files changed since "
+                "the spans were made) or a stage changed the lines' spans"
             )
 
         # Where each span's first token lands in the flattened rows.

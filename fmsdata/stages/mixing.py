@@ -21,14 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.errors import StateMismatchError
+from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.schedule import WeightSchedule
-from fmsdata.stages.base import check_keys
-from fmsdata.stages.documents import DocBlock, DocumentStream
+from fmsdata.stages.base import DatasetRenumbering, Stage
+from fmsdata.stages.documents import DocBlock, DocumentStream, fresh_stream_state
 
 __all__ = ["MixedDocs", "TokenShareMixer"]
-
-STATE_KEYS = ("tokens", "base", "sources")
 
 
 @dataclasses.dataclass
@@ -75,8 +73,9 @@ class _Ledger:
     used: int = 0
 
 
-class TokenShareMixer:
-    """Mixes document streams by token share.
+class TokenShareMixer(Stage):
+    """Mixes document streams by token share: the chain's document source (role
+    ``"mixer"``), read by the packer through ``read_ahead`` / ``commit`` / ``rewind``.
 
     State keys: ``tokens`` and ``base`` (per dataset name: tokens taken in total, and the
     count shares are measured from — moved to ``tokens`` whenever the weights change) and
@@ -93,7 +92,10 @@ class TokenShareMixer:
         self, streams: Sequence[DocumentStream], names: Sequence[str], schedule: WeightSchedule
     ):
         if len(streams) != len(names):
-            raise ValueError("streams and names must have the same length")
+            raise ConfigError(
+                f"the mixer needs one stream per dataset: {len(streams)} streams, "
+                f"{len(names)} names"
+            )
         self.streams = list(streams)
         self.names = list(names)
         self.schedule = schedule
@@ -203,23 +205,50 @@ class TokenShareMixer:
         for stream in self.streams:
             stream.rewind()
 
-    def state_dict(self) -> dict[str, Any]:
+    # -- stage protocol ------------------------------------------------------------------
+
+    role = "mixer"
+
+    def own_state(self) -> dict[str, Any]:
         return {
             "tokens": dict(zip(self.names, self.tokens)),
             "base": dict(zip(self.names, self.base)),
             "sources": {name: s.state_dict() for name, s in zip(self.names, self.streams)},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_keys("mixer", state, STATE_KEYS)
-        for key in STATE_KEYS:
-            if set(state[key]) != set(self.names):
+    def load_own_state(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            if not isinstance(value, dict) or set(value) != set(self.names):
+                found = sorted(value) if isinstance(value, dict) else type(value).__name__
                 raise StateMismatchError(
-                    f"mixer state {key!r} covers datasets {sorted(state[key])}, "
-                    f"the config has {sorted(self.names)}"
+                    f"mixer state {key!r} covers datasets {found}, the config has "
+                    f"{sorted(self.names)}"
                 )
         self.tokens = [int(state["tokens"][name]) for name in self.names]
         self.base = [int(state["base"][name]) for name in self.names]
         for name, stream in zip(self.names, self.streams):
             stream.load_state_dict(state["sources"][name])
         self.rewind()
+
+    def settings(self) -> dict[str, Any]:
+        decoration = self.streams[0].decoration if self.streams else None
+        return {
+            "datasets": list(self.names),
+            "bos": None if decoration is None else decoration.bos,
+            "eos": None if decoration is None else decoration.eos,
+            "strip": [] if decoration is None else sorted(decoration.strip),
+            "min_length": None if decoration is None else decoration.min_length,
+        }
+
+    def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
+        """Datasets kept continue from their own positions, new ones start at their
+        beginning, removed ones are dropped; with ``change.rebase`` every share is measured
+        afresh from here (``base`` moves to the tokens taken), so new weights hold now."""
+        tokens = {name: int(own["tokens"].get(name, 0)) for name in change.mix}
+        base = (
+            dict(tokens)
+            if change.rebase
+            else {name: int(own["base"].get(name, 0)) for name in change.mix}
+        )
+        sources = {name: own["sources"].get(name, fresh_stream_state()) for name in change.mix}
+        return {"tokens": tokens, "base": base, "sources": sources}

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.errors import StateMismatchError
+from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.stages.base import (
     BASE,
     DLEN,
@@ -26,16 +26,14 @@ from fmsdata.stages.base import (
     SAVED_SPAN_WIDTH,
     SPAN_WIDTH,
     START,
-    Stage,
-    check_keys,
+    DatasetRenumbering,
+    SpanStage,
     empty_spans,
     restore_spans,
 )
 from fmsdata.stages.mixing import MixedDocs, TokenShareMixer
 
 __all__ = ["LinePacker"]
-
-STATE_KEYS = ("carry", "source")
 
 
 @dataclasses.dataclass
@@ -58,22 +56,27 @@ class _Plan:
         return len(self.started) - self.next_line
 
 
-class LinePacker(Stage):
+class LinePacker(SpanStage):
     """Yields packed lines as span arrays of total length ``capacity`` (hard) or less (pad).
 
     State keys: ``carry`` (the unused rest of a split document as a span, or an empty
-    list) and ``source`` (mixer state).
+    list) and ``source`` (the document source's state).
 
     Args:
-        source: The mixer.
+        source: The document source (the mixer, or a stage with its ``read_ahead`` /
+            ``commit`` / ``rewind`` protocol wrapping it).
         capacity: Document tokens per line (line length minus BOL/EOL).
         mode: ``"hard"`` or ``"pad"``.
     """
 
+    role = "packer"
+
     def __init__(self, source: TokenShareMixer, capacity: int, mode: str = "hard"):
         if mode not in ("hard", "pad"):
-            raise ValueError(f"unknown packing mode {mode!r}")
-        self.source = source
+            raise ConfigError(f"packing must be 'hard' or 'pad', got {mode!r}")
+        if capacity < 1:
+            raise ConfigError(f"a line needs room for at least one document token, got {capacity}")
+        super().__init__(source)
         self.capacity = capacity
         self.mode = mode
         self._carry: np.ndarray | None = None  # carry before the current plan's first line
@@ -117,16 +120,16 @@ class LinePacker(Stage):
             plan, self._pending, self._plan_carry = _plan_pad(docs, self._plan_carry, self.capacity)
         return plan
 
-    def state_dict(self) -> dict[str, Any]:
+    def own_state(self) -> dict[str, Any]:
+        # Runs before the source's state is taken (``Stage.state_dict``): the documents of
+        # the lines handed out are committed to it first.
         if self._uncommitted:
             self.source.commit(self._uncommitted)
             self._uncommitted = 0
         carry = self.carry
-        saved = [] if carry is None else [int(v) for v in carry[:SAVED_SPAN_WIDTH]]
-        return {"carry": saved, "source": self.source.state_dict()}
+        return {"carry": [] if carry is None else [int(v) for v in carry[:SAVED_SPAN_WIDTH]]}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_keys("packer", state, STATE_KEYS)
+    def load_own_state(self, state: dict[str, Any]) -> None:
         carry = state["carry"]
         if len(carry) not in (0, SAVED_SPAN_WIDTH):
             raise StateMismatchError(
@@ -134,10 +137,21 @@ class LinePacker(Stage):
             )
         self._carry = restore_spans(np.asarray([carry], dtype=np.int64))[0] if len(carry) else None
         self._uncommitted = 0
-        self.source.load_state_dict(state["source"])
         self._plan = None
         self._plan_carry = self._carry
         self._pending = MixedDocs.empty()
+
+    def settings(self) -> dict[str, Any]:
+        return {"capacity": self.capacity, "mode": self.mode}
+
+    def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
+        carry = own["carry"]
+        if not carry:
+            return own
+        return {"carry": [int(v) for v in change.spans(np.asarray([carry]), "packer carry")[0]]}
+
+    def span_datasets(self, own: dict[str, Any]) -> set[int]:
+        return {int(own["carry"][0])} if own["carry"] else set()
 
 
 def _pieces(docs: MixedDocs, carry: np.ndarray | None) -> tuple[np.ndarray, int]:

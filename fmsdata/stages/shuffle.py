@@ -5,7 +5,8 @@ each step hands out the line at a stateless pseudo-random slot (a hash of the sh
 and the step count), so the only randomness state is the step count. Lines are spans,
 so the saved buffer is a few integers per line however long the lines are.
 
-Every change to the buffer is also recorded in a journal — an op list where ``-1`` means
+Every change to the buffer of the chain's *journaled* shuffle buffer (the first in the
+chain, see ``fmsdata.pipeline``) is also recorded in a journal — an op list where ``-1`` means
 "push the next recorded line" and ``k >= 0`` "take the line at slot k", plus the pushed
 lines: a DataLoader worker forwards the journal with each batch, and the main process
 replays it on a copy of the buffer to know the state of what was *consumed* without the
@@ -21,30 +22,44 @@ import numpy as np
 
 from fmsdata.errors import StateMismatchError
 from fmsdata.permute import hash_values
-from fmsdata.stages.base import SAVED_SPAN_WIDTH, Stage, check_keys, restore_spans
+from fmsdata.stages.base import (
+    DS,
+    SAVED_SPAN_WIDTH,
+    DatasetRenumbering,
+    SpanStage,
+    check_keys,
+    restore_spans,
+)
 
-__all__ = ["ShuffleBuffer", "PUSH", "pack_lines", "unpack_lines", "apply_journal"]
+__all__ = ["ShuffleBuffer", "PUSH", "BUFFER_KEY", "pack_lines", "unpack_lines", "apply_journal"]
 
-STATE_KEYS = ("emitted", "buffer", "source")
+BUFFER_KEY = "buffer"  # where a shuffle buffer's own state keeps its lines
+
 PUSH = -1
 _HASH_BLOCK = 256  # shuffle hashes are computed this many emissions at a time
 
 
-class ShuffleBuffer(Stage):
+class ShuffleBuffer(SpanStage):
     """Hands out packed lines in a window-local random order.
 
     State keys: ``emitted`` (lines handed out), ``buffer`` (``{"spans", "offsets"}``, see
     ``pack_lines``) and ``source`` (packer state).
 
     Args:
-        source: The line packer.
+        source: The lines to shuffle (a span stage).
         window: Lines held at most; 0 or 1 passes lines through in order.
         key: Shuffle key (derived from seed and logical shard).
     """
 
-    def __init__(self, source: Stage, window: int, key: int):
-        self.source = source
+    role = "shuffle"
+
+    def __init__(self, source: SpanStage, window: int, key: int):
+        super().__init__(source)
         self.window = window
+        # Set by the shard pipeline on the one buffer whose changes travel as a journal;
+        # ``light`` leaves the buffer out of the state while the pipeline takes a light one.
+        self.journaled = False
+        self.light = False
         self.key = key
         self.emitted = 0
         self.buffer: list[np.ndarray] = []
@@ -62,14 +77,16 @@ class ShuffleBuffer(Stage):
             if len(buffer) < self.window:
                 line = next(self.source)
                 buffer.append(line)
-                self._ops.append(PUSH)
-                self._pushed.append(line)
+                if self.journaled:
+                    self._ops.append(PUSH)
+                    self._pushed.append(line)
         at = self.emitted - self._hash_start
         if not 0 <= at < len(self._hashes):
             self._hash_start, at = self.emitted, 0
             self._hashes = hash_values(self.key, self.emitted, _HASH_BLOCK)
         slot = self._hashes[at] % len(buffer)
-        self._ops.append(slot)
+        if self.journaled:
+            self._ops.append(slot)
         self.emitted += 1
         return _take(buffer, slot)
 
@@ -79,26 +96,32 @@ class ShuffleBuffer(Stage):
         self._ops, self._pushed = [], []
         return journal
 
-    def light_state(self) -> dict[str, Any]:
-        """The state without the buffer: what must travel with every batch."""
-        return {"emitted": self.emitted, "source": self.source.state_dict()}
+    def own_state(self) -> dict[str, Any]:
+        if self.light:
+            return {"emitted": self.emitted}
+        return {"emitted": self.emitted, BUFFER_KEY: pack_lines(self.buffer)}
 
-    def state_dict(self) -> dict[str, Any]:
-        state = self.light_state()
-        state["buffer"] = pack_lines(self.buffer)
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_keys("shuffle buffer", state, STATE_KEYS)
+    def load_own_state(self, state: dict[str, Any]) -> None:
         self.emitted = int(state["emitted"])
-        self.buffer = unpack_lines(state["buffer"])
+        self.buffer = unpack_lines(state[BUFFER_KEY])
         if len(self.buffer) > max(self.window, 0):
             raise StateMismatchError(
                 f"shuffle buffer state holds {len(self.buffer)} lines, more than "
                 f"shuffle_window={self.window}"
             )
         self._ops, self._pushed = [], []
-        self.source.load_state_dict(state["source"])
+
+    def settings(self) -> dict[str, Any]:
+        return {"window": self.window}
+
+    def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
+        buffer = dict(own[BUFFER_KEY])
+        buffer["spans"] = change.spans(buffer["spans"], "shuffle buffer")
+        return {**own, BUFFER_KEY: buffer}
+
+    def span_datasets(self, own: dict[str, Any]) -> set[int]:
+        spans = np.asarray(own[BUFFER_KEY]["spans"])
+        return set(np.unique(spans[:, DS]).tolist()) if len(spans) else set()
 
 
 def _take(buffer: list[np.ndarray], slot: int) -> np.ndarray:
