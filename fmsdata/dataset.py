@@ -36,7 +36,7 @@ from fmsdata.pipeline import (
 )
 from fmsdata.remote.cache import FileSource, file_source
 from fmsdata.remote.storage import Storage
-from fmsdata.stages.base import SPAN_WIDTH
+from fmsdata.stages.base import SPAN_WIDTH, Stage
 from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.outputs import segment_lengths
 from fmsdata.topology import RowDealer, Topology, owned_shards, worker_shards
@@ -176,9 +176,14 @@ class RankLineDataset(IterableDataset):
                 context.close()
         return self._layout
 
-    def skeleton(self, context: ShardContext) -> ShardPipeline:
-        """A chain of this loader, for reading saved states (it never reads documents)."""
-        return build_pipeline(0, context.recipe, context.accesses, self.stages)
+    def chain(self) -> Stage:
+        """A chain of this loader's stages, for reading saved states with (built with the
+        readers closed: it must not be iterated)."""
+        context = self.shard_context(1)
+        try:
+            return build_pipeline(0, context.recipe, context.accesses, self.stages).top
+        finally:
+            context.close()
 
     def _writer(self, context: ShardContext) -> LineWriter:
         config = self.config
@@ -313,15 +318,6 @@ class RankLineDataset(IterableDataset):
                     row_shards.append(sid)
                     touched[sid] = pipeline
             offsets.append(len(rows))
-        lights = {}
-        ops: list[tuple[int, int]] = []
-        pushed: list[np.ndarray] = []
-        for sid, pipeline in touched.items():
-            lights[sid] = pipeline.light_state()
-            shard_ops, shard_pushed = pipeline.drain_journal()
-            ops.extend((sid, op) for op in shard_ops)
-            pushed.extend(shard_pushed)
-
         if ring is not None and slot is not None:
             tokens = ring[slot, : len(lines)]
         else:
@@ -337,6 +333,15 @@ class RankLineDataset(IterableDataset):
             for i, pipeline in enumerate(pipelines):
                 if pipeline.token_stages:
                     content[i] = pipeline.apply_tokens(tokens[i], int(content[i]))
+        # Taken after the token-level stages saw this item's lines.
+        lights = {}
+        ops: list[tuple[int, int]] = []
+        pushed: list[np.ndarray] = []
+        for sid, pipeline in touched.items():
+            lights[sid] = pipeline.light_state()
+            shard_ops, shard_pushed = pipeline.drain_journal()
+            ops.extend((sid, op) for op in shard_ops)
+            pushed.extend(shard_pushed)
         segments = segment_counts = None
         if config.return_position_ids or config.return_cu_seqlens:
             has_bol, has_eol = config.bol_token is not None, config.eol_token is not None

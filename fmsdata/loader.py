@@ -280,11 +280,7 @@ class FmsDataLoader(DataLoader):
             shards = self._replay_old_mix(shards, saved)
         mix = dataset.mix_names
         old_space = saved.span_datasets
-        context = dataset.shard_context(1)
-        try:
-            chain = dataset.skeleton(context).top
-        finally:
-            context.close()
+        chain = dataset.chain()
         used = span_names(chain, (state for state, _ in shards.values()), old_space)
         dropped = sorted(set(saved.fingerprint["datasets"]) - set(mix))
         if dropped:

@@ -42,7 +42,7 @@ import torch
 from fmsdata.config import LoaderConfig
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers.base import FileHandler
-from fmsdata.stages.base import DatasetRenumbering, Stage, renumber_state, state_datasets
+from fmsdata.stages.base import DatasetRenumbering, Stage, held_spans, renumber_state
 from fmsdata.stages.shuffle import BUFFER_KEY, apply_journal, pack_lines, unpack_lines
 from fmsdata.statefile import state_from_bytes, state_to_bytes
 from fmsdata.transport import WorkerItem
@@ -322,7 +322,7 @@ def span_names(chain: Stage, states: Iterable[Any], space: Sequence[str]) -> set
     used: set[int] = set()
     for state in states:
         if state is not None:
-            used |= state_datasets(chain, state["stages"])
+            used.update(np.unique(held_spans(chain, state["stages"])[:, 0]).tolist())
     return {space[i] for i in used}
 
 

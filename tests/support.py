@@ -15,6 +15,7 @@ import torch
 from fmsdata import build_dataloader
 from fmsdata.catalog import discover
 from fmsdata.handlers import ArrowDocHandler
+from fmsdata.stages.base import held_spans
 from fmsdata.state import stage_state
 from fmsdata.statefile import load_state, save_state, state_from_bytes, state_to_bytes
 from fmsdata.synthetic import CorpusInfo, write_corpus
@@ -158,10 +159,15 @@ class Ledger:
         hi = min(start + length - self.has_bos, size)
         return np.arange(int(firsts[doc]) + lo, int(firsts[doc]) + max(hi, lo), dtype=np.int64)
 
-    def add_state(self, state: dict[str, Any]) -> None:
-        """Count the tokens held inside a rank state: buffered lines and packer carries."""
+    def add_state(self, state: dict[str, Any], chain: Any = None) -> None:
+        """Count the tokens held inside a rank state: buffered lines and packer carries
+        (with ``chain``, a loader's ``dataset.chain()``: whatever any stage holds)."""
         for entry in state["shards"]:
             if entry["state"] is None:
+                continue
+            if chain is not None:
+                for row in held_spans(chain, entry["state"]["stages"]).tolist():
+                    self.add_tokens(self.span_tokens(*row))
                 continue
             shuffle = stage_state(entry["state"], state["fingerprint"], "shuffle")
             for row in np.asarray(shuffle["buffer"]["spans"]).tolist():

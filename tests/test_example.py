@@ -109,3 +109,16 @@ def test_custom_format_example_matches_arrow_and_resumes(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "same batches as the Arrow original: True" in done.stdout
     assert "resumed run continues exactly: True" in done.stdout
+
+
+def test_custom_stage_example_trains_resumes_and_rescales(tmp_path):
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "custom_stage.py")
+    done = subprocess.run(
+        [sys.executable, example, "--dir", str(tmp_path), "--steps", "10"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "resumed run continues exactly: True" in done.stdout
+    assert "two ranks rescaled to one continue exactly: True" in done.stdout

@@ -1,0 +1,79 @@
+"""The stages of a logical shard's pipeline, and the protocol your own stages follow.
+
+Each logical shard runs a chain of stages built by a *stage factory* (``fmsdata.pipeline``);
+the default one is ``shard.shuffle(shard.pack(shard.documents()))``: document walks per
+dataset mixed by token share (``TokenShareMixer``, the document source), packed into lines
+(``LinePacker``), shuffled (``ShuffleBuffer``). Two kinds of stage extend it:
+
+- **Span-level** (``SpanStage``): ``__next__`` returns the next line as an int64 span array
+  ``[pieces, SPAN_WIDTH]`` (``fmsdata.stages.base``), read from ``self.source``, before
+  any token is read. Filter, reorder, hold back or repeat lines here; keep the spans'
+  columns as they are.
+- **Token-level** (``TokenStage``): ``apply(tokens, content)`` changes one materialized
+  line in place (int32, ``seq_length + 1`` tokens, ``content`` of them before padding)
+  and returns the new content count; called once per line in the order the shard emits
+  them, so its state is exact per line. It goes on top of the span-level part.
+
+Every stage has the same state protocol (``Stage``): ``own_state()`` returns its own
+fields as plain data and ``load_own_state()`` takes them back; ``state_dict()`` nests the
+state of each input under its constant key (``children()``, default ``{"source": ...}``),
+and ``load_state_dict()`` reads it strictly (exactly those keys, else a
+``StateMismatchError`` naming the path). ``settings()`` lists what the output depends on:
+saved in the state's fingerprint, a changed setting refuses an old state, naming the
+stage and the setting. ``role`` names what the loader's state code looks for (``"mixer"``,
+``"packer"``, ``"shuffle"``); a stage whose own state holds spans also writes
+``held_spans`` and ``renumber`` (datasets renumbered on a mix change).
+
+A stage keeping every 4th line only, inserted between packer and shuffle buffer::
+
+    from fmsdata import build_dataloader
+    from fmsdata.stages import SpanStage
+
+    class EveryFourth(SpanStage):
+        def __init__(self, source):
+            super().__init__(source)
+            self.seen = 0                      # lines read from source
+
+        def __next__(self):
+            while True:
+                line = next(self.source)
+                self.seen += 1
+                if self.seen % 4 == 0:
+                    return line
+
+        def own_state(self):
+            return {"seen": self.seen}
+
+        def load_own_state(self, state):
+            self.seen = int(state["seen"])
+
+    def my_stages(shard):                      # module level: workers get it pickled
+        return shard.shuffle(EveryFourth(shard.pack(shard.documents())))
+
+    loader = build_dataloader("config.yaml", stages=my_stages)
+
+Saving, resuming (also on another world size), skipping and ``fmsdata state show`` work
+unchanged: they find the stages by role. ``examples/custom_stage.py`` trains on such a
+chain and checks resume and rescale; ``tests/stages/checker.py`` is the resume/rescale
+checker every stage's tests run.
+"""
+
+from fmsdata.stages.base import DatasetRenumbering, SpanStage, Stage, TokenStage, layout, walk
+from fmsdata.stages.documents import Decoration, DocumentStream
+from fmsdata.stages.mixing import TokenShareMixer
+from fmsdata.stages.packing import LinePacker
+from fmsdata.stages.shuffle import ShuffleBuffer
+
+__all__ = [
+    "Stage",
+    "SpanStage",
+    "TokenStage",
+    "DatasetRenumbering",
+    "walk",
+    "layout",
+    "Decoration",
+    "DocumentStream",
+    "TokenShareMixer",
+    "LinePacker",
+    "ShuffleBuffer",
+]

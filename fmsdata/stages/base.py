@@ -31,6 +31,8 @@ __all__ = [
     "DatasetRenumbering",
     "walk",
     "layout",
+    "held_spans",
+    "renumber_state",
     "check_keys",
     "SPAN_WIDTH",
     "SAVED_SPAN_WIDTH",
@@ -109,7 +111,7 @@ class Stage(IterableDataset):
     chain: ``role`` (what the loader's state code looks for: ``"mixer"``, ``"packer"``,
     ``"shuffle"``; None for anything else), ``settings()`` (what its output depends on:
     a changed setting refuses an old state, naming the stage and the setting), and, when
-    its own state holds spans, ``renumber`` and ``span_datasets``.
+    its own state holds spans, ``held_spans`` and ``renumber``.
 
     Subclasses write ``own_state``/``load_own_state`` and ``settings``; the generic
     ``state_dict``/``load_state_dict`` nest the children.
@@ -147,9 +149,10 @@ class Stage(IterableDataset):
         stages whose state holds spans renumber them, the mixer carries positions over)."""
         return own
 
-    def span_datasets(self, own: dict[str, Any]) -> set[int]:
-        """Dataset indices that spans in this stage's own saved state point into."""
-        return set()
+    def held_spans(self, own: dict[str, Any]) -> np.ndarray:
+        """The spans this stage's own saved state holds (``[n, SAVED_SPAN_WIDTH]``): lines
+        or pieces it took from its input and has not handed out."""
+        return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int64)
 
     # -- generic -------------------------------------------------------------------------
 
@@ -246,10 +249,11 @@ def renumber_state(stage: Stage, state: dict[str, Any], change: DatasetRenumberi
     return out
 
 
-def state_datasets(stage: Stage, state: dict[str, Any]) -> set[int]:
-    """Dataset indices that spans saved anywhere in a chain state point into."""
+def held_spans(stage: Stage, state: dict[str, Any]) -> np.ndarray:
+    """Every span saved anywhere in a chain state (``[n, SAVED_SPAN_WIDTH]``)."""
     children = stage.children()
-    used = stage.span_datasets({k: v for k, v in state.items() if k not in children})
+    own = np.asarray(stage.held_spans({k: v for k, v in state.items() if k not in children}))
+    parts = [own.reshape(-1, SAVED_SPAN_WIDTH).astype(np.int64)]
     for key, child in children.items():
-        used |= state_datasets(child, state[key])
-    return used
+        parts.append(held_spans(child, state[key]))
+    return np.concatenate(parts)

@@ -150,8 +150,8 @@ class LinePacker(SpanStage):
             return own
         return {"carry": [int(v) for v in change.spans(np.asarray([carry]), "packer carry")[0]]}
 
-    def span_datasets(self, own: dict[str, Any]) -> set[int]:
-        return {int(own["carry"][0])} if own["carry"] else set()
+    def held_spans(self, own: dict[str, Any]) -> np.ndarray:
+        return np.asarray(own["carry"], dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
 
 
 def _pieces(docs: MixedDocs, carry: np.ndarray | None) -> tuple[np.ndarray, int]:

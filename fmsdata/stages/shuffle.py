@@ -23,7 +23,6 @@ import numpy as np
 from fmsdata.errors import StateMismatchError
 from fmsdata.permute import hash_values
 from fmsdata.stages.base import (
-    DS,
     SAVED_SPAN_WIDTH,
     DatasetRenumbering,
     SpanStage,
@@ -119,9 +118,8 @@ class ShuffleBuffer(SpanStage):
         buffer["spans"] = change.spans(buffer["spans"], "shuffle buffer")
         return {**own, BUFFER_KEY: buffer}
 
-    def span_datasets(self, own: dict[str, Any]) -> set[int]:
-        spans = np.asarray(own[BUFFER_KEY]["spans"])
-        return set(np.unique(spans[:, DS]).tolist()) if len(spans) else set()
+    def held_spans(self, own: dict[str, Any]) -> np.ndarray:
+        return np.asarray(own[BUFFER_KEY]["spans"], dtype=np.int64)
 
 
 def _take(buffer: list[np.ndarray], slot: int) -> np.ndarray:

@@ -3,11 +3,13 @@ import tempfile
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from stagecheck import check_stage_rescale, check_stage_resume, saved
 from support import accesses, corpus
 
 from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.documents import Decoration, DocumentStream
 from fmsdata.stages.mixing import TokenShareMixer
+from fmsdata.stages.packing import LinePacker
 
 
 def mixer(info, weights, shard=0, n_shards=1, seed=3, deco=None):
@@ -95,8 +97,17 @@ def test_state_resumes_exactly(tmp_path):
         head = mixer(info, [3, 1])
         mix(head, stop)
         resumed = mixer(info, [3, 1])
-        resumed.load_state_dict(head.state_dict())
+        resumed.load_state_dict(saved(head))
         assert mix(resumed, 150 - stop) == reference[stop:]
+
+
+def test_mixed_lines_resume_and_rescale_exactly(tmp_path):
+    """The mixer as the packer reads it, through the shared checker."""
+    info = corpus(tmp_path, {"a": 4, "b": 4}, docs_per_file=30, mean_length=30)
+    check_stage_resume(lambda: LinePacker(mixer(info, [3, 1]), 50), 100, (0, 3, 41, 99))
+    check_stage_rescale(
+        lambda sid: LinePacker(mixer(info, [3, 1], shard=sid, n_shards=4), 50), 4, 4, 2, 2
+    )
 
 
 def test_state_counts_tokens_per_dataset(tmp_path):

@@ -1,6 +1,7 @@
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from stagecheck import check_stage_resume
 
 from fmsdata.stages.base import SPAN_WIDTH, SpanStage
 from fmsdata.stages.shuffle import ShuffleBuffer, apply_journal, pack_lines, unpack_lines
@@ -67,11 +68,14 @@ def test_resume_and_journal_replay(window, stop):
         next(head)
         ops, pushed = head.drain_journal()
         apply_journal(replica, ops, iter(pushed))
-    state = head.state_dict()
     assert [int(x[0, 2]) for x in replica] == [int(x[0, 2]) for x in head.buffer]
-    resumed = ShuffleBuffer(Counter(), window, 9)
-    resumed.load_state_dict(state)
-    assert numbers(resumed, 150 - stop) == reference[stop:]
+    assert numbers(head, 150 - stop) == reference[stop:]
+
+
+@settings(max_examples=10, deadline=None)
+@given(window=st.integers(0, 30))
+def test_shuffle_resumes_exactly(window):
+    check_stage_resume(lambda: ShuffleBuffer(Counter(), window, 9), 120, (0, 1, 29, 77, 119))
 
 
 def test_pack_lines_keeps_saved_columns_only():

@@ -1,0 +1,194 @@
+"""A user's stage anywhere in the default chain keeps G1-G4, and the state code (resume,
+rescale, skip, ``state show``, fingerprints) works without knowing it."""
+
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from stagecheck import check_stage_rescale, check_stage_resume
+from support import (
+    Ledger,
+    assert_same_batches,
+    base_config,
+    check_exactly_once_per_epoch,
+    corpus,
+    roundtrip,
+    take,
+)
+
+from fmsdata import StateMismatchError, build_dataloader
+from fmsdata.cli.main import main
+from fmsdata.pipeline import Shard, default_stages
+from fmsdata.stages import SpanStage, TokenStage
+from fmsdata.stages.base import SAVED_SPAN_WIDTH, restore_spans
+from fmsdata.statefile import save_state
+
+
+class SwapPairs(SpanStage):
+    """Hands lines out in swapped pairs (2nd, 1st, 4th, 3rd, ...): holds a line in between,
+    so its own state holds spans."""
+
+    def __init__(self, source):
+        super().__init__(source)
+        self.held = None
+
+    def __next__(self):
+        if self.held is not None:
+            line, self.held = self.held, None
+            return line
+        self.held = next(self.source)
+        return next(self.source)
+
+    def own_state(self):
+        held = [] if self.held is None else self.held[:, :SAVED_SPAN_WIDTH].tolist()
+        return {"held": held}
+
+    def load_own_state(self, state):
+        held = np.asarray(state["held"], dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
+        self.held = restore_spans(held) if len(held) else None
+
+    def held_spans(self, own):
+        return np.asarray(own["held"], dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
+
+    def renumber(self, own, change):
+        return {"held": change.spans(self.held_spans(own), "SwapPairs").tolist()}
+
+
+class Rotate(TokenStage):
+    """Rotates each line's content by (lines seen mod 5): exact per-line state."""
+
+    def __init__(self, source):
+        super().__init__(source)
+        self.lines = 0
+
+    def apply(self, tokens, content):
+        tokens[:content] = np.roll(tokens[:content], self.lines % 5)
+        self.lines += 1
+        return content
+
+    def own_state(self):
+        return {"lines": self.lines}
+
+    def load_own_state(self, state):
+        self.lines = int(state["lines"])
+
+
+def above_shuffle(shard: Shard):
+    return SwapPairs(default_stages(shard))
+
+
+def below_shuffle(shard: Shard):
+    return shard.shuffle(SwapPairs(shard.pack(shard.documents())))
+
+
+def token_level(shard: Shard):
+    return Rotate(default_stages(shard))
+
+
+def everywhere(shard: Shard):
+    return Rotate(SwapPairs(shard.shuffle(SwapPairs(shard.pack(shard.documents())))))
+
+
+POSITIONS = {
+    "above_shuffle": above_shuffle,
+    "below_shuffle": below_shuffle,
+    "token_level": token_level,
+    "everywhere": everywhere,
+}
+
+
+def loaders(config, world, stages):
+    return [
+        build_dataloader(
+            {**config, "batch_size": 4 // world}, rank=r, world_size=world, stages=stages
+        )
+        for r in range(world)
+    ]
+
+
+def steps_of(per_rank):
+    return [
+        sorted(tuple(row) for batches in per_rank for row in batches[s]["input_ids"].tolist())
+        for s in range(len(per_rank[0]))
+    ]
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    position=st.sampled_from(sorted(POSITIONS)),
+    before=st.sampled_from([1, 2]),
+    after=st.sampled_from([1, 2, 4]),
+    workers=st.sampled_from([0, 1, 2]),
+    save_at=st.integers(0, 14),
+)
+def test_a_user_stage_anywhere_keeps_g1_to_g4(position, before, after, workers, save_at):
+    info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=12, mean_length=30)
+    config = base_config(info, logical_shards=4, num_workers=workers)
+    stages = POSITIONS[position]
+    total = 16
+    reference = steps_of([take(loader, total) for loader in loaders(config, before, stages)])
+
+    first = loaders(config, before, stages)
+    head = [take(loader, save_at) for loader in first]
+    if save_at:
+        assert steps_of(head) == reference[:save_at]  # G2 against world size 1 or 2
+    states = [roundtrip(loader.snapshot()) for loader in first]
+    resumed = loaders(config, after, stages)
+    for loader in resumed:
+        loader.load_state_dict(states)
+    tail = [take(loader, total - save_at) for loader in resumed]
+    assert steps_of(tail) == reference[save_at:]  # G1 (same world size) and G3
+
+    # G4 by token counts (a rotation inside a line keeps them).
+    ledger = Ledger(info, config)
+    for batches in (*head, *tail):
+        ledger.add_batches(batches)
+    settled = [loader.snapshot(settle=True) for loader in resumed]
+    chain = resumed[0].dataset.chain()
+    for state in settled:
+        ledger.add_state(state, chain)
+    check_exactly_once_per_epoch(ledger, settled, 4)  # G4
+
+
+def test_user_stage_resumes_and_rescales_through_the_checker(tmp_path):
+    info = corpus(tmp_path, {"a": 4, "b": 4}, docs_per_file=20, mean_length=30)
+    config = base_config(info, logical_shards=4)
+    dataset = build_dataloader(config, stages=below_shuffle).dataset
+    context = dataset.shard_context(4)
+    try:
+
+        def build(sid=0):
+            return below_shuffle(Shard(sid, context.recipe, context.accesses))
+
+        check_stage_resume(build, 60, (0, 1, 2, 17, 59))
+        check_stage_rescale(build, 4, before=4, after=2, batch_size=1)
+    finally:
+        context.close()
+
+
+def test_a_changed_stage_setting_refuses_the_state_naming_it(tmp_path):
+    info = corpus(tmp_path)
+    config = base_config(info)
+    loader = build_dataloader(config)
+    take(loader, 3)
+    other = build_dataloader({**config, "shuffle_window": 3})
+    with pytest.raises(StateMismatchError, match="'shuffle' with window=6 .* window=3"):
+        other.load_state_dict(loader.state_dict())
+    inserted = build_dataloader(config, stages=below_shuffle)
+    with pytest.raises(StateMismatchError, match="another chain of stages.*SwapPairs"):
+        inserted.load_state_dict(loader.state_dict())
+
+
+def test_skip_and_state_show_with_a_user_stage(tmp_path, capsys):
+    info = corpus(tmp_path)
+    config = base_config(info, num_workers=1)
+    reference = take(build_dataloader(config, stages=everywhere), 12)
+    loader = build_dataloader(config, stages=everywhere)
+    take(loader, 3)
+    loader.skip(4)
+    assert_same_batches(reference[7:12], take(loader, 5))
+    save_state(str(tmp_path / "state.fms"), loader.snapshot())
+    assert main(["state", "show", str(tmp_path / "state.fms")]) == 0
+    assert "saved by 1 rank(s) at step 12" in capsys.readouterr().out
