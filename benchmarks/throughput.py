@@ -29,6 +29,7 @@ from fmsdata.checkpoint import load_loader_state, save_loader_state
 from fmsdata.cli.bench import tokens_per_second
 from fmsdata.handlers import ArrowDocHandler
 from fmsdata.indexing import index_root
+from fmsdata.state import stage_state
 from fmsdata.synthetic import write_corpus
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,9 +103,11 @@ def state_cost(config: dict[str, Any], batches: int, directory: str) -> dict[str
     start = time.perf_counter()
     load_loader_state(fresh, directory)
     load = time.perf_counter() - start
-    lines = sum(
-        len(e["state"]["buffer"]["offsets"]) - 1 for e in fresh.snapshot()["shards"] if e["state"]
-    )
+    snapshot = fresh.snapshot()
+    buffers = [
+        stage_state(e["state"], snapshot["fingerprint"], "shuffle") for e in snapshot["shards"]
+    ]
+    lines = sum(len(b["buffer"]["offsets"]) - 1 for b in buffers if b is not None)
     return {
         "state_bytes": os.path.getsize(path),
         "buffered_lines": lines,

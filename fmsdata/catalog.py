@@ -61,16 +61,6 @@ class Catalog:
     root: str
     datasets: tuple[DatasetFiles, ...]
 
-    def url(self, relative: str) -> str:
-        """Full path or URL of a file given relative to the root."""
-        return posixpath.join(self.root.rstrip("/"), relative)
-
-    def dataset(self, name: str) -> DatasetFiles:
-        for ds in self.datasets:
-            if ds.name == name:
-                return ds
-        raise KeyError(name)
-
     def fingerprint(self) -> dict[str, str]:
         """Per dataset, a hash of its file list and sizes: changes when its data changes."""
         out = {}

@@ -7,6 +7,7 @@ from support import base_config, corpus, take
 
 from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError, EmptyDatasetError, ShardFormatError, StateMismatchError
+from fmsdata.statefile import state_to_bytes
 
 
 def test_missing_data_path(tmp_path):
@@ -98,7 +99,11 @@ def test_intended_change_can_be_allowed(tmp_path):
     with pytest.raises(StateMismatchError, match="min_length"):
         other.load_state_dict(loader.state_dict())
     other.load_state_dict(loader.state_dict(), allow_changes=["min_length"])
-    take(other, 2)
+    # Loaded: it continues from the saved position (the shards' states are the saved ones).
+    assert other.steps == 2
+    saved = {e["id"]: state_to_bytes(e["state"]) for e in loader.snapshot()["shards"]}
+    assert {e["id"]: state_to_bytes(e["state"]) for e in other.snapshot()["shards"]} == saved
+    assert len(take(other, 2)) == 2
 
 
 def test_garbage_state_is_refused(tmp_path):

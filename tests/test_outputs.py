@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from support import BOL, BOS, EOL, PAD, base_config, corpus, take
+from support import BOL, EOL, EOS, FIRST_TOKEN, PAD, base_config, corpus, take
+from torch.utils.data import get_worker_info
 
 from fmsdata import build_dataloader
 
@@ -35,30 +36,54 @@ def test_padding_is_ignored_by_the_loss(tmp_path):
     assert saw_pad
 
 
-def test_position_ids_restart_at_each_document(tmp_path):
+def document_of(info):
+    """Token value -> id of the written document holding it (the corpus's own record)."""
+    end = max(stop for _, stop in info.ranges.values())
+    owner = np.full(end, -1, dtype=np.int64)
+    doc = 0
+    for firsts, lengths in info.files.values():
+        for first, length in zip(firsts.tolist(), lengths.tolist()):
+            owner[first : first + length] = doc
+            doc += 1
+    return owner
+
+
+def reference_segments(row, owner):
+    """Lengths of the document pieces of one input row, from the documents as written:
+    BOS and BOL belong to the document after them, EOS and EOL to the one before."""
+    before = -2  # the document a line starts inside of, begun in an earlier line
+    ids = np.full(len(row), -1, dtype=np.int64)
+    content = row >= FIRST_TOKEN
+    ids[content] = owner[row[content]]
+    for i in range(len(row)):  # EOS/EOL: the document before
+        if ids[i] == -1 and row[i] in (EOS, EOL):
+            ids[i] = ids[i - 1] if i > 0 and ids[i - 1] != -1 else before
+            if i == 1 and ids[0] == -1:  # BOL, then the end of an earlier document
+                ids[0] = before
+    for i in reversed(range(len(row) - 1)):  # BOS/BOL: the document after
+        if ids[i] == -1:
+            ids[i] = ids[i + 1]
+    assert (ids != -1).all()
+    cuts = np.flatnonzero(np.diff(ids)) + 1
+    return np.diff(np.concatenate([[0], cuts, [len(row)]]))
+
+
+def test_document_structure_matches_the_documents_as_written(tmp_path):
     info = corpus(tmp_path)
+    owner = document_of(info)
     config = base_config(
         info, bol_token=BOL, eol_token=EOL, return_position_ids=True, return_cu_seqlens=True
     )
     for batch in take(build_dataloader(config), 6):
         inputs, pos = batch["input_ids"].numpy(), batch["position_ids"].numpy()
-        assert pos.shape == inputs.shape
-        for row, p in zip(inputs, pos):
-            # Every BOS starts a document at position 0 (unless the line starts with BOL).
-            starts = np.flatnonzero(row == BOS)
-            for s in starts:
-                if s > 0 and row[s - 1] != BOL:
-                    assert p[s] == 0
-            # Elsewhere positions count up by one.
-            steps = np.diff(p)
-            assert ((steps == 1) | (p[1:] == 0)).all()
-        cu = batch["cu_seqlens"].numpy()
-        assert cu[0] == 0 and cu[-1] == inputs.size
-        assert (np.diff(cu) > 0).all()
-        # cu_seqlens and position_ids describe the same segments.
-        flat = pos.ravel()
-        assert np.array_equal(np.flatnonzero(flat == 0), cu[:-1])
-        assert int(batch["max_seqlen"]) == int(np.diff(cu).max())
+        expected = [reference_segments(row, owner) for row in inputs]
+        for p, lengths in zip(pos, expected):
+            assert np.array_equal(p, np.concatenate([np.arange(n) for n in lengths]))
+        lengths = np.concatenate(expected)
+        assert np.array_equal(
+            batch["cu_seqlens"].numpy(), np.concatenate([[0], np.cumsum(lengths)])
+        )
+        assert int(batch["max_seqlen"]) == int(lengths.max())
 
 
 def test_document_structure_is_the_same_with_workers(tmp_path):
@@ -75,14 +100,21 @@ def test_custom_preprocess_runs_in_workers(tmp_path):
     info = corpus(tmp_path)
 
     def masked_lm(line, n_tokens):
-        return {"tokens": line[:-1], "mask": (line[:-1] % 2 == 0).astype(np.int64)}
+        worker = get_worker_info()  # None in the main process
+        return {
+            "tokens": line[:-1],
+            "mask": (line[:-1] % 2 == 0).astype(np.int64),
+            "worker": np.array([-1 if worker is None else worker.id]),
+        }
 
     config = base_config(info, num_workers=2)
     batches = take(build_dataloader(config, preprocess=masked_lm), 4)
     reference = take(build_dataloader(base_config(info)), 4)
     for got, ref in zip(batches, reference):
-        assert set(got) == {"tokens", "mask"}
+        assert set(got) == {"tokens", "mask", "worker"}
         assert torch.equal(got["tokens"], ref["input_ids"])
+        assert torch.equal(got["mask"], (ref["input_ids"] % 2 == 0).long())
+    assert {int(w) for got in batches for w in got["worker"].ravel()} == {0, 1}
 
 
 def test_line_delimiters(tmp_path):
