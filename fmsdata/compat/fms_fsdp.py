@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 # Loader fields of fms-fsdp's train_config (mamba-new and FIM branches) and their defaults,
-# used for fields an older config lacks.
+# used for fields an older config lacks (datasets and weights: every folder, equally).
 FMS_DEFAULTS: dict[str, Any] = {
     "ckpt_load_path": "/fsx/output/ckpt",
     "ckpt_save_path": "/fsx/output/ckpt",
@@ -174,7 +174,10 @@ def loader_config(
     cfg: Any, postprocess: Sequence[Callable[..., Any]] = (causal_lm,)
 ) -> LoaderConfig:
     """The fmsdata config that gives ``cfg``'s loader fields fms-fsdp's meaning."""
-    values = train_config_values(cfg)
+    return _config(train_config_values(cfg), tuple(postprocess))
+
+
+def _config(values: dict[str, Any], postprocess: tuple[Callable[..., Any], ...]) -> LoaderConfig:
     if values["fim_training"]:
         raise ConfigError(
             "fim_training=True: fill-in-the-middle is not supported by fmsdata yet; "
@@ -238,10 +241,11 @@ def get_data_loader(
             one saved with a config that changes the data stream.
     """
     steps = tuple(postprocess)
-    config = loader_config(cfg, steps)
-    restart = latest_checkpoint(config.checkpoint_dir) is not None
-    loader = build_dataloader(config, rank, world_size, preprocess=_Postprocess(steps))
     values = train_config_values(cfg)
+    config = _config(values, steps)
+    own = os.path.join(_path("ckpt_save_path", values["ckpt_save_path"]), LOADER_CHECKPOINTS)
+    restart = latest_checkpoint(own) is not None  # a restarted job: build_dataloader resumes
+    loader = build_dataloader(config, rank, world_size, preprocess=_Postprocess(steps))
     if not restart and values["resuming_dataset"]:
         load_from = os.path.join(
             _path("ckpt_load_path", values["ckpt_load_path"]), LOADER_CHECKPOINTS

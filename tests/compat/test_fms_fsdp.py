@@ -152,9 +152,10 @@ def wait_for_saves(loaders):
         loader.checkpointer.wait()
 
 
-def test_bamba_config_trains_saves_and_resumes_exactly_on_any_world_size(tmp_path):
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_bamba_config_trains_saves_and_resumes_exactly_on_any_world_size(tmp_path, num_workers):
     info = bamba_root(tmp_path)
-    cfg = bamba_config(info, tmp_path)
+    cfg = bamba_config(info, tmp_path, num_workers=num_workers)
     two = [get_data_loader(cfg, r, 2) for r in range(2)]
     reference = run(two, 10)  # saves at steps 4 and 8
     wait_for_saves(two)
@@ -169,6 +170,7 @@ def test_bamba_config_trains_saves_and_resumes_exactly_on_any_world_size(tmp_pat
             resuming_dataset=True,
             ckpt_save_path=str(tmp_path / f"run2_{world}"),
             batch_size=4 // world,
+            num_workers=num_workers,
         )
         loaders = [get_data_loader(resumed, r, world) for r in range(world)]
         assert run(loaders, 2) == reference[8:10]
@@ -368,6 +370,28 @@ def test_hf_parquet_tokenizes_a_text_column_with_tokenizer_path(tmp_path):
     assert sum(" ".join(str(t) for t in ids) in stream for ids in expected) >= len(texts) // 2
     with pytest.raises(ConfigError, match="tokenizer_path"):
         loader_config(small_config(tmp_path, tmp_path / "data", ["code"], file_type="hf_parquet"))
+
+
+def test_auto_reads_arrow_tokens_and_tokenizes_parquet_text_side_by_side(tmp_path):
+    root = tmp_path / "data"
+    write_dataset(root, "tokens", [np.arange(5000, 5040)] * 3)
+    os.makedirs(root / "text")
+    texts = [f"print({i} * {i})" for i in range(20)]
+    pq.write_table(pa.table({"text": texts}), root / "text" / "part.parquet")
+    cfg = small_config(
+        tmp_path,
+        root,
+        ["tokens", "text"],
+        file_type="auto",
+        col_name="tokens,text",
+        tokenizer_path=bundled_tokenizer_path(),
+        eos_token=1,
+    )
+    seen = set(np.concatenate(emitted_lines(cfg, 10)).tolist())
+    encoded = TextTokenizer(bundled_tokenizer_path()).encode(texts)
+    assert 5000 in seen and 5039 in seen
+    assert seen - set(range(5000, 5040)) - {1} <= {t for ids in encoded for t in ids}
+    assert len(seen - set(range(5000, 5040)) - {1}) > 5
 
 
 def test_vocab_size_is_a_model_field_not_a_check_of_the_data(tmp_path):
