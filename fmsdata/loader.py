@@ -29,7 +29,7 @@ from fmsdata.state import (
     stream_fingerprint,
 )
 from fmsdata.topology import RowDealer, Topology
-from fmsdata.transport import assemble_batch, ring_shape
+from fmsdata.transport import assemble_batch, item_batch_counts, ring_shape
 
 __all__ = ["FmsDataLoader", "as_tuple", "build_dataloader"]
 
@@ -65,7 +65,9 @@ class FmsDataLoader(DataLoader):
         self.config: LoaderConfig = config
         self._consumed = ConsumedState(dataset.shard_ids, buffer_path=dataset.layout()[1])
         self._parts: Any = None
-        self._generation = 0  # bumped by skip(): the running iteration restarts its workers
+        self._generation = 0  # bumped by load_state_dict(): a running iteration restarts
+        self._pending_skip = 0  # skipped batches the running iteration has yet to pass over
+        self._max_item_batches = item_batch_counts(config.batch_size, config.line_length)[-1]
         self.checkpointer = (
             AutoCheckpointer(config.checkpoint_dir, config.checkpoint_every, config.checkpoint_keep)
             if config.checkpoint_dir and config.checkpoint_every
@@ -75,12 +77,14 @@ class FmsDataLoader(DataLoader):
     # -- iteration -----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        config = self.config
+        tuples = self.config.batch_format != "dict"
         while True:
             generation = self._generation
+            self._pending_skip = 0  # the workers start after every skip recorded so far
             parts, rings = self._start_workers()
             n_parts = max(1, self.num_workers)
-            while self._generation == generation:
+            restart = False
+            while not restart:
                 items = [next(parts) for _ in range(n_parts)]
                 tokens_of = [
                     item.tokens
@@ -88,31 +92,57 @@ class FmsDataLoader(DataLoader):
                     else rings[w][item.slot, : len(item.rows)]
                     for w, item in enumerate(items)
                 ]
-                for k in range(len(items[0].offsets) - 1):
+                n_batches = len(items[0].offsets) - 1
+                k = 0
+                while True:
                     self._apply_configured_skips()
-                    if self._generation != generation:
-                        break  # a skip: what the workers prepared is dropped
-                    batch = assemble_batch(
-                        items,
-                        tokens_of,
-                        k,
-                        config.batch_size,
-                        config.return_position_ids,
-                        config.return_cu_seqlens,
-                        config.pin_memory,
-                    )
-                    for item in items:
-                        self._consumed.consume_batch(item, k)
-                    self._consumed.steps += 1
-                    if self.checkpointer is not None:
-                        self.checkpointer.after_step(self)
-                    yield batch if config.batch_format == "dict" else as_tuple(batch)
-                else:
+                    # Batches skipped meanwhile are counted as consumed already: pass over
+                    # those the workers prepared; restart the workers after a longer skip,
+                    # or a loaded state.
+                    k, restart = self._pass_skipped(k, n_batches, generation)
+                    if restart or k == n_batches:
+                        break
+                    batch = self._consume(items, tokens_of, k)
+                    yield as_tuple(batch) if tuples else batch
+                    k += 1
+                if not restart:
                     for item in items:
                         self._consumed.finish_item(item)
             # Workers restart from the consumed state (they fast-forward the skipped lines).
             self._parts = None
             del parts
+
+    def _consume(
+        self, items: list[Any], tokens_of: list[torch.Tensor | None], k: int
+    ) -> dict[str, torch.Tensor]:
+        """Batch ``k`` of the current items, counted as consumed."""
+        config = self.config
+        batch = assemble_batch(
+            items,
+            tokens_of,
+            k,
+            config.batch_size,
+            config.return_position_ids,
+            config.return_cu_seqlens,
+            config.pin_memory,
+        )
+        for item in items:
+            self._consumed.consume_batch(item, k)
+        self._consumed.steps += 1
+        if self.checkpointer is not None:
+            self.checkpointer.after_step(self)
+        return batch
+
+    def _pass_skipped(self, k: int, n_batches: int, generation: int) -> tuple[int, bool]:
+        """Batch ``k`` of the current items moved past pending skipped batches, and whether
+        the workers must restart instead (state loaded, or a skip reaching further than the
+        current items and one more: fast-forwarding at span level is then cheaper)."""
+        if self._generation != generation:
+            return k, True
+        passed = min(self._pending_skip, n_batches - k)
+        self._pending_skip -= passed
+        restart = self._pending_skip > self._max_item_batches
+        return k + passed, restart
 
     def _start_workers(self) -> tuple[Iterator[Any], list[torch.Tensor] | None]:
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
@@ -127,7 +157,7 @@ class FmsDataLoader(DataLoader):
         dataset.start_at(
             Start(
                 states=self._consumed.shard_states(),
-                advance=self._consumed.advances(),
+                advance=self._consumed.workers_start(),
                 emitted=self._consumed.emitted(),
                 rings=rings,
             )
@@ -141,7 +171,10 @@ class FmsDataLoader(DataLoader):
         The lines those batches would have held are consumed from their logical shards, so
         nothing of them is ever emitted; the skip is recorded in the state (``skips``) and,
         being per-shard positions, holds across resumes and rescales. Call it on every rank
-        with the same ``n_steps``. An iteration in progress continues after the skip.
+        with the same ``n_steps``. Called inside a ``for batch in loader`` loop, the next
+        batch is the one the run without the skip yields ``n_steps`` later: batches the
+        workers already prepared are passed over, and a longer skip restarts the workers
+        after it.
         """
         if n_steps < 0:
             raise ConfigError(f"skip needs a non-negative number of steps, got {n_steps}")
@@ -156,7 +189,9 @@ class FmsDataLoader(DataLoader):
         self._consumed.skips.append([self._consumed.steps, n_steps])
         self._consumed.advance_by(lines)
         self._consumed.steps += n_steps
-        self._generation += 1
+        # A running iteration passes over these batches: in place when its workers already
+        # prepared them, else by restarting its workers after them.
+        self._pending_skip += n_steps
 
     def _apply_configured_skips(self) -> None:
         """Skips from ``config.skip_steps`` whose step has come and that the state lacks."""

@@ -438,6 +438,7 @@ class ConsumedState:
         self._light: dict[int, dict[str, Any] | None] = {}
         self._buffers: dict[int, list[np.ndarray]] = {}
         self._advance: dict[int, int] = {}
+        self._replayed: dict[int, int] = {}  # see workers_start
         for sid in self.shard_ids:
             state, advance = (entries or {}).get(sid, (None, 0))
             self._advance[sid] = int(advance)
@@ -455,14 +456,23 @@ class ConsumedState:
         for sid in item.row_shards[item.offsets[batch] : item.offsets[batch + 1]].tolist():
             self._advance[sid] += 1
 
+    def workers_start(self) -> dict[int, int]:
+        """Lines past each shard's state that workers starting now replay before their
+        first line; the state they send with the shard's next item includes them."""
+        self._replayed = dict(self._advance)
+        return dict(self._advance)
+
     def finish_item(self, item: WorkerItem) -> None:
-        """Move the shards ``item`` advanced to their state at its end (all of it consumed)."""
+        """Move the shards ``item`` advanced to their state at its end (every batch of it
+        consumed or skipped). Lines skipped past the item's end stay counted."""
         self._light.update(item.lights)
         pushed = _lines(item.pushed, item.pushed_offsets)
         for sid, op in item.ops.tolist():
             apply_journal(self._buffers[sid], (op,), pushed)
+        sids, counts = np.unique(item.row_shards, return_counts=True)
+        in_item = dict(zip(sids.tolist(), counts.tolist()))
         for sid in item.lights:
-            self._advance[sid] = 0
+            self._advance[sid] -= self._replayed.pop(sid, 0) + in_item.get(sid, 0)
 
     def advance_by(self, lines: Mapping[int, int]) -> None:
         """Count lines as consumed without their batches (a skip)."""

@@ -12,6 +12,7 @@ from support import (
     base_config,
     check_exactly_once_per_epoch,
     corpus,
+    global_steps,
     rank_loaders,
     roundtrip,
     take,
@@ -160,8 +161,6 @@ def test_skip_during_an_iteration(tmp_path):
 def test_skip_then_rescale(tmp_path):
     info = corpus(tmp_path)
     config = base_config(info, logical_shards=8)
-    from support import global_steps
-
     reference = global_steps(rank_loaders(config, 2, batch_size=4), 30)
     loaders = rank_loaders(config, 2, batch_size=4)
     assert global_steps(loaders, 4) == reference[:4]
@@ -188,3 +187,74 @@ def test_skip_from_the_config_applies_once(tmp_path):
     again = build_dataloader(skipping)
     again.load_state_dict(roundtrip(resumed.snapshot()))  # the skip is recorded: not repeated
     assert_same_batches(reference[20:30], take(again, 10))
+
+
+# -- skip(k) inside a running loop -----------------------------------------------------
+
+SKIP_CORPUS = {}
+
+
+def skip_setup():
+    """A corpus, its config and the uninterrupted run's batches, built once."""
+    if not SKIP_CORPUS:
+        info = corpus(tempfile.mkdtemp(), docs_per_file=30)
+        config = base_config(info, shuffle_window=3)
+        SKIP_CORPUS.update(info=info, config=config, reference=take(build_dataloader(config), 1000))
+    return SKIP_CORPUS["config"], SKIP_CORPUS["reference"]
+
+
+def run_with_skips(loader, skips, n_batches):
+    """Iterate, calling ``skip(skips[i])`` right after the ``i``-th batch; returns the
+    batches, the reference step each should be, and the skips as the state records them."""
+    got, expected, recorded, position = [], [], [], loader.steps
+    for batch in loader:
+        got.append(batch)
+        expected.append(position)
+        position += 1
+        if len(got) == n_batches:
+            break
+        k = skips.get(len(got), 0)
+        loader.skip(k)
+        if k:
+            recorded.append([position, k])
+        position += k
+    return got, expected, recorded
+
+
+def check_skipped_run(config, reference, skips, n_batches, workers):
+    loader = build_dataloader({**config, "num_workers": workers})
+    got, expected, recorded = run_with_skips(loader, skips, n_batches)
+    assert_same_batches([reference[s] for s in expected], got)
+    assert loader.snapshot()["skips"] == recorded
+    assert loader.steps == expected[-1] + 1
+    return loader
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_skip_inside_the_loop_at_every_step(workers):
+    """A skip called after any batch (worker-item boundaries are after batches 1, 3, 7,
+    15, 31, 63 and 127) takes effect at once, short or longer than what is prefetched."""
+    config, reference = skip_setup()
+    sizes = [1, 2, 0, 3, 1, 5, 1, 30]
+    skips = {step: sizes[step % len(sizes)] for step in range(1, 131)}
+    check_skipped_run(config, reference, skips, 131, workers)
+
+
+@settings(max_examples=12)
+@given(
+    skips=st.dictionaries(st.integers(1, 130), st.integers(1, 140), min_size=1, max_size=5),
+    workers=st.sampled_from([0, 1, 2]),
+    ranks=st.sampled_from([1, 2]),
+)
+def test_skips_inside_the_loop_then_resume_or_rescale(skips, workers, ranks):
+    config, reference = skip_setup()
+    n_batches = max(skips) + 3
+    loader = check_skipped_run(config, reference, skips, n_batches, workers)
+    state = roundtrip(loader.snapshot())
+    at = loader.steps
+    resumed = rank_loaders(config, ranks, batch_size=config["batch_size"] // ranks)
+    for rank_loader in resumed:
+        rank_loader.load_state_dict(state)
+        assert rank_loader.steps == at
+    rows = [sorted(map(tuple, b["input_ids"].tolist())) for b in reference[at : at + 8]]
+    assert global_steps(resumed, 8) == rows
