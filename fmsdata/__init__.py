@@ -11,11 +11,14 @@ from fmsdata.errors import (
 )
 from fmsdata.handlers import FileHandler, register_handler
 from fmsdata.loader import FmsDataLoader, build_dataloader
+from fmsdata.mapstyle import TokenWindowDataset, get_dataset
 
 __all__ = [
     "LoaderConfig",
     "build_dataloader",
     "FmsDataLoader",
+    "get_dataset",
+    "TokenWindowDataset",
     "FileHandler",
     "register_handler",
     "FmsDataError",

@@ -3,7 +3,9 @@
 A shard is ``uint32 n``, ``uint32[n + 1]`` sample offsets, a JSON config, then samples;
 a sample holds, for each variable-size column in sorted name order, a ``uint32`` size,
 then each column's bytes. The token column is ``bytes`` (raw tokens of ``token_dtype``)
-or ``ndarray[:dtype[:shape]]``; ``pkl`` is refused (it would unpickle). Compressed shards
+or ``ndarray[:dtype[:shape]]``, or ``pkl`` holding a numpy integer array per sample (CEPE),
+read by ``safe_pickle.read_int_array``, which rebuilds the array from the stored bytes and
+refuses every other pickle without running it. Compressed shards
 (``.zstd``) are decompressed once into fmsdata's cache.
 """
 
@@ -19,6 +21,7 @@ from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.base import FileHandler, pick_column
 from fmsdata.handlers.derived import default_cache_dir, derived_path
 from fmsdata.handlers.mapping import MappedFile
+from fmsdata.handlers.safe_pickle import read_int_array
 
 __all__ = ["MdsHandler"]
 
@@ -70,10 +73,8 @@ class _MdsReader:
         column = names.index(col_name)
         encoding = encodings[column]
         if encoding == "pkl":
-            raise ShardFormatError(
-                f"{path}: column {col_name!r} is pkl-encoded; refused (reading it would unpickle)"
-            )
-        if encoding == "bytes":
+            self.dtype, self.header = np.dtype("V"), "pkl"  # per sample, from the pickle
+        elif encoding == "bytes":
             if token_dtype is None:
                 raise ConfigError(f"{path}: column {col_name!r} holds raw bytes: set token_dtype")
             self.dtype, self.header = np.dtype(token_dtype), "none"
@@ -125,7 +126,7 @@ class _MdsReader:
     def _token_buffer(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``(flat, starts, lengths)`` in tokens when the column has one dtype and every
         sample's tokens sit aligned in the file (None otherwise: read sample by sample)."""
-        if self.header == "dtype+shape":
+        if self.header in ("dtype+shape", "pkl"):
             return None
         data = self.mapped.bytes
         first = self.starts
@@ -180,6 +181,8 @@ class _MdsReader:
             return flat[int(starts[i]) : int(starts[i]) + int(lengths[i])]
         data = self.mapped.bytes
         at, size = int(self.starts[i]), int(self.byte_lengths[i])
+        if self.header == "pkl":
+            return read_int_array(data[at : at + size].data, f"{self.path} sample {i}")
         dtype = self.dtype
         end = at + size
         if self.header == "dtype+shape":

@@ -30,7 +30,8 @@ def parse_size(text: str) -> int:
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "tokenize",
-        help="tokenize JSONL / Parquet / text files into Arrow (or Megatron) token shards",
+        help="tokenize JSONL / Parquet / text files into token shards (Arrow, Megatron, flat, "
+        ".pbin, MDS)",
         description=(
             "Tokenize raw text into a data root the loader reads: OUT/DATASET/shard-NNNNN.arrow "
             "(Bamba layout: one record batch per document), OUT/meta/counts.csv and "
@@ -52,7 +53,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default="256MB",
         help="input bytes per output shard (default 256MB)",
     )
-    parser.add_argument("--format", choices=OUTPUT_FORMATS, default="arrow", dest="fmt")
+    parser.add_argument(
+        "--format",
+        choices=OUTPUT_FORMATS,
+        default="arrow",
+        dest="fmt",
+        help="arrow (Bamba), megatron (.bin+.idx), flat (tatm/OLMo token streams with EOS), "
+        "pbin (Modalities), mds (MosaicML streaming); see the README's formats table",
+    )
+    parser.add_argument(
+        "--eos-token",
+        type=int,
+        help="end-of-document token written by flat and pbin (default: the tokenizer's EOS)",
+    )
     parser.add_argument("--workers", type=int, default=1, help="processes on this machine")
     parser.add_argument("--backend", choices=BACKENDS, default="local")
     parser.add_argument("--num-shards", type=int, default=1, help="tasks sharing the work")
@@ -70,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         shard_bytes=args.shard_size,
         output_format=args.fmt,
         strict=args.strict,
+        eos_token=args.eos_token,
     )
     start = time.perf_counter()
     totals = {"documents": 0, "tokens": 0}

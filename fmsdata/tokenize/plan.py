@@ -19,9 +19,19 @@ from collections.abc import Sequence
 from fmsdata.errors import ConfigError
 from fmsdata.tokenize.inputs import InputFile, Piece, split_input
 
-__all__ = ["TokenizeSpec", "Unit", "plan_units", "select_units", "OUTPUT_FORMATS"]
+__all__ = [
+    "TokenizeSpec",
+    "Unit",
+    "plan_units",
+    "select_units",
+    "OUTPUT_FORMATS",
+    "EOS_FORMATS",
+]
 
-OUTPUT_FORMATS = ("arrow", "megatron")
+OUTPUT_FORMATS = ("arrow", "megatron", "flat", "pbin", "mds")
+# Formats whose documents carry their end-of-document token in the file.
+EOS_FORMATS = ("flat", "pbin")
+_ENDINGS = {"arrow": ".arrow", "megatron": ".idx", "flat": ".bin", "pbin": ".pbin"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +46,13 @@ class TokenizeSpec:
         text_field: JSON field / Parquet column holding the text.
         shard_bytes: Input bytes per output shard (large plain JSONL and Parquet files are
             split to this size, small files grouped up to it).
-        output_format: ``arrow`` (Bamba layout) or ``megatron`` (``.bin`` + ``.idx``).
+        output_format: ``arrow`` (Bamba layout), ``megatron`` (``.bin`` + ``.idx``),
+            ``flat`` (tatm / OLMo: headerless ``.bin`` token streams, EOS after every
+            document, a ``.json`` dtype sidecar), ``pbin`` (Modalities) or ``mds``
+            (MosaicML streaming, ``ndarray`` column ``tokens``).
         col_name: Token column of Arrow shards.
+        eos_token: End-of-document token written after every document by ``flat`` and
+            ``pbin`` (resolved from the tokenizer's special tokens when not given).
         strict: A bad input record is an error (file and line) instead of being counted.
     """
 
@@ -49,6 +64,7 @@ class TokenizeSpec:
     output_format: str = "arrow"
     col_name: str = "tokens"
     strict: bool = False
+    eos_token: int | None = None
 
     def __post_init__(self) -> None:
         if self.output_format not in OUTPUT_FORMATS:
@@ -69,8 +85,9 @@ class TokenizeSpec:
 
     def shard_name(self, unit: int) -> str:
         """The output file of a unit, relative to the output root (Megatron: the ``.idx``)."""
-        ending = ".arrow" if self.output_format == "arrow" else ".idx"
-        return f"{self.dataset}/shard-{unit:05d}{ending}"
+        if self.output_format == "mds":  # streaming's own shard names
+            return f"{self.dataset}/shard.{unit:05d}.mds"
+        return f"{self.dataset}/shard-{unit:05d}{_ENDINGS[self.output_format]}"
 
     def record_path(self, unit: int) -> str:
         return os.path.join(self.work_dir, f"shard-{unit:05d}.json")
@@ -121,6 +138,8 @@ def plan_document(
     task) with different inputs or settings is refused instead of mixing outputs."""
     settings = dataclasses.asdict(spec)
     del settings["output_dir"], settings["strict"]
+    if spec.output_format not in EOS_FORMATS:
+        del settings["eos_token"]  # plans of the other formats stay as they were
     settings["tokenizer"] = tokenizer_sha
     files = [{"path": f.path, "bytes": f.size, "mtime_ns": _mtime(f.path)} for f in inputs]
     body = {"settings": settings, "inputs": files, "units": len(units)}

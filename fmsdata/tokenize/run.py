@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import queue
+import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,7 +28,14 @@ from fmsdata.errors import ConfigError
 from fmsdata.handlers.text import TextTokenizer
 from fmsdata.indexing import write_counts
 from fmsdata.tokenize.inputs import InputFile, find_inputs
-from fmsdata.tokenize.plan import TokenizeSpec, Unit, plan_document, plan_units, select_units
+from fmsdata.tokenize.plan import (
+    EOS_FORMATS,
+    TokenizeSpec,
+    Unit,
+    plan_document,
+    plan_units,
+    select_units,
+)
 from fmsdata.tokenize.work import (
     file_sha256,
     read_record,
@@ -35,6 +43,7 @@ from fmsdata.tokenize.work import (
     unit_done,
     write_json_atomic,
 )
+from fmsdata.tokenize.writers import MDS_COLUMN, mds_index
 
 __all__ = ["TokenizeResult", "run_tokenize", "BACKENDS"]
 
@@ -76,7 +85,10 @@ def run_tokenize(
         raise ConfigError(f"workers must be at least 1, got {workers!r}")
     # Absolute paths: Ray workers and SLURM tasks may run in other folders.
     spec = dataclasses.replace(
-        spec, output_dir=os.path.abspath(spec.output_dir), tokenizer=os.path.abspath(spec.tokenizer)
+        spec,
+        output_dir=os.path.abspath(spec.output_dir),
+        tokenizer=os.path.abspath(spec.tokenizer),
+        eos_token=_eos_token(spec),
     )
     inputs = find_inputs([os.path.abspath(p) for p in input_paths])
     units = plan_units(inputs, spec.shard_bytes)
@@ -101,6 +113,23 @@ def run_tokenize(
         result.tokens = sum(r["tokens"] for r in records)
         result.bad_records = _merge_bad(records)
     return result
+
+
+EOS_NAMES = ("<|eos|>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "[EOS]")
+
+
+def _eos_token(spec: TokenizeSpec) -> int | None:
+    """The end-of-document token the format writes: given, or the tokenizer's EOS."""
+    if spec.output_format not in EOS_FORMATS or spec.eos_token is not None:
+        return spec.eos_token
+    vocab = TextTokenizer(spec.tokenizer).tokenizer.get_vocab(with_added_tokens=True)
+    for name in EOS_NAMES:
+        if name in vocab:
+            return int(vocab[name])
+    raise ConfigError(
+        f"--format {spec.output_format} writes an end-of-document token after every document, "
+        f"and tokenizer {spec.tokenizer} has none of {', '.join(EOS_NAMES)}: pass --eos-token ID"
+    )
 
 
 def _claim(spec: TokenizeSpec, plan: dict[str, Any]) -> None:
@@ -214,11 +243,17 @@ def _merge_bad(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
     return bad
 
 
+TOKENIZER_FILE = "tokenizer.json"
+
+
 def tokenizer_info(path: str, sha256: str) -> dict[str, Any]:
+    """What ``metadata.json`` says of the tokenizer; ``file`` is the copy in the root
+    (relative to it), ``source_file`` the name of the file it was copied from."""
     tokenizer = TextTokenizer(path)
     added = tokenizer.tokenizer.get_added_tokens_decoder()
     return {
-        "file": os.path.basename(path),
+        "file": TOKENIZER_FILE,
+        "source_file": os.path.basename(path),
         "sha256": sha256,
         "vocab_size": tokenizer.tokenizer.get_vocab_size(with_added_tokens=True),
         "special_tokens": {t.content: i for i, t in sorted(added.items()) if t.special},
@@ -257,11 +292,29 @@ def _write_metadata(
     metadata = _root_metadata(spec, tokenizer_sha)
     metadata["fmsdata_version"] = __version__
     metadata["tokenizers_version"] = tokenizers.__version__
+    _copy_tokenizer(spec)
     metadata["tokenizer"] = tokenizer_info(spec.tokenizer, tokenizer_sha)
+    if spec.output_format == "mds":
+        mds_index(
+            os.path.join(spec.output_dir, spec.dataset), [r["mds_entry"] for r in records]
+        )
+    col_name = {"arrow": spec.col_name, "mds": MDS_COLUMN}.get(spec.output_format)
+    if spec.output_format == "flat":
+        # tatm's get_dataset reads this block: files {file_prefix}*.{file_extension}.
+        metadata["tokenized_info"] = {
+            "tokenizer": metadata["tokenizer"]["source_file"],
+            "file_prefix": os.path.join(spec.output_dir, spec.dataset, "shard-"),
+            "file_extension": "bin",
+            "dtype": metadata["tokenizer"]["dtype"],
+            "vocab_size": metadata["tokenizer"]["vocab_size"],
+            "tokenizers_version": tokenizers.__version__,
+        }
     metadata.setdefault("datasets", {})[spec.dataset] = {
         "format": spec.output_format,
         "text_field": spec.text_field,
-        "col_name": spec.col_name if spec.output_format == "arrow" else None,
+        "col_name": col_name,
+        "eos_token": spec.eos_token if spec.output_format in EOS_FORMATS else None,
+        "documents_end_with_eos": spec.output_format in EOS_FORMATS,
         "shards": len(records),
         "documents": sum(r["documents"] for r in records),
         "tokens": sum(r["tokens"] for r in records),
@@ -270,6 +323,13 @@ def _write_metadata(
         "inputs": [{"path": f.path, "bytes": f.size, "sha256": hashes[f.path]} for f in inputs],
     }
     write_json_atomic(path, metadata)
+
+
+def _copy_tokenizer(spec: TokenizeSpec) -> None:
+    """The tokenizer file into the root, so that the data decodes without it."""
+    target = os.path.join(spec.output_dir, TOKENIZER_FILE)
+    shutil.copyfile(spec.tokenizer, target + ".tmp")
+    os.replace(target + ".tmp", target)
 
 
 def _root_metadata(spec: TokenizeSpec, tokenizer_sha: str) -> dict[str, Any]:

@@ -16,12 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.errors import ShardFormatError
+from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.arrow import write_arrow_docs
 from fmsdata.handlers.megatron import write_megatron
 from fmsdata.handlers.text import TextTokenizer
 from fmsdata.tokenize.inputs import InputFile, describe_position, read_piece
-from fmsdata.tokenize.plan import TokenizeSpec, Unit
+from fmsdata.tokenize.plan import EOS_FORMATS, TokenizeSpec, Unit
+from fmsdata.tokenize.writers import write_flat, write_mds_shard, write_pbin
 
 __all__ = ["tokenize_unit", "unit_done", "read_record", "write_json_atomic", "file_sha256"]
 
@@ -118,6 +119,12 @@ def _documents(
     yield from encoded()
 
 
+def _eos(spec: TokenizeSpec) -> int:
+    if spec.eos_token is None:  # run_tokenize resolves it before any unit runs
+        raise ConfigError(f"--format {spec.output_format} needs an end-of-document token")
+    return spec.eos_token
+
+
 def tokenize_unit(
     spec: TokenizeSpec,
     inputs: Sequence[InputFile],
@@ -131,12 +138,19 @@ def tokenize_unit(
     os.makedirs(os.path.dirname(target), exist_ok=True)
     dtype = _tokenizer(spec.tokenizer).dtype
     documents = _documents(spec, inputs, unit, tally)
+    mds_entry = None
     if spec.output_format == "arrow":
         write_arrow_docs(target, documents, col_name=spec.col_name, dtype=dtype)
-    else:
+    elif spec.output_format == "megatron":
         # Megatron's index has no uint32 code: larger vocabularies go to int32, as there.
         wide = np.dtype(np.int32) if dtype == np.uint32 else dtype
         write_megatron(target[: -len(".idx")], documents, dtype=wide)
+    elif spec.output_format == "flat":
+        write_flat(target, documents, _eos(spec), dtype)
+    elif spec.output_format == "pbin":
+        write_pbin(target, documents, _eos(spec), dtype)
+    else:
+        mds_entry = write_mds_shard(target, documents, dtype)
     hashes = {
         inputs[p.file].path: file_sha256(inputs[p.file].path) for p in unit.pieces if p.start == 0
     }
@@ -144,11 +158,14 @@ def tokenize_unit(
         "unit": unit.index,
         "shard": spec.shard_name(unit.index),
         "documents": tally.documents,
-        "tokens": tally.tokens,
+        # As stored: with the end-of-document token of the formats that write one.
+        "tokens": tally.tokens + (tally.documents if spec.output_format in EOS_FORMATS else 0),
         "empty_documents": tally.empty,
         "bad_records": tally.bad,
         "input_bytes": unit.weight,
         "input_sha256": hashes,
     }
+    if mds_entry is not None:
+        record["mds_entry"] = mds_entry
     write_json_atomic(spec.record_path(unit.index), record)
     return record

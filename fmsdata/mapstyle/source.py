@@ -1,0 +1,224 @@
+"""What ``get_dataset(metadata, ...)`` points at: a data root, its files' format, its EOS.
+
+``metadata`` is a semantic name (a folder under ``$FMSDATA_DATA_DIR``), a metadata file
+(``metadata.json``, or tatm's ``metadata.yaml``) or a data root folder, local or remote.
+Two metadata layouts are read: fmsdata's (written by ``fmsdata tokenize``: ``datasets``
+with each one's ``format``, ``tokenizer`` with the bundled ``file`` and its special tokens)
+and tatm's (``tokenized_info``: ``file_prefix``, ``file_extension``, ``dtype``,
+``vocab_size``; files ``{file_prefix}*.{file_extension}``, EOS after every document).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import posixpath
+from typing import Any
+
+import yaml
+
+from fmsdata.errors import ConfigError
+from fmsdata.remote.storage import Storage
+
+__all__ = ["RootSpec", "resolve_root", "DATA_DIR_ENV", "EOS_NAMES", "FORMAT_FILE_TYPES"]
+
+DATA_DIR_ENV = "FMSDATA_DATA_DIR"
+METADATA_FILES = ("metadata.json", "metadata.yaml", "metadata.yml")
+# Special tokens taken as the end of document, in order of preference.
+EOS_NAMES = ("<|eos|>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "[EOS]")
+# tokenize's format names -> the file_type reading them.
+FORMAT_FILE_TYPES = {
+    "arrow": "arrow",
+    "megatron": "megatron",
+    "flat": "npy",
+    "npy": "npy",
+    "pbin": "pbin",
+    "mds": "mds",
+    "cepe": "cepe",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RootSpec:
+    """A data root as the map-style dataset reads it.
+
+    Attributes:
+        root: Path or URL of the root.
+        metadata: Its parsed metadata file ({} when it has none).
+        datasets: Dataset folders to read, in order (None: every folder of the root).
+        prefix: tatm roots: the files are ``{prefix}*{suffix}`` directly in the root.
+        suffix: File ending of a tatm root.
+        file_type: Format handler (``auto`` picks one per file by its ending).
+        options: Handler options (``col_name``, ``token_dtype``, ``separator``, ...).
+        eos_token: End-of-document token (None when neither metadata nor user gave one).
+        ends_with_eos: Whether stored documents already end with it (None: by format).
+        vocab_size: From the metadata's tokenizer (None if unknown).
+        tokenizer_file: Path or URL of the tokenizer bundled with the root, if any.
+    """
+
+    root: str
+    metadata: dict[str, Any]
+    datasets: tuple[str, ...] | None
+    prefix: str | None
+    suffix: str | None
+    file_type: str
+    options: dict[str, Any]
+    eos_token: int | None
+    ends_with_eos: bool | None
+    vocab_size: int | None
+    tokenizer_file: str | None
+
+
+def _locate(metadata: str, storage: Storage) -> str:
+    """A name under ``$FMSDATA_DATA_DIR`` -> its folder; paths and URLs as they are."""
+    if "://" in metadata or metadata.startswith(("/", ".", "~")):
+        return os.path.expanduser(metadata)
+    if os.path.exists(metadata):
+        return metadata
+    base = os.environ.get(DATA_DIR_ENV)
+    if not base:
+        raise ConfigError(
+            f"metadata {metadata!r} is neither a path nor a URL, and ${DATA_DIR_ENV} (the "
+            "folder of named data roots) is not set"
+        )
+    target = posixpath.join(base.rstrip("/"), metadata)
+    fs, path = storage.filesystem(target)
+    if not fs.exists(path):
+        fs_base, base_path = storage.filesystem(base)
+        names = (
+            sorted(posixpath.basename(p.rstrip("/")) for p in fs_base.ls(base_path, detail=False))
+            if fs_base.isdir(base_path)
+            else []
+        )
+        raise ConfigError(
+            f"no dataset named {metadata!r} under ${DATA_DIR_ENV}={base}; it holds {names}"
+        )
+    return target
+
+
+def _read_metadata(path: str, storage: Storage) -> dict[str, Any]:
+    fs, local = storage.filesystem(path)
+    text = fs.cat_file(local).decode("utf-8")
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: not readable metadata ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: metadata must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _root_and_metadata(target: str, storage: Storage) -> tuple[str, dict[str, Any]]:
+    fs, path = storage.filesystem(target)
+    if fs.isfile(path):
+        root = target.rstrip("/").rsplit("/", 1)[0] if "/" in target else "."
+        return root, _read_metadata(target, storage)
+    if not fs.isdir(path):
+        raise ConfigError(f"metadata {target!r} does not exist")
+    for name in METADATA_FILES:
+        if fs.isfile(f"{path}/{name}"):
+            return target, _read_metadata(posixpath.join(target.rstrip("/"), name), storage)
+    return target, {}
+
+
+def _eos_from_tokenizer(info: dict[str, Any]) -> int | None:
+    special = info.get("special_tokens") or {}
+    for name in EOS_NAMES:
+        if name in special:
+            return int(special[name])
+    return None
+
+
+def resolve_root(
+    metadata: str | os.PathLike,
+    storage: Storage,
+    *,
+    datasets: list[str] | None = None,
+    file_type: str | None = None,
+    eos_token: int | None = None,
+    options: dict[str, Any] | None = None,
+) -> RootSpec:
+    """The root ``metadata`` names, with what its metadata says about reading it; explicit
+    arguments win over the metadata.
+
+    Raises:
+        ConfigError: Unknown name, missing path, unreadable metadata, unknown dataset.
+    """
+    root, meta = _root_and_metadata(_locate(os.fspath(metadata), storage), storage)
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    tokenizer = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    tokenizer_file = (
+        posixpath.join(root.rstrip("/"), tokenizer["file"]) if tokenizer.get("file") else None
+    )
+    vocab_size = tokenizer.get("vocab_size")
+    prefix = suffix = None
+    ends_with_eos: bool | None = None
+    described = meta.get("datasets")
+    if isinstance(described, dict) and described:
+        names = list(datasets) if datasets is not None else sorted(described)
+        unknown = [n for n in names if n not in described]
+        if unknown:
+            raise ConfigError(
+                f"{root}: metadata describes datasets {sorted(described)}, not {unknown}"
+            )
+        formats = {described[n].get("format") for n in names}
+        if file_type is None:
+            file_type = (
+                FORMAT_FILE_TYPES.get(formats.pop(), "auto") if len(formats) == 1 else "auto"
+            )
+        cols = {described[n].get("col_name") for n in names} - {None}
+        if len(cols) == 1:
+            options.setdefault("col_name", cols.pop())
+        flags = {described[n].get("documents_end_with_eos") for n in names} - {None}
+        ends_with_eos = flags.pop() if len(flags) == 1 else None
+        eos_values = {described[n].get("eos_token") for n in names} - {None}
+        if eos_token is None and len(eos_values) == 1:
+            eos_token = int(eos_values.pop())
+        datasets = names
+    elif isinstance(meta.get("tokenized_info"), dict):
+        info = meta["tokenized_info"]
+        file_prefix = str(info.get("file_prefix") or "")
+        if not file_prefix:
+            raise ConfigError(f"{root}: tokenized_info has no file_prefix")
+        # tatm stores an absolute prefix; a root that moved keeps its files beside the metadata.
+        base = posixpath.basename(file_prefix)
+        prefix, suffix = base, "." + str(info.get("file_extension") or "bin").lstrip(".")
+        file_type = file_type or "npy"
+        options.setdefault("token_dtype", info.get("dtype") or "uint16")
+        vocab_size = vocab_size or info.get("vocab_size")
+        ends_with_eos = True
+        fs, path = storage.filesystem(root)
+        if tokenizer_file is None and fs.isfile(f"{path}/tokenizer.json"):
+            tokenizer_file = posixpath.join(root.rstrip("/"), "tokenizer.json")
+        datasets = None
+    if eos_token is None:
+        eos_token = _eos_from_tokenizer(tokenizer)
+    if eos_token is None and tokenizer_file is not None:
+        eos_token = _eos_from_tokenizer_file(tokenizer_file, storage)
+    return RootSpec(
+        root=root,
+        metadata=meta,
+        datasets=tuple(datasets) if datasets is not None else None,
+        prefix=prefix,
+        suffix=suffix,
+        file_type=file_type or "auto",
+        options=options,
+        eos_token=eos_token,
+        ends_with_eos=ends_with_eos,
+        vocab_size=int(vocab_size) if vocab_size is not None else None,
+        tokenizer_file=tokenizer_file,
+    )
+
+
+def _eos_from_tokenizer_file(path: str, storage: Storage) -> int | None:
+    fs, local = storage.filesystem(path)
+    try:
+        data = json.loads(fs.cat_file(local))
+    except (OSError, ValueError):
+        return None
+    added = {t.get("content"): t.get("id") for t in data.get("added_tokens") or []}
+    for name in EOS_NAMES:
+        if added.get(name) is not None:
+            return int(added[name])
+    return None
