@@ -139,7 +139,9 @@ def _reduce(target: Any, args: Any, where: str) -> Any:
     except ShardFormatError as err:
         raise ShardFormatError(f"{where}: {err}") from None
     except TypeError:
-        raise ShardFormatError(f"{where}: {target.name} called with {len(args)} arguments") from None
+        raise ShardFormatError(
+            f"{where}: {target.name} called with {len(args)} arguments"
+        ) from None
 
 
 def _build(obj: Any, state: Any, where: str) -> Any:
@@ -148,7 +150,8 @@ def _build(obj: Any, state: Any, where: str) -> Any:
         if order not in ("<", ">", "|", "="):
             raise ShardFormatError(f"{where}: dtype byte order {order!r}")
         return obj.value.newbyteorder(">") if order == ">" else obj.value
-    if isinstance(obj, _Pending) and obj.kind == "array" and isinstance(state, tuple) and len(state) == 5:
+    is_array = isinstance(obj, _Pending) and obj.kind == "array"
+    if is_array and isinstance(state, tuple) and len(state) == 5:
         _, shape, dtype, fortran, raw = state
         try:
             return _array_from(shape, dtype, fortran, raw)

@@ -106,7 +106,10 @@ def run(args: argparse.Namespace) -> int:
         f"{args.workers} worker(s): first after {first * 1e3:.0f} ms, then "
         f"{tokens / elapsed / 1e6:.1f} M tokens/s"
     )
-    decoder = TextTokenizer(tokenizer)
+    # Decoded with the tokenizer tokenize bundled into the root, as any reader of it can.
+    with open(os.path.join(root, "metadata.json"), encoding="utf-8") as handle:
+        bundled = json.load(handle)["tokenizer"]["file"]
+    decoder = TextTokenizer(os.path.join(root, bundled))
     for row in range(2):
         text = decoder.decode(batches[0]["input_ids"][row, :64].tolist())
         print(f"   sample {row}: {text!r}")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import posixpath
+import tempfile
 
 import numpy as np
 
@@ -13,7 +16,9 @@ from fmsdata.cli.storage_options import add_storage_options, remote_cache_dir, s
 from fmsdata.handlers import handler_names, make_handler
 from fmsdata.handlers.text import TextTokenizer
 from fmsdata.indexing import CACHE_LIMIT
+from fmsdata.mapstyle.source import find_root_metadata, metadata_eos
 from fmsdata.remote.cache import file_source
+from fmsdata.remote.storage import is_local
 
 
 def add_format_options(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +54,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_format_options(parser)
     add_storage_options(parser)
     parser.add_argument(
-        "--samples", type=int, default=1, help="documents to print (decoded with --tokenizer)"
+        "--samples",
+        type=int,
+        default=1,
+        help="documents to print (decoded with --tokenizer, else with the tokenizer the "
+        "root's metadata.json names; its EOS is the default --separator)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.set_defaults(run=run)
@@ -93,9 +102,30 @@ def _length_histogram(lengths: np.ndarray) -> dict[str, int]:
     }
 
 
+def _use_root_metadata(args: argparse.Namespace, storage) -> None:
+    """Fill what ``--tokenizer`` and ``--separator`` leave unset from the ``metadata.json``
+    of the root ``args.path`` lies in: the tokenizer bundled there and its EOS."""
+    found = find_root_metadata(args.path, storage)
+    if found is None:
+        return
+    root, meta = found
+    if args.separator is None:
+        args.separator = metadata_eos(meta)
+    relative = (meta.get("tokenizer") or {}).get("file")
+    if args.tokenizer is None and relative:
+        fs, local = storage.filesystem(posixpath.join(root, relative))
+        if is_local(fs):
+            args.tokenizer = local if fs.isfile(local) else None
+        elif fs.isfile(local):
+            copy = os.path.join(tempfile.mkdtemp(prefix="fmsdata-inspect-"), "tokenizer.json")
+            fs.get_file(local, copy)
+            args.tokenizer = copy
+
+
 def run(args: argparse.Namespace) -> int:
-    handler = handler_from_args(args)
     storage = storage_from_args(args)
+    _use_root_metadata(args, storage)
+    handler = handler_from_args(args)
     root, files = _files(args.path, handler, storage)
     source = file_source(root, storage, remote_cache_dir(), CACHE_LIMIT, handler.companions)
     lengths, dtypes, sample = [], set(), None

@@ -302,8 +302,7 @@ def get_dataset(
     )
     if spec.eos_token is None:
         raise ConfigError(
-            f"{spec.root}: no end-of-document token known (its metadata names none): "
-            "pass eos_token"
+            f"{spec.root}: no end-of-document token known (its metadata names none): pass eos_token"
         )
     handler = make_handler(
         spec.file_type, cache_dir=cache_dir, separator=spec.eos_token, **spec.options

@@ -21,7 +21,15 @@ import yaml
 from fmsdata.errors import ConfigError
 from fmsdata.remote.storage import Storage
 
-__all__ = ["RootSpec", "resolve_root", "DATA_DIR_ENV", "EOS_NAMES", "FORMAT_FILE_TYPES"]
+__all__ = [
+    "RootSpec",
+    "resolve_root",
+    "find_root_metadata",
+    "metadata_eos",
+    "DATA_DIR_ENV",
+    "EOS_NAMES",
+    "FORMAT_FILE_TYPES",
+]
 
 DATA_DIR_ENV = "FMSDATA_DATA_DIR"
 METADATA_FILES = ("metadata.json", "metadata.yaml", "metadata.yml")
@@ -222,3 +230,33 @@ def _eos_from_tokenizer_file(path: str, storage: Storage) -> int | None:
         if added.get(name) is not None:
             return int(added[name])
     return None
+
+
+def find_root_metadata(
+    path: str, storage: Storage, levels: int = 4
+) -> tuple[str, dict[str, Any]] | None:
+    """The data root holding ``path`` (a root, a dataset folder or a file under it) and
+    its ``metadata.json``: the nearest folder at or above ``path`` that has one."""
+    fs, local = storage.filesystem(path)
+    url = path.rstrip("/")
+    if fs.isfile(local):
+        url, local = url.rsplit("/", 1)[0] if "/" in url else ".", posixpath.dirname(local)
+    for _ in range(levels):
+        if fs.isfile(f"{local}/metadata.json"):
+            return url, _read_metadata(posixpath.join(url, "metadata.json"), storage)
+        parent = posixpath.dirname(local)
+        if parent == local or "/" not in url:
+            return None
+        url, local = url.rsplit("/", 1)[0], parent
+    return None
+
+
+def metadata_eos(meta: dict[str, Any]) -> int | None:
+    """The end-of-document token a root's metadata names (its datasets', else the
+    tokenizer's EOS special token)."""
+    described = meta.get("datasets") if isinstance(meta.get("datasets"), dict) else {}
+    values = {d.get("eos_token") for d in described.values() if isinstance(d, dict)} - {None}
+    if len(values) == 1:
+        return int(values.pop())
+    tokenizer = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    return _eos_from_tokenizer(tokenizer)

@@ -295,9 +295,7 @@ def _write_metadata(
     _copy_tokenizer(spec)
     metadata["tokenizer"] = tokenizer_info(spec.tokenizer, tokenizer_sha)
     if spec.output_format == "mds":
-        mds_index(
-            os.path.join(spec.output_dir, spec.dataset), [r["mds_entry"] for r in records]
-        )
+        mds_index(os.path.join(spec.output_dir, spec.dataset), [r["mds_entry"] for r in records])
     col_name = {"arrow": spec.col_name, "mds": MDS_COLUMN}.get(spec.output_format)
     if spec.output_format == "flat":
         # tatm's get_dataset reads this block: files {file_prefix}*.{file_extension}.
