@@ -2,8 +2,9 @@
 
 Formats: ``arrow`` (one record batch per document, Bamba), ``hf_arrow`` (many rows per
 batch, Hugging Face ``datasets``), ``parquet`` (token list or text column), ``megatron``
-(``.bin``/``.idx``), ``pbin`` (Modalities), ``npy`` (flat token streams), ``jsonl`` (text,
-plain/gz/zst), ``mds`` (MosaicML streaming), and ``auto``, which picks per file by ending.
+(``.bin``/``.idx``), ``pbin`` (Modalities), ``npy`` (flat token streams), ``cepe`` (CEPE's
+counted ``.npy``), ``jsonl`` (text, plain/gz/zst), ``mds`` (MosaicML streaming), and
+``auto``, which picks per file by ending (never ``cepe``: its ``.npy`` files look flat).
 Users add a format by subclassing ``FileHandler`` and calling ``register_handler``.
 """
 
@@ -17,6 +18,7 @@ import pyarrow as pa
 from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.arrow import ArrowDocHandler
 from fmsdata.handlers.base import FileHandler, FlatBuffer, FlatBufferHandler, column_candidates
+from fmsdata.handlers.cepe import CepeHandler
 from fmsdata.handlers.flat import FlatTokensHandler
 from fmsdata.handlers.hf_arrow import HFArrowHandler
 from fmsdata.handlers.jsonl import JsonlHandler
@@ -36,6 +38,7 @@ __all__ = [
     "MegatronHandler",
     "PbinHandler",
     "FlatTokensHandler",
+    "CepeHandler",
     "JsonlHandler",
     "MdsHandler",
     "AutoHandler",
@@ -216,6 +219,7 @@ for _cls in (
     MegatronHandler,
     PbinHandler,
     FlatTokensHandler,
+    CepeHandler,
     JsonlHandler,
     MdsHandler,
 ):

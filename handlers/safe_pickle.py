@@ -5,8 +5,8 @@ Modalities ``.pbin`` files end with their document index as a pickled
 Unpickling runs whatever the data says, so this module interprets the opcode stream itself
 and accepts only what those values need: lists, tuples, integers, strings, bytes, memo
 references and framing, and, for arrays only, the five globals numpy's own pickles name
-(``ndarray``, ``dtype``, ``_reconstruct``, ``_frombuffer`` and ``_codecs.encode`` for
-protocol 2 byte strings). Those globals are never imported or called: each maps to a
+(``ndarray``, ``dtype``, ``_reconstruct``, ``_frombuffer``, and ``_codecs.encode`` and
+``bytes()`` for protocol 2 byte strings). Those globals are never imported or called: each maps to a
 function here that builds the array from plain values (``np.frombuffer`` of the stored
 bytes, an integer dtype from its code). Any other opcode or global — ``os.system``,
 ``builtins.eval`` and everything else — is refused before anything runs, so a crafted file
@@ -97,6 +97,12 @@ def _latin1(text: Any, encoding: Any = "latin1") -> bytes:
     return text.encode("latin1")
 
 
+def _empty_bytes(*args: Any) -> bytes:
+    if args:
+        raise ShardFormatError("bytes() is only read without arguments (an empty array)")
+    return b""
+
+
 def _frombuffer(buffer: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
     return _array_from(shape, dtype, order == "F", buffer)
 
@@ -128,6 +134,8 @@ _ARRAY_GLOBALS: dict[str, Callable[..., Any] | None] = {
     "numpy.core.numeric._frombuffer": _frombuffer,
     "numpy._core.numeric._frombuffer": _frombuffer,
     "_codecs.encode": _latin1,
+    "__builtin__.bytes": _empty_bytes,  # protocol 2's empty byte string
+    "builtins.bytes": _empty_bytes,
 }
 
 

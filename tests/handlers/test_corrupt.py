@@ -111,14 +111,17 @@ def test_jsonl_bad_lines_are_counted_or_fatal(tmp_path, monkeypatch, caplog):
         JsonlHandler(None)
 
 
-def test_mds_refuses_pickle_columns(tmp_path):
+def test_mds_pickle_columns_that_are_not_pickled_arrays_are_refused(tmp_path):
+    """A ``pkl`` column is read through the allow-list reader (tests/handlers/
+    test_safe_pickle.py); raw token bytes under that encoding are a malformed pickle."""
     write_mds(tmp_path, {"d": [DOCS]})
     index = tmp_path / "d" / "index.json"
     meta = json.loads(index.read_text())
     meta["shards"][0]["column_encodings"][1] = "pkl"
     index.write_text(json.dumps(meta))
-    with pytest.raises(ShardFormatError, match="pkl-encoded; refused"):
-        MdsHandler().open(str(tmp_path / "d" / "shard.00000.mds"))
+    reader = MdsHandler().open(str(tmp_path / "d" / "shard.00000.mds"))
+    with pytest.raises(ShardFormatError, match="sample 0"):
+        MdsHandler().get(reader, 0)
 
 
 def test_hf_arrow_nulls_and_types(tmp_path):
