@@ -161,6 +161,16 @@ class FlatTokensHandler(FlatBufferHandler):
                 raise ShardFormatError(f"{sidecar}: no readable 'dtype' ({err})") from None
         return None, ""
 
+    def stream_layout(self, path: str) -> tuple[np.dtype, int]:
+        """Token type and byte offset of the tokens in ``path``, without scanning it: what
+        a direct memory map of the stream needs (map-style windows)."""
+        mapped = MappedFile(path)
+        try:
+            dtype, source = self._dtype(path)
+            return _layout(mapped.bytes, path, dtype, source)
+        finally:
+            mapped.close()
+
     def open(self, path: str) -> FlatBuffer:
         dtype, source = self._dtype(path)
         return _open_flat(path, dtype, self.separator, self.cache_dir, source)

@@ -157,16 +157,19 @@ class TokenWindowDataset(Dataset):
     # -- items -------------------------------------------------------------------------------
     def _stream(self) -> StreamReader:
         if self._reader is None or self._reader.pid != os.getpid():
+            opts = self.spec.options
             handler = make_handler(
-                self.spec.file_type,
-                cache_dir=self.cache_dir,
-                separator=self.eos_token,
-                **self.spec.options,
+                self.spec.file_type, cache_dir=self.cache_dir, separator=self.eos_token, **opts
             )
             source = file_source(
                 self.spec.root, self.storage, self.cache_dir, CACHE_LIMIT, handler.companions
             )
-            self._reader = StreamReader(self.files, handler, source, self.eos_token)
+            flat = (
+                make_handler("npy", cache_dir=self.cache_dir, separator=self.eos_token, **opts)
+                if self.files.direct.any()
+                else None
+            )
+            self._reader = StreamReader(self.files, handler, source, self.eos_token, flat)
         return self._reader
 
     def __getitem__(self, i: int) -> dict[str, Any]:

@@ -30,7 +30,8 @@ __all__ = ["StreamFiles", "list_stream_files", "EOS_ENDINGS"]
 logger = logging.getLogger(__name__)
 
 # Files whose documents carry their own EOS: flat token streams and Modalities .pbin.
-EOS_ENDINGS = (".npy", ".bin", ".ds", ".pbin")
+FLAT_ENDINGS = (".npy", ".bin", ".ds")
+EOS_ENDINGS = (*FLAT_ENDINGS, ".pbin")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,12 +43,18 @@ class StreamFiles:
         add_eos: Per file, whether an EOS follows each stored document.
         offsets: int64 ``[n_files + 1]``: where each file's tokens start in the stream.
         docs: int64 ``[n_files]``: documents per file.
+        sizes: int64 ``[n_files]``: byte size of each file as listed (a file whose size
+            differs when a process opens it has changed since: an error, not stale data).
+        direct: Per file, whether it is a flat token file whose stream is the file itself
+            (read by a direct memory map, see ``windows``).
     """
 
     paths: tuple[str, ...]
     add_eos: np.ndarray
     offsets: np.ndarray
     docs: np.ndarray
+    sizes: np.ndarray
+    direct: np.ndarray
 
     @property
     def num_tokens(self) -> int:
@@ -109,7 +116,15 @@ def list_stream_files(
     lengths = tokens + np.where(add_eos, docs, 0)
     offsets = np.zeros(len(paths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return StreamFiles(tuple(paths), add_eos, offsets, docs.astype(np.int64))
+    direct = (
+        np.array(
+            [spec.file_type in ("npy", "auto") and p.endswith(FLAT_ENDINGS) for p in paths], bool
+        )
+        & ~add_eos
+    )
+    return StreamFiles(
+        tuple(paths), add_eos, offsets, docs.astype(np.int64), np.array(sizes, np.int64), direct
+    )
 
 
 def _count(

@@ -7,6 +7,11 @@ lengths of its documents (plus their EOS where one is added). Formats with a fla
 buffer (flat token files, ``.pbin``, Megatron, MDS ``ndarray``/``bytes``, CEPE ``.npy``)
 are read as views of their memory map: a slice where the documents lie back to back with
 their EOS, else one vectorized gather. Other formats are read document by document.
+
+Flat token files (``npy``) skip even the handler: a window is a slice of a direct memory
+map of the file (its dtype and data offset are all it takes), its document ids follow the
+EOS tokens in it, and nothing per document is loaded, so random access costs what a bare
+``np.memmap`` read does and a process's memory does not grow with the files it touched.
 """
 
 from __future__ import annotations
@@ -19,12 +24,32 @@ import numpy as np
 from fmsdata.access import ReaderCache
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.flat import FlatTokensHandler
+from fmsdata.handlers.mapping import MappedFile
 from fmsdata.mapstyle.files import StreamFiles
 from fmsdata.remote.cache import FileSource
 
 __all__ = ["StreamReader"]
 
-OPEN_FILES = 16  # readers kept open per process (least recently used closed)
+OPEN_FILES = 64  # readers kept open per process (least recently used closed)
+OPEN_MAPS = 1024  # direct maps of flat files kept per process (no per-document data)
+
+
+class _DirectFlat:
+    """A flat token file's stream as a direct map: ``tokens`` is the stream itself."""
+
+    def __init__(self, path: str, handler: FlatTokensHandler, count: int):
+        dtype, offset = handler.stream_layout(path)
+        self.mapped = MappedFile(path)
+        if offset + count * dtype.itemsize > len(self.mapped.bytes):
+            raise ShardFormatError(
+                f"{path}: holds fewer than the {count} tokens the dataset was built with "
+                "(the file changed: build the dataset again)"
+            )
+        self.tokens = self.mapped.view(dtype, offset=offset, count=count)
+
+    def close(self) -> None:
+        self.mapped.close()
 
 
 class _FileView:
@@ -83,26 +108,51 @@ class _FileView:
 class StreamReader:
     """Reads stream ranges in one process; made lazily, dropped when pickled."""
 
-    def __init__(self, files: StreamFiles, handler: FileHandler, source: FileSource, eos: int):
+    def __init__(
+        self,
+        files: StreamFiles,
+        handler: FileHandler,
+        source: FileSource,
+        eos: int,
+        flat: FlatTokensHandler | None = None,
+    ):
         self.files, self.handler, self.source, self.eos = files, handler, source, eos
+        self.flat = flat  # reads the files of ``files.direct`` by direct maps
         self.pid = os.getpid()
         self._readers = ReaderCache(OPEN_FILES)
+        self._maps = ReaderCache(OPEN_MAPS)
         self._views: dict[int, _FileView] = {}
 
+    def _local(self, f: int) -> str:
+        """The local path of file ``f``, checked to be the file the dataset was built on."""
+        path = self.source.local(self.files.paths[f])
+        size = os.path.getsize(path)
+        if size != int(self.files.sizes[f]) and int(self.files.sizes[f]):
+            raise ShardFormatError(  # (the reader cache releases the file)
+                f"{self.files.paths[f]}: {size} bytes, {int(self.files.sizes[f])} when the "
+                "dataset was built: the file changed (build the dataset again)"
+            )
+        return path
+
     def _view(self, f: int) -> _FileView:
-        relative = self.files.paths[f]
-        reader = self._readers.get(
-            f,
-            self.handler,
-            lambda: self.source.local(relative),
-            lambda: self._closed(f),
-        )
+        reader = self._readers.get(f, self.handler, lambda: self._local(f), lambda: self._closed(f))
         view = self._views.get(f)
         if view is None or view.reader is not reader:
             expect = int(self.files.offsets[f + 1] - self.files.offsets[f])
-            view = _FileView(self.handler, reader, bool(self.files.add_eos[f]), expect, relative)
+            add_eos = bool(self.files.add_eos[f])
+            view = _FileView(self.handler, reader, add_eos, expect, self.files.paths[f])
             self._views[f] = view
         return view
+
+    def _direct(self, f: int) -> _DirectFlat:
+        relative = self.files.paths[f]
+        count = int(self.files.offsets[f + 1] - self.files.offsets[f])
+        return self._maps.get(
+            f,
+            _DirectOpener(self.flat, count),
+            lambda: self._local(f),
+            lambda: self.source.release(relative),
+        )
 
     def _closed(self, f: int) -> None:
         self._views.pop(f, None)
@@ -117,7 +167,7 @@ class StreamReader:
         keys = np.empty(stop - start, dtype=np.int64) if with_docs else None
         offsets = self.files.offsets
         f = int(np.searchsorted(offsets, start, "right") - 1)
-        at = start
+        at, pieces, numbered = start, 0, False
         while at < stop:
             while offsets[f + 1] <= at:  # skip files of no tokens
                 f += 1
@@ -125,12 +175,23 @@ class StreamReader:
             piece = slice(at - start, end - start)
             local = keys[piece] if keys is not None else None
             first = int(offsets[f])
-            self._view(f).read(at - first, end - first, self.eos, out[piece], local)
+            if self.flat is not None and self.files.direct[f]:
+                tokens = self._direct(f).tokens[at - first : end - first]
+                out[piece] = tokens
+                if local is not None and len(local):  # documents end at their EOS
+                    local[0] = 0
+                    np.cumsum(tokens[:-1] == self.eos, out=local[1:])
+                numbered = True  # already 0, 1, 2, ... within the piece
+            else:
+                self._view(f).read(at - first, end - first, self.eos, out[piece], local)
+                numbered = False
             if local is not None:
                 local += f << 40  # documents of different files differ
-            at, f = end, f + 1
+            at, f, pieces = end, f + 1, pieces + 1
         if keys is None:
             return out, None
+        if pieces == 1 and numbered:
+            return out, keys - keys[0]
         ids = np.zeros(len(keys), dtype=np.int64)
         if len(keys) > 1:
             np.cumsum(keys[1:] != keys[:-1], out=ids[1:])
@@ -138,5 +199,22 @@ class StreamReader:
 
     def close(self) -> None:
         self._readers.close()
+        self._maps.close()
         self._views.clear()
         self.source.close()
+
+
+class _DirectOpener(FileHandler):
+    """Opens ``_DirectFlat`` maps through a ``ReaderCache`` (which opens with a handler)."""
+
+    def __init__(self, flat: FlatTokensHandler, count: int):
+        self.flat, self.count = flat, count
+
+    def open(self, path: str) -> _DirectFlat:
+        return _DirectFlat(path, self.flat, self.count)
+
+    def num_docs(self, reader: Any) -> int:
+        raise NotImplementedError
+
+    def get(self, reader: Any, index: int) -> np.ndarray:
+        raise NotImplementedError

@@ -261,7 +261,17 @@ def test_changed_file_and_bad_arguments(tmp_path, cache):
     path = tmp_path / "root" / "ds0" / "part_000.npy"
     data = np.fromfile(path, np.uint16)
     np.append(data, [7, 7, EOS]).astype(np.uint16).tofile(path)
-    with pytest.raises(ShardFormatError, match="part_000.npy: holds"):
+    with pytest.raises(ShardFormatError, match="part_000.npy: .* the file changed"):
+        ds[0]
+    # Same size, other documents: the handler path (Arrow) checks the file's token count.
+    write_arrow(tmp_path / "arrow", files)
+    ds = build(tmp_path / "arrow", "arrow", 8)
+    shorter = {
+        k: [[d[:-1] for d in docs] + [np.arange(3, 3 + len(docs))] for docs in v]
+        for k, v in files.items()
+    }
+    write_arrow(tmp_path / "arrow", shorter)
+    with pytest.raises(ShardFormatError, match="part_000.arrow"):
         ds[0]
     for bad in ({"overlap": 8}, {"token_output_format": "jax"}):
         with pytest.raises(ConfigError):
