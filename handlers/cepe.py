@@ -16,80 +16,57 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ShardFormatError
-from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.base import FlatBuffer, FlatBufferHandler
 from fmsdata.handlers.mapping import MappedFile
 from fmsdata.handlers.npy_header import parse_npy_header
 
 __all__ = ["CepeHandler"]
 
 
-class _CountedReader:
-    def __init__(self, path: str):
-        self.path = path
-        self.mapped = MappedFile(path)
-        raw = self.mapped.bytes
-        header = parse_npy_header(raw, path)
-        header.check_size(len(raw), path)
-        if header.dtype.kind not in "iu" or len(header.shape) != 1:
-            raise ShardFormatError(
-                f"{path}: a CEPE file holds one 1-D integer array, this one "
-                f"{header.dtype.str} of shape {header.shape}"
-            )
-        self.flat = self.mapped.view(header.dtype, offset=header.offset, count=header.count)
-        size = len(self.flat)
-        if size < 1:
-            raise ShardFormatError(f"{path}: empty array: no document count")
-        n = int(self.flat[0])
-        if n < 0 or 1 + n > size:
-            raise ShardFormatError(
-                f"{path}: document count {n} does not fit the array of {size} values"
-            )
-        self.lengths = np.asarray(self.flat[1 : 1 + n], dtype=np.int64)
-        if n and int(self.lengths.min()) < 0:
-            bad = int(np.flatnonzero(self.lengths < 0)[0])
-            raise ShardFormatError(f"{path}: document {bad} has length {int(self.lengths[bad])}")
-        total = 1 + n + int(self.lengths.sum())
-        if total != size:
-            raise ShardFormatError(
-                f"{path}: count {n} and its lengths need 1 + {n} + {total - 1 - n} = {total} "
-                f"values, the array holds {size} (not a CEPE counted file, or damaged)"
-            )
-        self.starts = np.zeros(n, dtype=np.int64)
-        if n:
-            np.cumsum(self.lengths[:-1], out=self.starts[1:])
-        self.starts += 1 + n
-        self.n = n
+def _open_counted(path: str) -> FlatBuffer:
+    mapped = MappedFile(path)
+    raw = mapped.bytes
+    header = parse_npy_header(raw, path)
+    header.check_size(len(raw), path)
+    if header.dtype.kind not in "iu" or len(header.shape) != 1:
+        raise ShardFormatError(
+            f"{path}: a CEPE file holds one 1-D integer array, this one "
+            f"{header.dtype.str} of shape {header.shape}"
+        )
+    flat = mapped.view(header.dtype, offset=header.offset, count=header.count)
+    size = len(flat)
+    if size < 1:
+        raise ShardFormatError(f"{path}: empty array: no document count")
+    n = int(flat[0])
+    if n < 0 or 1 + n > size:
+        raise ShardFormatError(
+            f"{path}: document count {n} does not fit the array of {size} values"
+        )
+    lengths = np.asarray(flat[1 : 1 + n], dtype=np.int64)
+    if n and int(lengths.min()) < 0:
+        bad = int(np.flatnonzero(lengths < 0)[0])
+        raise ShardFormatError(f"{path}: document {bad} has length {int(lengths[bad])}")
+    total = 1 + n + int(lengths.sum())
+    if total != size:
+        raise ShardFormatError(
+            f"{path}: count {n} and its lengths need 1 + {n} + {total - 1 - n} = {total} "
+            f"values, the array holds {size} (not a CEPE counted file, or damaged)"
+        )
+    starts = np.zeros(n, dtype=np.int64)
+    if n:
+        np.cumsum(lengths[:-1], out=starts[1:])
+    return FlatBuffer(path, flat, starts + 1 + n, lengths, [mapped])
 
 
-class CepeHandler(FileHandler):
+class CepeHandler(FlatBufferHandler):
     """CEPE counted ``.npy`` files (``file_type: cepe``; never chosen by ``auto``, whose
     ``.npy`` files are flat token streams)."""
 
     name = "cepe"
     extensions = (".npy",)
 
-    def open(self, path: str) -> _CountedReader:
-        return _CountedReader(path)
-
-    def num_docs(self, reader: _CountedReader) -> int:
-        return reader.n
-
-    def get(self, reader: _CountedReader, index: int) -> np.ndarray:
-        if not 0 <= index < reader.n:
-            raise ShardFormatError(
-                f"{reader.path}: document {index} requested, the file holds {reader.n}"
-            )
-        start = int(reader.starts[index])
-        return reader.flat[start : start + int(reader.lengths[index])]
-
-    def doc_lengths(self, reader: _CountedReader, indices: np.ndarray) -> np.ndarray:
-        return reader.lengths[indices]
-
-    def token_buffer(self, reader: _CountedReader) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return reader.flat, reader.starts, reader.lengths
-
-    def release(self, reader: _CountedReader) -> None:
-        reader.mapped.release()
+    def open(self, path: str) -> FlatBuffer:
+        return _open_counted(path)
 
     def describe(self) -> dict[str, Any]:
         return {"file_type": self.name}
