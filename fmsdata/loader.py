@@ -291,7 +291,8 @@ class FmsDataLoader(DataLoader):
         Args:
             state: A ``state_dict()`` or ``snapshot()`` of this rank, a list of every
                 rank's, or (packed form) the union of their dicts.
-            allow_changes: Fingerprint fields allowed to differ (an intended config change).
+            allow_changes: Fingerprint fields or stage settings allowed to differ (an
+                intended config change), e.g. ``["min_length"]``.
 
         Raises:
             StateMismatchError: Wrong version, different data or stream config, or the

@@ -389,14 +389,15 @@ def gather_shard_states(
     )
 
 
-def _at(state: Any, path: Sequence[str]) -> Any:
-    """The part of a shard state at ``path`` (a mapping holding the shuffle buffer)."""
+def _at(state: Any, path: Sequence[str], buffer: bool = True) -> Any:
+    """The mapping at ``path`` inside a shard state (with ``buffer``: it must hold the
+    shuffle buffer)."""
     node = state
     for key in path:
         if not isinstance(node, Mapping) or key not in node:
             raise StateMismatchError(f"shard state has no {'.'.join(path)} (the shuffle buffer)")
         node = node[key]
-    if not isinstance(node, Mapping) or BUFFER_KEY not in node:
+    if not isinstance(node, Mapping) or (buffer and BUFFER_KEY not in node):
         raise StateMismatchError(f"shard state {'.'.join(path)} holds no {BUFFER_KEY!r}")
     return node
 
@@ -446,10 +447,20 @@ class ConsumedState:
             if state is None:
                 self._light[sid] = None
                 continue
-            light = copy.deepcopy(state)
             if self.buffer_path is not None:
-                self._buffers[sid] = unpack_lines(_at(light, self.buffer_path).pop(BUFFER_KEY))
-            self._light[sid] = light
+                # Shallow copies down to the buffer, which leaves as lines: the deep copy of
+                # the rest never copies the buffered spans.
+                state = dict(state)
+                node = state
+                for key in self.buffer_path:
+                    node[key] = dict(_at(node, (key,), buffer=False))
+                    node = node[key]
+                if BUFFER_KEY not in node:
+                    raise StateMismatchError(
+                        f"shard state {'.'.join(self.buffer_path)} holds no {BUFFER_KEY!r}"
+                    )
+                self._buffers[sid] = unpack_lines(node.pop(BUFFER_KEY))
+            self._light[sid] = copy.deepcopy(state)
 
     def consume_batch(self, item: WorkerItem, batch: int) -> None:
         """Count the lines of batch ``batch`` of ``item`` as consumed."""
