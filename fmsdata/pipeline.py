@@ -109,15 +109,23 @@ class Shard:
         """A random key of this run and shard, for a stage's own randomness."""
         return derive_key(self.recipe.seed, *parts, self.id)
 
-    def documents(self) -> TokenShareMixer:
-        """The shard's documents of every dataset, mixed by token share (the chain's
-        document source: the packer reads it)."""
+    def streams(self) -> list[DocumentStream]:
+        """Each mixed dataset's documents in this shard, in a seeded walk per epoch (recipe
+        order; another document order is another stream class here)."""
         r = self.recipe
-        streams = [
+        return [
             DocumentStream(access, self.id, r.n_shards, r.seed, r.decoration)
             for access in self.accesses[: len(r.names)]
         ]
-        return TokenShareMixer(streams, r.names, r.schedule)
+
+    def mix(self, streams: Sequence[DocumentStream]) -> TokenShareMixer:
+        """Streams (one per dataset, recipe order) mixed by token share."""
+        return TokenShareMixer(streams, self.recipe.names, self.recipe.schedule)
+
+    def documents(self) -> TokenShareMixer:
+        """The shard's documents of every dataset, mixed by token share: the chain's
+        document source, which the packer reads (``mix(streams())``)."""
+        return self.mix(self.streams())
 
     def pack(self, source: TokenShareMixer) -> LinePacker:
         """Documents packed into lines of ``seq_length + 1`` tokens (config ``packing``)."""

@@ -192,3 +192,22 @@ def test_skip_and_state_show_with_a_user_stage(tmp_path, capsys):
     save_state(str(tmp_path / "state.fms"), loader.snapshot())
     assert main(["state", "show", str(tmp_path / "state.fms")]) == 0
     assert "saved by 1 rank(s) at step 12" in capsys.readouterr().out
+
+
+def test_mix_change_renumbers_what_a_user_stage_holds(tmp_path):
+    """Adding a dataset then dropping one renumbers the spans SwapPairs holds (its own
+    ``renumber``), and every token is still accounted for (G4)."""
+    info = corpus(tmp_path, {"a": 2, "b": 2, "c": 2}, docs_per_file=40, mean_length=20)
+    config = base_config(info, datasets=["b", "c"], weights=[1, 1], shuffle_window=2)
+    ledger = Ledger(info, {**config, "datasets": ["a", "b", "c"]})
+    loader = build_dataloader(config, stages=everywhere)
+    ledger.add_batches(take(loader, 15))
+    state = roundtrip(loader.snapshot())
+    # "a" comes first now: every saved dataset index moves by one.
+    wider = {**config, "datasets": ["a", "b", "c"], "weights": [2, 1, 1]}
+    resumed = build_dataloader({**wider, "allow_mix_change": True}, stages=everywhere)
+    resumed.load_state_dict(state)
+    ledger.add_batches(take(resumed, 30))
+    settled = resumed.snapshot(settle=True)
+    ledger.add_state(settled, resumed.dataset.chain())
+    check_exactly_once_per_epoch(ledger, [settled], 4)

@@ -14,6 +14,12 @@ dataset mixed by token share (``TokenShareMixer``, the document source), packed 
   and returns the new content count; called once per line in the order the shard emits
   them, so its state is exact per line. It goes on top of the span-level part.
 
+Below the lines, the packer reads a *document source*: ``read_ahead()`` gives the next
+block of documents (``MixedDocs``, never empty), ``commit(n)`` marks the first ``n`` read
+as used, ``rewind()`` drops what was read ahead; ``shard.documents()`` is
+``shard.mix(shard.streams())``, one ``DocumentStream`` per dataset, so another document
+order is another stream.
+
 Every stage has the same state protocol (``Stage``): ``own_state()`` returns its own
 fields as plain data and ``load_own_state()`` takes them back; ``state_dict()`` nests the
 state of each input under its constant key (``children()``, default ``{"source": ...}``),
