@@ -251,8 +251,9 @@ class FmsDataLoader(DataLoader):
         inspection; resuming does not need it.
         """
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        advances = self._consumed.advances()
         shards = [
-            {"id": sid, "state": state, "advance": self._consumed.advances()[sid]}
+            {"id": sid, "state": state, "advance": advances[sid]}
             for sid, state in self._consumed.shard_states().items()
         ]
         if settle and any(entry["advance"] for entry in shards):

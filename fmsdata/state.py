@@ -403,8 +403,8 @@ def _at(state: Any, path: Sequence[str], buffer: bool = True) -> Any:
 
 
 def _lines(spans: np.ndarray, offsets: np.ndarray) -> Iterator[np.ndarray]:
-    for i in range(len(offsets) - 1):
-        yield spans[offsets[i] : offsets[i + 1]]
+    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        yield spans[a:b]
 
 
 class ConsumedState:
@@ -478,8 +478,12 @@ class ConsumedState:
         consumed or skipped). Lines skipped past the item's end stay counted."""
         self._light.update(item.lights)
         pushed = _lines(item.pushed, item.pushed_offsets)
-        for sid, op in item.ops.tolist():
-            apply_journal(self._buffers[sid], (op,), pushed)
+        ops = item.ops
+        # One replay per run of a shard's ops (a worker sends each shard's ops together).
+        cuts = [0, *(np.flatnonzero(np.diff(ops[:, 0])) + 1).tolist(), len(ops)]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if b > a:
+                apply_journal(self._buffers[int(ops[a, 0])], ops[a:b, 1].tolist(), pushed)
         sids, counts = np.unique(item.row_shards, return_counts=True)
         in_item = dict(zip(sids.tolist(), counts.tolist()))
         for sid in item.lights:

@@ -104,6 +104,7 @@ def assemble_batch(
     """
     spans = [(item, int(item.offsets[k]), int(item.offsets[k + 1])) for item in items]
     single = len(items) == 1
+    pinned = pin_memory and torch.cuda.is_available()
     if items[0].samples is not None:
         batch = {}
         for key in sorted({key for item in items for key in (item.samples or {})}):
@@ -113,23 +114,26 @@ def assemble_batch(
                 if key in samples
             ]
             batch[key] = _gather(parts, batch_size, single)
-        return _pin(batch) if pin_memory else batch
+        return _pin(batch) if pinned else batch
 
-    tokens = _gather(
-        [(t, i.rows, a, b) for t, (i, a, b) in zip(tokens_of, spans)], batch_size, single
-    )
+    seq = (tokens_of[0].shape[1] if tokens_of[0] is not None else 1) - 1
+    # Pinned outputs are written in place: pinning costs no copy of its own.
+    input_ids = torch.empty((batch_size, seq), dtype=torch.int64, pin_memory=pinned)
+    labels = torch.empty((batch_size, seq), dtype=torch.int64, pin_memory=pinned)
+    inputs_np, labels_np = input_ids.numpy(), labels.numpy()
     content = np.empty(batch_size, dtype=np.int64)
-    for item, a, b in spans:
-        content[item.rows[a:b]] = item.content[a:b]
-    seq = tokens.shape[1] - 1
-    # One widening copy each, out of the (possibly shared, soon reused) int32 rows.
-    input_ids = torch.empty((batch_size, seq), dtype=torch.int64)
-    input_ids.copy_(tokens[:, :-1])
-    labels = torch.empty((batch_size, seq), dtype=torch.int64)
-    labels.copy_(tokens[:, 1:])
-    if (content <= seq).any():
-        target = torch.arange(1, seq + 1)[None, :]
-        labels[target >= torch.from_numpy(content)[:, None]] = IGNORE_INDEX
+    # One pass per output straight out of the (shared, soon reused) int32 rows: the shift,
+    # the widening to int64 and, with several workers, the gather into row order at once.
+    for values, (item, a, b) in zip(tokens_of, spans):
+        if b == a:
+            continue
+        rows = values[a:b].numpy() if isinstance(values, torch.Tensor) else values[a:b]
+        where = slice(None) if single else item.rows[a:b]
+        inputs_np[where] = rows[:, :-1]
+        labels_np[where] = rows[:, 1:]
+        content[where] = item.content[a:b]
+    for row in np.flatnonzero(content <= seq).tolist():
+        labels_np[row, max(int(content[row]) - 1, 0) :] = IGNORE_INDEX
     batch = {"input_ids": input_ids, "labels": labels}
     if want_position_ids or want_cu_seqlens:
         segments = _row_segments(spans, batch_size)
@@ -143,7 +147,9 @@ def assemble_batch(
             np.cumsum(lengths, out=cu[1:])
             batch["cu_seqlens"] = torch.from_numpy(cu)
             batch["max_seqlen"] = torch.tensor(int(lengths.max()))
-    return _pin(batch) if pin_memory else batch
+        if pinned:
+            batch.update(_pin({k: v for k, v in batch.items() if k not in ("input_ids", "labels")}))
+    return batch
 
 
 def _gather(
@@ -174,4 +180,4 @@ def _row_segments(spans: list[tuple[WorkerItem, int, int]], batch_size: int) -> 
 
 
 def _pin(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.pin_memory() if torch.cuda.is_available() else v for k, v in batch.items()}
+    return {k: v.pin_memory() for k, v in batch.items()}

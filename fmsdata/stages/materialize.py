@@ -2,8 +2,9 @@
 
 All spans of a batch part are handled together: where each span lands and where the
 BOS/EOS/BOL/EOL/pad tokens go come from vectorized arithmetic on the span columns (the
-delimiters are placed with one scatter each); the only per-span Python work left is one
-slice copy from the document's memory-mapped tokens.
+delimiters are placed with one scatter each). Tokens are copied from the documents'
+memory-mapped buffers one slice per long span and one vectorized gather per file for the
+short ones, so short documents cost no per-span Python.
 """
 
 from __future__ import annotations
@@ -20,6 +21,21 @@ from fmsdata.stages.documents import Decoration
 __all__ = ["LineWriter"]
 
 _INT32_MAX = 2**31 - 1
+# Spans at least this long are copied one slice each (a memcpy beats an index gather);
+# shorter ones are gathered per file in one vectorized operation.
+_SLICE_MIN = 256
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorized.
+
+    ``lengths`` must be positive.
+    """
+    steps = np.ones(int(lengths.sum()), dtype=np.int64)
+    steps[0] = starts[0]
+    heads = np.cumsum(lengths[:-1])
+    steps[heads] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
+    return np.cumsum(steps, out=steps)
 
 
 def _check_int32(piece: np.ndarray, access: Any, file: int, doc: int) -> None:
@@ -64,6 +80,7 @@ class LineWriter:
         self.eol = eol
         self.pad = pad
         self.vocab_size = vocab_size
+        self.slice_min = _SLICE_MIN
 
     def fingerprint(self) -> dict[str, Any]:
         """What the rows depend on besides the spans, as stage fingerprints give it (the
@@ -139,9 +156,15 @@ class LineWriter:
         first: np.ndarray,
         n_copy: np.ndarray,
     ) -> None:
-        """Copy each span's tokens into place: one slice copy per span, where the loop walks
-        span metadata (a few integers per document), never tokens."""
+        """Copy each span's tokens into place.
+
+        Long spans are one slice copy each (a memcpy; the loop walks span metadata, never
+        tokens). Short spans, where the per-span Python cost would dominate, are gathered
+        per file in one vectorized operation: index arrays for source and destination,
+        built with ``np.repeat``/``cumsum``.
+        """
         keys, group = np.unique(spans[:, DS] * (1 << 40) + spans[:, FILE], return_inverse=True)
+        group = group.reshape(-1)
         sources = [self._source(key >> 40, key & ((1 << 40) - 1)) for key in keys.tolist()]
         # Copies between equal dtypes are plain memcpy: int32 rows take uint32 tokens through
         # a same-width view (ids of 2**31 and above then read as negative; the caller checks).
@@ -152,15 +175,24 @@ class LineWriter:
         ]
         slow = (spans[:, BASE] < 0) | np.array([source[3] for source in sources], dtype=bool)[group]
         src = first + spans[:, BASE]
-        fast = np.flatnonzero(~slow & (n_copy > 0))
-        for g, d, s, e, n in zip(
-            group[fast].tolist(),
-            dst[fast].tolist(),
-            src[fast].tolist(),
-            (src + n_copy)[fast].tolist(),
-            n_copy[fast].tolist(),
+        fast = ~slow & (n_copy > 0)
+        long = np.flatnonzero(fast & (n_copy >= self.slice_min))
+        for g, d, s, n in zip(
+            group[long].tolist(), dst[long].tolist(), src[long].tolist(), n_copy[long].tolist()
         ):
-            targets[g][d : d + n] = sources[g][0][s:e]
+            targets[g][d : d + n] = sources[g][0][s : s + n]
+        short = np.flatnonzero(fast & (n_copy < self.slice_min))
+        if short.size:
+            short = short[np.argsort(group[short], kind="stable")]
+            lengths = n_copy[short]
+            into = _ranges(dst[short], lengths)
+            take = _ranges(src[short], lengths)
+            ends = np.cumsum(lengths)
+            cuts = np.searchsorted(group[short], np.arange(len(sources) + 1))
+            for g in np.flatnonzero(np.diff(cuts)).tolist():
+                a = int(ends[cuts[g] - 1]) if cuts[g] else 0
+                b = int(ends[cuts[g + 1] - 1])
+                targets[g][into[a:b]] = sources[g][0][take[a:b]]
         for i in np.flatnonzero(slow & (n_copy > 0)).tolist():
             n = int(n_copy[i])
             piece = self._slow_piece(spans[i], sources[group[i]], int(first[i]), n)

@@ -75,9 +75,10 @@ def reference_line(spans, path_of, deco, line_length, bol, eol, pad):
     pad_mode=st.booleans(),
     seq=st.integers(8, 90),
     seed=st.integers(0, 30),
+    slice_min=st.sampled_from([1, 6, 256]),
 )
 def test_written_lines_match_a_document_by_document_reference(
-    bos, eos, bol, eol, strip, pad_mode, seq, seed
+    bos, eos, bol, eol, strip, pad_mode, seq, seed, slice_min
 ):
     root = tempfile.mkdtemp()
     info = stripped_corpus(root, seed)
@@ -89,6 +90,7 @@ def test_written_lines_match_a_document_by_document_reference(
     packer = LinePacker(mixer, capacity, "pad" if pad_mode else "hard")
     lines = [next(packer) for _ in range(12)]
     writer = LineWriter(acc, deco, line_length, bol=bol, eol=eol, pad=5 if pad_mode else None)
+    writer.slice_min = slice_min  # slice copies, per-file gathers, or a mix of both
     out = np.zeros((len(lines), line_length), dtype=np.int32)
     content = writer.write(lines, out)
 
