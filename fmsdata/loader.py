@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,8 +28,9 @@ from fmsdata.state import (
     span_names,
     stream_fingerprint,
 )
+from fmsdata.threads import AheadThread
 from fmsdata.topology import RowDealer, Topology
-from fmsdata.transport import assemble_batch, item_batch_counts, ring_shape
+from fmsdata.transport import WorkerItem, assemble_batch, item_batch_counts, ring_shape
 
 __all__ = ["FmsDataLoader", "as_tuple", "build_dataloader"]
 
@@ -38,6 +39,83 @@ logger = logging.getLogger(__name__)
 
 def _keep(part: Any) -> Any:
     return part
+
+
+# Batches the pinning thread may assemble ahead of the training loop.
+_PIN_AHEAD = 2
+
+
+class _Feed:
+    """The workers' items and their batches, assembled when asked for."""
+
+    def __init__(
+        self,
+        parts: Iterator[WorkerItem],
+        rings: list[torch.Tensor] | None,
+        n_parts: int,
+        assemble: Callable[[list[WorkerItem], list[torch.Tensor | None], int], Any],
+    ):
+        self.parts, self.rings, self.n_parts, self.assemble = parts, rings, n_parts, assemble
+        self._current: tuple[list[WorkerItem], list[torch.Tensor | None]] | None = None
+
+    def items(self) -> tuple[list[WorkerItem], int]:
+        """The next items (one per worker) and how many batches they hold."""
+        items = [next(self.parts) for _ in range(self.n_parts)]
+        rings = self.rings
+        tokens_of = [
+            item.tokens
+            if rings is None or item.slot is None
+            else rings[w][item.slot, : len(item.rows)]
+            for w, item in enumerate(items)
+        ]
+        self._current = items, tokens_of
+        return items, len(items[0].offsets) - 1
+
+    def batch(self, k: int) -> dict[str, torch.Tensor]:
+        """Batch ``k`` of the current items."""
+        assert self._current is not None, "items() comes first"
+        return self.assemble(*self._current, k)
+
+    def close(self) -> None:
+        self._current = None
+
+
+class _AheadFeed(_Feed):
+    """A feed whose batches are all assembled in order on a side thread (``AheadThread``),
+    at most ``depth`` ahead; batches passed over by a skip are dropped unread."""
+
+    def __init__(self, feed: _Feed, depth: int):
+        self._thread = AheadThread(self._stream(feed), depth)
+        self._next: tuple[list[WorkerItem], int, int, Any] | None = None
+        self._items: list[WorkerItem] | None = None
+
+    @staticmethod
+    def _stream(feed: _Feed) -> Iterator[tuple[list[WorkerItem], int, int, Any]]:
+        while True:
+            items, n_batches = feed.items()
+            for k in range(n_batches):
+                yield items, n_batches, k, feed.batch(k)
+
+    def _pop(self) -> tuple[list[WorkerItem], int, int, Any]:
+        entry, self._next = self._next, None
+        return entry if entry is not None else next(self._thread)
+
+    def items(self) -> tuple[list[WorkerItem], int]:
+        while True:
+            entry = self._pop()
+            if entry[0] is not self._items:  # the rest of the current items was passed over
+                self._next, self._items = entry, entry[0]
+                return entry[0], entry[1]
+
+    def batch(self, k: int) -> dict[str, torch.Tensor]:
+        while True:
+            items, _, at, batch = self._pop()
+            if items is self._items and at == k:
+                return batch
+
+    def close(self) -> None:
+        self._next = self._items = None
+        self._thread.close()
 
 
 class FmsDataLoader(DataLoader):
@@ -82,42 +160,41 @@ class FmsDataLoader(DataLoader):
             generation = self._generation
             self._pending_skip = 0  # the workers start after every skip recorded so far
             parts, rings = self._start_workers()
-            n_parts = max(1, self.num_workers)
+            feed: _Feed = _Feed(parts, rings, max(1, self.num_workers), self._assemble)
+            if self.config.pin_memory:
+                # Batches are assembled straight into pinned memory on a side thread, a few
+                # ahead; the training thread only does the bookkeeping of what it consumed.
+                feed = _AheadFeed(feed, _PIN_AHEAD)
             restart = False
-            while not restart:
-                items = [next(parts) for _ in range(n_parts)]
-                tokens_of = [
-                    item.tokens
-                    if rings is None or item.slot is None
-                    else rings[w][item.slot, : len(item.rows)]
-                    for w, item in enumerate(items)
-                ]
-                n_batches = len(items[0].offsets) - 1
-                k = 0
-                while True:
-                    self._apply_configured_skips()
-                    # Batches skipped meanwhile are counted as consumed already: pass over
-                    # those the workers prepared; restart the workers after a longer skip,
-                    # or a loaded state.
-                    k, restart = self._pass_skipped(k, n_batches, generation)
-                    if restart or k == n_batches:
-                        break
-                    batch = self._consume(items, tokens_of, k)
-                    yield as_tuple(batch) if tuples else batch
-                    k += 1
-                if not restart:
-                    for item in items:
-                        self._consumed.finish_item(item)
+            try:
+                while not restart:
+                    items, n_batches = feed.items()
+                    k = 0
+                    while True:
+                        self._apply_configured_skips()
+                        # Batches skipped meanwhile are counted as consumed already: pass
+                        # over those the workers prepared; restart the workers after a longer
+                        # skip, or a loaded state.
+                        k, restart = self._pass_skipped(k, n_batches, generation)
+                        if restart or k == n_batches:
+                            break
+                        batch = self._consume(items, feed.batch(k), k)
+                        yield as_tuple(batch) if tuples else batch
+                        k += 1
+                    if not restart:
+                        for item in items:
+                            self._consumed.finish_item(item)
+            finally:
+                feed.close()
             # Workers restart from the consumed state (they fast-forward the skipped lines).
             self._parts = None
-            del parts
+            del parts, feed
 
-    def _consume(
-        self, items: list[Any], tokens_of: list[torch.Tensor | None], k: int
+    def _assemble(
+        self, items: list[WorkerItem], tokens_of: list[torch.Tensor | None], k: int
     ) -> dict[str, torch.Tensor]:
-        """Batch ``k`` of the current items, counted as consumed."""
         config = self.config
-        batch = assemble_batch(
+        return assemble_batch(
             items,
             tokens_of,
             k,
@@ -126,6 +203,11 @@ class FmsDataLoader(DataLoader):
             config.return_cu_seqlens,
             config.pin_memory,
         )
+
+    def _consume(
+        self, items: list[WorkerItem], batch: dict[str, torch.Tensor], k: int
+    ) -> dict[str, torch.Tensor]:
+        """Count batch ``k`` of the current items as consumed."""
         for item in items:
             self._consumed.consume_batch(item, k)
         self._consumed.steps += 1
@@ -251,9 +333,8 @@ class FmsDataLoader(DataLoader):
         inspection; resuming does not need it.
         """
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        advances = self._consumed.advances()
         shards = [
-            {"id": sid, "state": state, "advance": advances[sid]}
+            {"id": sid, "state": state, "advance": self._consumed.advances()[sid]}
             for sid, state in self._consumed.shard_states().items()
         ]
         if settle and any(entry["advance"] for entry in shards):

@@ -1,0 +1,78 @@
+"""Pinned batches are assembled on a side thread and change nothing else (G1 with pinning)."""
+
+import threading
+
+import pytest
+import torch
+from support import EOL, assert_same_batches, base_config, check_resume, corpus, roundtrip, take
+
+import fmsdata.loader
+from fmsdata import build_dataloader
+from fmsdata.errors import ConfigError
+
+
+def pinned_config(info, **overrides):
+    return base_config(
+        info, eol_token=EOL, return_position_ids=True, return_cu_seqlens=True, **overrides
+    )
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_pinning_changes_no_batch_and_resumes_exactly(tmp_path, num_workers):
+    info = corpus(tmp_path)
+    plain = take(build_dataloader(pinned_config(info, num_workers=num_workers)), 40)
+    config = pinned_config(info, num_workers=num_workers, pin_memory=True)
+    assert_same_batches(plain, take(build_dataloader(config), 40))
+    check_resume(lambda: build_dataloader(config), total=40, points=[9, 31])
+
+
+def test_batches_are_assembled_off_the_training_thread(tmp_path, monkeypatch):
+    info = corpus(tmp_path)
+    threads = set()
+    assemble = fmsdata.loader.assemble_batch
+
+    def recording(*args, **kwargs):
+        threads.add(threading.get_ident())
+        return assemble(*args, **kwargs)
+
+    monkeypatch.setattr(fmsdata.loader, "assemble_batch", recording)
+    take(build_dataloader(pinned_config(info, num_workers=1)), 3)
+    assert threads == {threading.get_ident()}
+    threads.clear()
+    take(build_dataloader(pinned_config(info, num_workers=1, pin_memory=True)), 3)
+    assert threads and threading.get_ident() not in threads
+
+
+def test_skip_and_stopping_early_with_pinning(tmp_path):
+    info = corpus(tmp_path)
+    config = pinned_config(info, num_workers=2, pin_memory=True)
+    reference = take(build_dataloader(pinned_config(info, num_workers=2)), 40)
+    loader = build_dataloader(config)
+    got = take(loader, 4) + take(loader, 1)  # the first iteration's thread is stopped
+    for batch in loader:
+        got.append(batch)
+        if len(got) == 7:
+            loader.skip(10)
+        if len(got) == 20:
+            break
+    assert_same_batches(reference[:7] + reference[17:30], got)
+    resumed = build_dataloader(config)
+    resumed.load_state_dict(roundtrip(loader.snapshot()))
+    assert_same_batches(reference[30:40], take(resumed, 10))
+    assert not [t for t in threading.enumerate() if t.name == "fmsdata-pin"]
+
+
+def test_an_error_while_assembling_reaches_the_training_thread(tmp_path):
+    info = corpus(tmp_path)
+    config = pinned_config(info, pin_memory=True)
+    with pytest.raises(ConfigError, match="preprocess must return a mapping"):
+        take(build_dataloader(config, preprocess=lambda line, n: line), 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_batches_come_pinned(tmp_path):
+    info = corpus(tmp_path)
+    for workers in (0, 2):
+        config = pinned_config(info, num_workers=workers, pin_memory=True)
+        for batch in take(build_dataloader(config), 3):
+            assert all(value.is_pinned() for value in batch.values())
