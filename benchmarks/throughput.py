@@ -1,20 +1,36 @@
-"""Loader throughput, time to first batch, memory and state cost, beside a bare read.
+"""Loader throughput per corpus, beside a bare read of the same tokens in the same run.
 
 Every figure is taken in this run on this machine, next to a baseline measured on the
 same token files: a bare memory-mapped read of ``seq_length + 1``-token windows into int64
 tensors (no logic at all). Ratios to that baseline are what to compare across machines.
 
-    python benchmarks/throughput.py            # full run (~1.5 GB of generated shards)
-    python benchmarks/throughput.py --quick    # smaller corpus and fewer batches
+Corpora (all generated, two datasets 1:1 unless said, seq 4096, batch 8, 64 logical
+shards, about 10,000 buffered lines, EOS per document):
 
-Prints a table and writes ``benchmarks/results/throughput.json``.
+- ``long``: log-normal lengths, median 600, mean 1,500 tokens;
+- ``short``: log-normal lengths, median 150, mean 300 tokens;
+- ``doc60``: documents of about 60 tokens;
+- ``mix``: three datasets, ``long`` and ``short`` documents plus a small one (2% of the
+  tokens) upweighted to 20% of the mix, so it cycles through many epochs.
+
+Per corpus: tokens/s in process and with each worker count asked for, each as a ratio to
+the bare read taken just before it; the amortized cost per document; the main process's
+CPU time per delivered token (batch assembly, pinning, state bookkeeping), scaled to a
+share of one core at 100 M tokens/s; state size and save time at about 10,000 buffered
+lines. Prints a table, writes ``benchmarks/results/throughput.json`` and a chart of the
+ratios (``benchmarks/throughput.png``, needs matplotlib).
+
+    python benchmarks/throughput.py                      # full run (~1.5 GB of shards)
+    python benchmarks/throughput.py --quick              # small corpora, short timings
+    python benchmarks/throughput.py --workers 1,2,4,8    # worker scaling (many cores)
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
-import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -25,195 +41,276 @@ import torch
 from benchlib import write_results
 
 from fmsdata import build_dataloader
-from fmsdata.checkpoint import load_loader_state, save_loader_state
-from fmsdata.cli.bench import tokens_per_second
+from fmsdata.checkpoint import save_loader_state
 from fmsdata.handlers import ArrowDocHandler
 from fmsdata.indexing import index_root
 from fmsdata.state import stage_state
 from fmsdata.synthetic import write_corpus
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+SEQ = 4096
+BATCH = 8
+# 64 shards x 156 lines = about 10,000 buffered lines per rank; filling them (two lines
+# pulled per step until full) takes about 1,250 batches, so timing starts after that.
+SHARDS, WINDOW, WARMUP = 64, 156, 1300
 
 
-def ensure_corpus(root: str, files: int, docs: int, mean: float) -> None:
-    marker = os.path.join(root, f".complete-{files}-{docs}-{mean}")
-    if os.path.exists(marker):
-        return
-    print(f"writing corpus under {root} ...", flush=True)
-    write_corpus(root, {"web": files, "code": files}, docs_per_file=docs, mean_length=mean, seed=1)
-    index_root(root, ArrowDocHandler(), workers=2)
-    open(marker, "w").close()
+def spread(median: float, mean: float) -> float:
+    """Log-normal sigma with the given median and mean (mean = median * exp(sigma^2 / 2))."""
+    return math.sqrt(2 * math.log(mean / median))
 
 
-def bare_read(root: str, line_length: int, seconds: float) -> float:
+# name -> {dataset: (files, mean length, sigma, documents per file at full size)}, weights
+CORPORA: dict[str, tuple[dict[str, tuple[int, float, float, int]], list[float]]] = {
+    "long": (
+        {"web": (32, 1500, spread(600, 1500), 1560), "code": (32, 1500, spread(600, 1500), 1560)},
+        [1.0, 1.0],
+    ),
+    "short": (
+        {"web": (32, 300, spread(150, 300), 3120), "code": (32, 300, spread(150, 300), 3120)},
+        [1.0, 1.0],
+    ),
+    "doc60": ({"web": (32, 60, 0.4, 5200), "code": (32, 60, 0.4, 5200)}, [1.0, 1.0]),
+    "mix": (
+        {
+            "web": (24, 1500, spread(600, 1500), 1560),
+            "code": (24, 300, spread(150, 300), 3120),
+            "small": (2, 300, spread(150, 300), 1560),
+        },
+        [0.4, 0.4, 0.2],
+    ),
+}
+
+
+def ensure_corpus(root: str, name: str, scale: float) -> dict[str, Any]:
+    """Write (once) the shards of corpus ``name``; returns its token and document counts."""
+    datasets, _ = CORPORA[name]
+    marker = os.path.join(root, ".complete")
+    if not os.path.exists(marker):
+        print(f"writing corpus {name!r} under {root} ...", flush=True)
+        first = 16
+        for i, (dataset, (files, mean, sigma, docs)) in enumerate(datasets.items()):
+            info = write_corpus(
+                root,
+                {dataset: files},
+                docs_per_file=max(8, int(docs * scale)),
+                mean_length=mean,
+                spread=sigma,
+                seed=i + 1,
+                first_token=first,
+            )
+            first = info.ranges[dataset][1]
+        index_root(root, ArrowDocHandler(), workers=2)
+        open(marker, "w").close()
+    tokens = docs = 0
+    for directory, _, names in os.walk(root):
+        for file in names:
+            if file.endswith(".arrow"):
+                handler = ArrowDocHandler()
+                n_docs, n_tokens = handler.count(os.path.join(directory, file))
+                tokens, docs = tokens + n_tokens, docs + n_docs
+    return {"tokens": tokens, "documents": docs, "mean_document": tokens / max(1, docs)}
+
+
+def bare_read(root: str, seconds: float) -> float:
     """Tokens/s of reading consecutive windows of the shard files into int64 tensors."""
-    paths = [
-        os.path.join(d, f) for d, _, fs in os.walk(root) for f in sorted(fs) if f.endswith(".arrow")
-    ]
+    line = SEQ + 1
+    paths = sorted(
+        os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".arrow")
+    )
     tokens = 0
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
         for path in paths:
             size = os.path.getsize(path) // 4
             data = np.memmap(path, dtype=np.uint32, mode="r", shape=(size,))
-            for at in range(0, size - line_length, line_length):
-                torch.from_numpy(data[at : at + line_length].astype(np.int64))
-                tokens += line_length - 1
+            for at in range(0, size - line, line):
+                torch.from_numpy(data[at : at + line].astype(np.int64))
+                tokens += line - 1
             if time.perf_counter() - start > seconds:
                 break
     return tokens / (time.perf_counter() - start)
 
 
-def worker_memory(pids: list[int]) -> dict[str, float]:
-    """Peak resident and private (anonymous) memory of the DataLoader workers, MB."""
-    out = {"peak_rss_mb": 0.0, "anon_rss_mb": 0.0}
-    for pid in pids:
-        with open(f"/proc/{pid}/status") as status:
-            fields = dict(line.split(":", 1) for line in status if ":" in line)
-        out["peak_rss_mb"] = max(out["peak_rss_mb"], int(fields["VmHWM"].split()[0]) / 1024)
-        out["anon_rss_mb"] = max(out["anon_rss_mb"], int(fields["RssAnon"].split()[0]) / 1024)
-    return out
-
-
-def pipeline_rate(config: dict[str, Any], warmup: int, batches: int) -> dict[str, float]:
-    loader = build_dataloader(config)
-    figures = {"tokens_per_s": tokens_per_second(iter(loader), warmup, batches)}
-    if loader.worker_pids():
-        figures.update(worker_memory(loader.worker_pids()))
-    return figures
-
-
-def first_batch_time(config: dict[str, Any]) -> float:
-    start = time.perf_counter()
-    loader = build_dataloader(config)
-    next(iter(loader))
-    return time.perf_counter() - start
-
-
-def state_cost(config: dict[str, Any], batches: int, directory: str) -> dict[str, float]:
-    """Save and load of one rank's loader checkpoint file (``fmsdata.checkpoint``)."""
+def pipeline_rate(config: dict[str, Any], batches: int) -> dict[str, float]:
+    """Steady tokens/s of a loader, and the main process's CPU seconds per token."""
     loader = build_dataloader(config)
     iterator = iter(loader)
-    for _ in range(batches):
+    for _ in range(WARMUP):
         next(iterator)
+    tokens = 0
+    cpu = time.process_time()
     start = time.perf_counter()
-    path = save_loader_state(loader, directory)
-    save = time.perf_counter() - start
-    fresh = build_dataloader(config)
-    start = time.perf_counter()
-    load_loader_state(fresh, directory)
-    load = time.perf_counter() - start
-    snapshot = fresh.snapshot()
+    for _ in range(batches):
+        tokens += next(iterator)["input_ids"].numel()
+    wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    del iterator
+    return {"tokens_per_s": tokens / wall, "main_cpu_s_per_token": cpu / tokens}
+
+
+def state_cost(config: dict[str, Any], directory: str) -> dict[str, float]:
+    """Size and save time of one rank's loader state file with the buffers full."""
+    loader = build_dataloader(config)
+    iterator = iter(loader)
+    for _ in range(WARMUP):
+        next(iterator)
+    saves = []
+    for _ in range(5):
+        start = time.perf_counter()
+        path = save_loader_state(loader, directory)
+        saves.append(time.perf_counter() - start)
+    snapshot = loader.snapshot()
     buffers = [
         stage_state(e["state"], snapshot["fingerprint"], "shuffle") for e in snapshot["shards"]
     ]
     lines = sum(len(b["buffer"]["offsets"]) - 1 for b in buffers if b is not None)
+    del iterator
     return {
         "state_bytes": os.path.getsize(path),
         "buffered_lines": lines,
-        "save_s": save,
-        "load_s": load,
+        "save_s": statistics.median(saves),
     }
 
 
-def many_files_root(directory: str, n_files: int) -> str:
-    root = os.path.join(directory, f"many-{n_files}")
-    marker = os.path.join(root, ".complete")
-    if not os.path.exists(marker):
-        write_corpus(root, {"a": n_files // 2, "b": n_files // 2}, docs_per_file=4, mean_length=50)
-        index_root(root, ArrowDocHandler(), workers=2)
-        open(marker, "w").close()
-    return root
-
-
-def row(label: str, value: str, ratio: float | None = None) -> None:
-    print(f"{label:46} {value:>16} {'' if ratio is None else f'{ratio:12.2f}'}")
+def measure_corpus(
+    name: str, root: str, workers: list[int], batches: int, seconds: float, repeat: int
+) -> dict[str, Any]:
+    datasets, weights = CORPORA[name]
+    base = dict(
+        data_path=root,
+        datasets=list(datasets),
+        weights=weights,
+        seq_length=SEQ,
+        batch_size=BATCH,
+        logical_shards=SHARDS,
+        shuffle_window=WINDOW,
+        eos_token=2,
+    )
+    runs: dict[str, list[dict[str, float]]] = {}
+    settings = [("in_process", {"num_workers": 0})]
+    settings += [(f"{w}_workers", {"num_workers": w}) for w in workers]
+    if torch.cuda.is_available():
+        settings.append(
+            (f"{workers[0]}_workers_pinned", {"num_workers": workers[0], "pin_memory": True})
+        )
+    for _ in range(repeat):
+        for key, overrides in settings:
+            bare = bare_read(root, seconds)
+            figures = pipeline_rate({**base, **overrides}, batches)
+            figures["bare_tokens_per_s"] = bare
+            figures["ratio"] = figures["tokens_per_s"] / bare
+            runs.setdefault(key, []).append(figures)
+    out: dict[str, Any] = {"rows": {}}
+    for key, figures in runs.items():
+        out["rows"][key] = {
+            field: statistics.median(f[field] for f in figures) for field in figures[0]
+        }
+    with tempfile.TemporaryDirectory() as scratch:
+        out["state"] = state_cost({**base, "num_workers": 0}, scratch)
+    return out
 
 
 def print_table(results: dict[str, Any]) -> None:
-    bare = results["bare_read_tokens_per_s"]
-    print(f"\n{'measure':46} {'value':>16} {'vs bare read':>12}")
-    row("bare memmap read (tokens/s)", f"{bare / 1e6:.1f} M", 1.0)
-    for workers in (0, 1, 2):
-        figures = results[f"pipeline_{workers}_workers"]
-        where = "in-process" if workers == 0 else f"{workers} worker(s)"
-        rate = figures["tokens_per_s"]
-        row(f"full pipeline, {where} (tokens/s)", f"{rate / 1e6:.1f} M", rate / bare)
-        if "peak_rss_mb" in figures:
-            memory = f"{figures['peak_rss_mb']:.0f} / {figures['anon_rss_mb']:.0f}"
-            row("  worker peak RSS / private RSS (MB)", memory)
-    for name, value in results["first_batch_s"].items():
-        row(f"time to first batch, {name.replace('_', ' ')} (s)", f"{value:.3f}")
-    state = results["state"]
-    row(
-        f"state per rank ({state['buffered_lines']} lines buffered)",
-        f"{state['state_bytes'] / 1024:.1f} KiB",
+    head = (
+        f"{'corpus':8} {'row':22} {'bare M/s':>9} {'M tok/s':>8} {'ratio':>6} "
+        f"{'us/doc':>7} {'main ns/tok':>11} {'core@100M':>9}"
     )
-    row("state save / load (ms)", f"{state['save_s'] * 1e3:.1f} / {state['load_s'] * 1e3:.1f}")
+    print("\n" + head)
+    print("-" * len(head))
+    for name, corpus in results["corpora"].items():
+        mean_doc = corpus["counts"]["mean_document"]
+        for key, row in corpus["rows"].items():
+            rate = row["tokens_per_s"]
+            per_doc = mean_doc / rate * 1e6
+            main = row["main_cpu_s_per_token"]
+            print(
+                f"{name:8} {key:22} {row['bare_tokens_per_s'] / 1e6:9.0f} {rate / 1e6:8.1f} "
+                f"{row['ratio']:6.2f} {per_doc:7.2f} {main * 1e9:11.2f} {main * 1e8:9.0%}"
+            )
+        state = corpus["state"]
+        print(
+            f"{name:8} {'state':22} {state['state_bytes'] / 1024:.0f} KiB at "
+            f"{state['buffered_lines']} buffered lines, save {state['save_s'] * 1e3:.1f} ms"
+        )
+
+
+def chart(results: dict[str, Any], path: str) -> None:
+    """Bars of the ratio to the bare read, per corpus and row; skipped without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: no chart written to {path}")
+        return
+    names = list(results["corpora"])
+    keys = list(results["corpora"][names[0]]["rows"])
+    width = 0.8 / len(keys)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for i, key in enumerate(keys):
+        values = [results["corpora"][n]["rows"][key]["ratio"] for n in names]
+        ax.bar(
+            [x + (i - (len(keys) - 1) / 2) * width for x in range(len(names))],
+            values,
+            width,
+            label=key.replace("_", " "),
+        )
+    ax.axhline(0.5, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("tokens/s / bare memmap read")
+    machine = results["machine"]
+    ax.set_title(f"fmsdata throughput vs a bare read ({machine['cpus']} CPUs)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="small corpus, short timings")
+    parser.add_argument("--quick", action="store_true", help="small corpora, short timings")
+    parser.add_argument("--workers", default="1", help="worker counts to time, e.g. 1,2,4,8")
+    parser.add_argument("--corpora", default=",".join(CORPORA), help="corpora to run")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per row (median)")
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fmsdata-bench"))
     parser.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
+    parser.add_argument("--chart", default=os.path.join(HERE, "throughput.png"))
     args = parser.parse_args()
 
-    files, docs = (16, 1500) if args.quick else (64, 1500)
-    seconds, batches = (3.0, 400) if args.quick else (8.0, 2000)
-    root = os.path.join(args.data, f"corpus-{files}")
-    ensure_corpus(root, files, docs, 1000)
-    seq = 4096
-    base = dict(
-        data_path=root,
-        datasets=["web", "code"],
-        weights=[0.7, 0.3],
-        seq_length=seq,
-        batch_size=8,
-        logical_shards=64,
-        shuffle_window=156,  # 64 x 156 = about 10,000 buffered lines per rank
-        bos_token=1,
-        eos_token=2,
-    )
-    # Fill the shuffle buffers (10k lines pulled at two per step) before timing.
-    warmup = 1300
-
+    scale = 0.1 if args.quick else 1.0
+    batches, seconds = (300, 1.0) if args.quick else (1500, 2.0)
+    repeat = args.repeat or (1 if args.quick else 3)
+    workers = [int(w) for w in args.workers.split(",") if w]
     results: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),
             "python": sys.version.split()[0],
             "torch": torch.__version__,
-        }
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        },
+        "settings": {
+            "seq_length": SEQ,
+            "batch_size": BATCH,
+            "logical_shards": SHARDS,
+            "shuffle_window": WINDOW,
+            "timed_batches": batches,
+            "repeat": repeat,
+        },
+        "corpora": {},
     }
-    results["bare_read_tokens_per_s"] = bare_read(root, seq + 1, seconds)
-    for workers in (0, 1, 2):
-        key = f"pipeline_{workers}_workers"
-        results[key] = pipeline_rate({**base, "num_workers": workers}, warmup, batches)
-    results["first_batch_s"] = {
-        "64_shards": first_batch_time({**base, "num_workers": 1}),
-        "1024_shards": first_batch_time(
-            {**base, "num_workers": 1, "logical_shards": 1024, "shuffle_window": 10}
-        ),
-    }
-    many = many_files_root(args.data, 10_000)
-    results["first_batch_s"]["10000_files"] = first_batch_time(
-        dict(
-            data_path=many,
-            seq_length=seq,
-            batch_size=8,
-            logical_shards=64,
-            eos_token=2,
-            num_workers=1,
-        )
-    )
-    with tempfile.TemporaryDirectory() as scratch:
-        results["state"] = state_cost({**base, "num_workers": 1}, 1300, scratch)
-    results["peak_rss_main_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
+    for name in args.corpora.split(","):
+        root = os.path.join(args.data, f"{name}-{scale}")
+        counts = ensure_corpus(root, name, scale)
+        print(f"measuring {name} ({counts['tokens'] / 1e6:.0f} M tokens) ...", flush=True)
+        figures = measure_corpus(name, root, workers, batches, seconds, repeat)
+        results["corpora"][name] = {"counts": counts, **figures}
     print_table(results)
     write_results(args.out, results)
+    chart(results, args.chart)
     return 0
 
 
