@@ -67,7 +67,11 @@ def state_to_bytes(state: Any) -> bytes:
         archive.writestr(_entry(_JSON), json.dumps(tree, separators=(",", ":")), compresslevel=1)
         for name, array in arrays.items():
             data = io.BytesIO()
-            np.lib.format.write_array(data, np.ascontiguousarray(array), allow_pickle=False)
+            # Column-major arrays stay so (``.npy`` records the order): columns of similar
+            # small integers compress far better than rows that interleave them.
+            if not array.flags.f_contiguous:
+                array = np.ascontiguousarray(array)
+            np.lib.format.write_array(data, array, allow_pickle=False)
             archive.writestr(_entry(f"{name}.npy"), data.getvalue(), compresslevel=1)
     return buffer.getvalue()
 
