@@ -308,8 +308,8 @@ def main() -> int:
         print(f"measuring {name} ({counts['tokens'] / 1e6:.0f} M tokens) ...", flush=True)
         figures = measure_corpus(name, root, workers, batches, seconds, repeat)
         results["corpora"][name] = {"counts": counts, **figures}
+        write_results(args.out, results)  # after each corpus: a cut-short run keeps them
     print_table(results)
-    write_results(args.out, results)
     chart(results, args.chart)
     return 0
 
