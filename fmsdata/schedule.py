@@ -2,24 +2,27 @@
 
 A logical shard knows nothing of global steps; what it knows is its *clock*, the document
 tokens it has mixed so far. Each shard produces about ``1 / L`` of the run's tokens, so a
-schedule point at ``T`` global tokens (or at step ``S``, i.e. ``S * global_batch_size *
-seq_length`` tokens) is reached by every shard at clock ``T / L``. Weights change only at
-fixed clock values (schedule points, or the cells of a fine grid for linear schedules), so
-the mix is a pure function of the shard's state and resumes and rescales exactly.
+schedule point at ``T`` global tokens (or at step ``S``, i.e. ``S * global_batch_size``
+lines of ``content_capacity`` document tokens each) is reached by every shard at clock
+``T / L``. Weights change only at fixed clock values (schedule points, or the cells of a
+fine grid for linear schedules), so the mix is a pure function of the shard's state and
+resumes and rescales exactly.
+
+The mixer follows a schedule through its integral (``ShareTargets``): by clock ``c`` each
+dataset should have given the tokens its normalized weight accumulated up to ``c``, so
+shares follow the schedule however often the weights change.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from fmsdata.errors import ConfigError
 
-__all__ = ["WeightSchedule"]
+__all__ = ["WeightSchedule", "ShareTargets"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,31 +63,75 @@ class WeightSchedule:
             )
         return WeightSchedule(clocks, weights, linear, resolution)
 
-    def _cell(self, clock: float) -> tuple[int, int]:
-        """(point index, grid cell inside the span after it) holding ``clock``."""
-        k = max(bisect.bisect_right(self.clocks, clock) - 1, 0)
-        if not self.linear or k + 1 >= len(self.clocks) or clock < self.clocks[0]:
-            return k, 0
-        span = self.clocks[k + 1] - self.clocks[k]
-        return k, min(int((clock - self.clocks[k]) / span * self.resolution), self.resolution - 1)
+    def pieces(self) -> tuple[np.ndarray, np.ndarray]:
+        """The schedule as constant pieces: ``(bounds, weights)`` with ``bounds`` [P - 1]
+        the clocks where the weights change and ``weights`` [P, datasets] the weights
+        before the first bound, between bounds, and after the last."""
+        first = np.asarray(self.weights[0], dtype=np.float64)
+        if len(self.clocks) == 1:
+            return np.zeros(0), first[None, :]
+        bounds: list[float] = []
+        rows = [first]
+        for k in range(len(self.clocks) - 1):
+            here = np.asarray(self.weights[k], dtype=np.float64)
+            after = np.asarray(self.weights[k + 1], dtype=np.float64)
+            span = self.clocks[k + 1] - self.clocks[k]
+            cells = self.resolution if self.linear else 1
+            if k > 0 or not self.linear:
+                bounds.append(self.clocks[k])
+                rows.append(here)
+            for cell in range(1, cells):
+                bounds.append(self.clocks[k] + span * cell / cells)
+                rows.append(here + (after - here) * (cell / cells))
+        bounds.append(self.clocks[-1])
+        rows.append(np.asarray(self.weights[-1], dtype=np.float64))
+        return np.asarray(bounds), np.stack(rows)
 
-    def weights_at(self, clock: float) -> np.ndarray:
-        """Weights in effect at ``clock``."""
-        k, cell = self._cell(clock)
-        here = np.asarray(self.weights[k], dtype=np.float64)
-        if cell == 0 or not self.linear:
-            return here
-        after = np.asarray(self.weights[k + 1], dtype=np.float64)
-        return here + (after - here) * (cell / self.resolution)
+    def targets(self, base: Sequence[int]) -> ShareTargets:
+        """Each dataset's target tokens over the clock, from ``base`` tokens at clock
+        ``sum(base)`` (where shares are measured from: the start, or a resume that changed
+        the mix)."""
+        start = float(sum(base))
+        bounds, weights = self.pieces()
+        first = int(np.searchsorted(bounds, start, side="right"))  # the piece holding start
+        starts = np.concatenate([[start], bounds[first:]])
+        rows = weights[first:]
+        shares = rows / rows.sum(axis=1, keepdims=True)
+        reached = np.empty((len(starts) + 1, shares.shape[1]))
+        reached[0] = np.asarray(base, dtype=np.float64)
+        reached[1:-1] = reached[0] + np.cumsum(shares[:-1] * np.diff(starts)[:, None], axis=0)
+        reached[-1] = np.where(shares[-1] > 0, np.inf, reached[-2])
+        return ShareTargets(starts, shares, reached)
 
-    def next_change(self, clock: float) -> float:
-        """The smallest clock above ``clock`` where the weights change (inf if none)."""
-        if clock < self.clocks[0]:  # the first point's weights hold before it too
-            return self.next_change(self.clocks[0])
-        k, cell = self._cell(clock)
-        if k + 1 >= len(self.clocks):
-            return math.inf
-        if not self.linear:
-            return self.clocks[k + 1]
-        span = self.clocks[k + 1] - self.clocks[k]
-        return self.clocks[k] + span * (cell + 1) / self.resolution
+
+@dataclasses.dataclass(frozen=True)
+class ShareTargets:
+    """Each dataset's target token count as a function of the shard's clock: the integral
+    of its normalized scheduled weight, piece by piece.
+
+    Attributes:
+        starts: [P] clock where each piece begins.
+        shares: [P, datasets] normalized weights of each piece.
+        reached: [P + 1, datasets] target at each piece's start; the last row is the target
+            at the end of time (inf for a dataset whose share stays positive).
+    """
+
+    starts: np.ndarray
+    shares: np.ndarray
+    reached: np.ndarray
+
+    def tokens_at(self, clock: float) -> np.ndarray:
+        """Target tokens of each dataset at ``clock`` (not before the first piece)."""
+        k = max(int(np.searchsorted(self.starts, clock, side="right")) - 1, 0)
+        return self.reached[k] + self.shares[k] * (clock - self.starts[k])
+
+    def clock_at(self, d: int, tokens: np.ndarray) -> np.ndarray:
+        """For each token count, the first clock at which dataset ``d``'s target exceeds
+        it (inf when it never does)."""
+        tokens = np.asarray(tokens, dtype=np.float64)
+        k = np.searchsorted(self.reached[1:, d], tokens, side="right")
+        out = np.full(tokens.shape, np.inf)
+        ok = k < len(self.starts)
+        piece = k[ok]
+        out[ok] = self.starts[piece] + (tokens[ok] - self.reached[piece, d]) / self.shares[piece, d]
+        return out

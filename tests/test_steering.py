@@ -4,6 +4,7 @@ import tempfile
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import (
@@ -258,3 +259,73 @@ def test_skips_inside_the_loop_then_resume_or_rescale(skips, workers, ranks):
         assert rank_loader.steps == at
     rows = [sorted(map(tuple, b["input_ids"].tolist())) for b in reference[at : at + 8]]
     assert global_steps(resumed, 8) == rows
+
+
+# -- linear schedules follow their integral ---------------------------------------------
+
+RAMP_CORPORA = {}
+
+
+def ramp_corpus(mean_length):
+    if mean_length not in RAMP_CORPORA:
+        RAMP_CORPORA[mean_length] = corpus(
+            tempfile.mkdtemp(),
+            {"a": 2, "b": 2},
+            docs_per_file=max(40, 12000 // mean_length),
+            mean_length=mean_length,
+            spread=0.5,
+        )
+    return RAMP_CORPORA[mean_length]
+
+
+def scheduled_share(points, resolution, clock):
+    """Share of dataset ``a`` at each clock value, spelled out from the config: linear
+    between points on a grid of ``resolution`` cells, the end points' weights outside."""
+    (x0, w0), (x1, w1) = points
+    w0, w1 = np.asarray(w0, dtype=float), np.asarray(w1, dtype=float)
+    cell = np.clip(np.floor((clock - x0) / (x1 - x0) * resolution), 0, resolution - 1)
+    weights = w0[None, :] + (w1 - w0)[None, :] * (cell / resolution)[:, None]
+    weights[clock >= x1] = w1
+    return weights[:, 0] / weights.sum(axis=1)
+
+
+@pytest.mark.parametrize("ramp", [(0.8, 0.2), (0.8, 0.8)])
+@pytest.mark.parametrize("resolution", [1, 3, 100, 1000])
+@pytest.mark.parametrize("mean_length", [6, 30, 150])
+def test_linear_schedule_follows_its_integral(ramp, resolution, mean_length):
+    """With one logical shard, no shuffling and no delimiters, the shard's clock after
+    ``n`` lines is ``n * (seq_length + 1)``: the tokens of ``a`` in those lines must stay
+    within a document of the integral of its scheduled share, at every line."""
+    info = ramp_corpus(mean_length)
+    seq, lines = 63, 480
+    start, end = 1000, 25000
+    points = [[start, [ramp[0], 1 - ramp[0]]], [end, [ramp[1], 1 - ramp[1]]]]
+    config = base_config(
+        info,
+        weights=None,
+        weight_schedule=points,
+        schedule_interpolation="linear",
+        schedule_resolution=resolution,
+        seq_length=seq,
+        batch_size=8,
+        logical_shards=1,
+        shuffle_window=0,
+        bos_token=None,
+        eos_token=None,
+    )
+    batches = take(build_dataloader(config), lines // 8)
+    rows = np.concatenate(
+        [torch.cat([b["input_ids"], b["labels"][:, -1:]], dim=1).numpy() for b in batches]
+    )
+    is_a = info.dataset_of(rows) == 0
+    realised = np.cumsum(is_a.sum(axis=1))
+    clock = np.arange(lines * (seq + 1))
+    target = np.cumsum(scheduled_share(points, resolution, clock + 0.5))
+    target = target[(seq + 1) * np.arange(1, lines + 1) - 1]
+    longest = max(int(lengths.max()) for _, lengths in info.files.values())
+    assert np.abs(realised - target).max() <= longest + 1
+    # Per window of 60 lines, the share is the schedule's within what two documents allow.
+    window = 60
+    got = np.diff(np.concatenate([[0], realised[window - 1 :: window]])) / (window * (seq + 1))
+    want = np.diff(np.concatenate([[0], target[window - 1 :: window]])) / (window * (seq + 1))
+    assert np.abs(got - want).max() <= 2 * (longest + 1) / (window * (seq + 1)) + 1e-9

@@ -1,12 +1,16 @@
 """Interleave several datasets' document streams so each gets its share of tokens.
 
-The rule is deterministic and memoryless: the next document comes from the dataset with
-the smallest ``(tokens_taken - base) / weight`` (ties to the dataset listed first; a
-weight of zero leaves a dataset out). Weights may change over the shard's clock
-(``fmsdata.schedule``); at each change ``base`` moves to the tokens taken so far, so the
-new shares hold from that point on. Because
-each dataset's keys grow with every document it gives, the rule's output is the sorted
-merge of per-dataset key sequences, so whole read-ahead blocks are merged with one sort.
+The rule is deterministic and memoryless. Each dataset has a *target*: the tokens it
+should have given by each clock value, the integral of its normalized weight over the
+shard's clock (``fmsdata.schedule.ShareTargets``; with constant weights, its share of the
+clock). A document's key is the clock at which its dataset's target passes the document's
+first token, and the next document is the one with the smallest key (ties to the dataset
+listed first; a dataset whose target never passes it gives no more). So each dataset's
+tokens stay within a document of its target however often a schedule changes the
+weights, and shares follow the schedule's integral. The targets count from ``base``, the
+tokens taken when the accounting (re)started: zero, or where a resume changed the mix.
+Because each dataset's keys grow with every document it gives, the rule's output is the
+sorted merge of per-dataset key sequences, so whole read-ahead blocks are merged with one sort.
 A block is cut where the first dataset runs out of read-ahead, which makes the result the
 same whatever the block sizes, and lets a resume from any consumed position continue
 exactly.
@@ -22,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.schedule import WeightSchedule
+from fmsdata.schedule import ShareTargets, WeightSchedule
 from fmsdata.stages.base import DatasetRenumbering, Stage
 from fmsdata.stages.documents import DocBlock, DocumentStream, fresh_stream_state
 
@@ -69,7 +73,6 @@ class _Ledger:
     count: np.ndarray  # [rows, datasets] documents taken so far
     tokens: np.ndarray  # [rows, datasets] tokens taken so far
     last_gpos: np.ndarray  # [rows, datasets] walk position of the latest document taken
-    rebase: bool = False  # the block ends where the weights change
     used: int = 0
 
 
@@ -78,8 +81,8 @@ class TokenShareMixer(Stage):
     ``"mixer"``), read by the packer through ``read_ahead`` / ``commit`` / ``rewind``.
 
     State keys: ``tokens`` and ``base`` (per dataset name: tokens taken in total, and the
-    count shares are measured from — moved to ``tokens`` whenever the weights change) and
-    ``sources`` (each dataset's stream state, by name).
+    count the targets start from — zero, or the tokens taken where a resume changed the
+    mix) and ``sources`` (each dataset's stream state, by name).
 
     Args:
         streams: One stream per dataset, in config order.
@@ -103,20 +106,16 @@ class TokenShareMixer(Stage):
         self.tokens = [0] * n
         self.base = [0] * n
         self._ahead_tokens = [0] * n
-        self._ahead_base = [0] * n
+        self._targets: tuple[list[int], ShareTargets] | None = None
         self._left: list[DocBlock] = [DocBlock.empty() for _ in range(n)]
         self._ledgers: collections.deque[_Ledger] = collections.deque()
 
     def read_ahead(self) -> MixedDocs:
-        """The next mixed documents after the read-ahead cursor (never empty).
-
-        A block stops at the first document that reaches a weight change; the documents
-        after it are mixed with the new weights, measured from that point.
-        """
+        """The next mixed documents after the read-ahead cursor (never empty)."""
         n = len(self.streams)
-        clock = sum(self._ahead_tokens)
-        weights = self.schedule.weights_at(clock)
-        active = [d for d in range(n) if weights[d] > 0]
+        targets = self._share_targets()
+        ahead = self._ahead_tokens
+        active = [d for d in range(n) if np.isfinite(targets.clock_at(d, ahead[d]))]
         for d in active:
             if not len(self._left[d]):
                 self._left[d] = self.streams[d].read_ahead()
@@ -128,44 +127,42 @@ class TokenShareMixer(Stage):
         else:
             keys, ends = {}, {}
             for d in active:
-                rel = self._ahead_tokens[d] - self._ahead_base[d]
                 dlen = self._left[d].dlen
                 csum = np.cumsum(dlen)
-                keys[d] = (rel + csum - dlen) / weights[d]
-                ends[d] = (rel + int(csum[-1])) / weights[d]
+                keys[d] = targets.clock_at(d, ahead[d] + csum - dlen)
+                ends[d] = float(targets.clock_at(d, ahead[d] + int(csum[-1])))
+            # Cut where the first dataset's read-ahead ends: every document after that
+            # could come later than one not read yet.
             cut = min(active, key=lambda d: (ends[d], d))
+            end = ends[cut]
             for d in active:
-                take[d] = int(
-                    np.searchsorted(keys[d], ends[cut], side="left" if d >= cut else "right")
-                )
+                side = "left" if d >= cut or end == np.inf else "right"
+                take[d] = int(np.searchsorted(keys[d], end, side=side))
             ds = np.concatenate([np.full(take[d], d, dtype=np.int64) for d in active])
             order = np.lexsort((ds, np.concatenate([keys[d][: take[d]] for d in active])))
             ds = ds[order]
         merged = DocBlock.concat([self._left[d].take(0, take[d]) for d in active])
         if order is not None:
             merged = merged.select(order)
-        change = self.schedule.next_change(clock)
-        crossing = np.flatnonzero(clock + np.cumsum(merged.dlen) >= change)
-        rebase = crossing.size > 0
-        if rebase:  # give back what lies past the weight change
-            keep = int(crossing[0]) + 1
-            ds, merged = ds[:keep], merged.take(0, keep)
-            take = [int((ds == d).sum()) for d in range(n)]
         for d in active:
             if take[d]:
                 self._ahead_tokens[d] += int(self._left[d].dlen[: take[d]].sum())
                 self._left[d] = self._left[d].take(take[d])
-        if rebase:
-            self._ahead_base = list(self._ahead_tokens)
-        self._ledgers.append(self._ledger(ds, merged, rebase))
+        self._ledgers.append(self._ledger(ds, merged))
         return MixedDocs(ds, merged.file, merged.doc, merged.dlen, merged.base)
 
-    def _ledger(self, ds: np.ndarray, block: DocBlock, rebase: bool) -> _Ledger:
+    def _share_targets(self) -> ShareTargets:
+        """Targets counted from ``base`` (kept until the base changes: a loaded state)."""
+        if self._targets is None or self._targets[0] != self.base:
+            self._targets = (list(self.base), self.schedule.targets(self.base))
+        return self._targets[1]
+
+    def _ledger(self, ds: np.ndarray, block: DocBlock) -> _Ledger:
         onehot = ds[:, None] == np.arange(len(self.streams))[None, :]
         count = np.cumsum(onehot, axis=0)
         tokens = np.cumsum(onehot * block.dlen[:, None], axis=0)
         last = np.maximum.accumulate(np.where(onehot, block.gpos[:, None], -1), axis=0)
-        return _Ledger(count, tokens, last, rebase)
+        return _Ledger(count, tokens, last)
 
     def commit(self, rows: int) -> None:
         """Mark the next ``rows`` read-ahead documents as consumed."""
@@ -192,14 +189,11 @@ class TokenShareMixer(Stage):
             ledger.used += take
             if ledger.used == len(ledger.count):
                 self._ledgers.popleft()
-                if ledger.rebase:
-                    self.base = list(self.tokens)
             rows -= take
 
     def rewind(self) -> None:
         """Drop read-ahead: the next ``read_ahead`` starts at the consumed position."""
         self._ahead_tokens = list(self.tokens)
-        self._ahead_base = list(self.base)
         self._left = [DocBlock.empty() for _ in self.streams]
         self._ledgers.clear()
         for stream in self.streams:
