@@ -67,7 +67,8 @@ class LoaderConfig:
         weight_schedule: Weights that change over the run: ``[[at, [w, ...]], ...]`` with
             ``at`` in ``schedule_unit``; replaces ``weights``.
         schedule_unit: ``"tokens"`` (global document tokens) or ``"steps"`` (needs
-            ``global_batch_size``).
+            ``global_batch_size``; with ``packing="hard"`` a point at step ``S`` takes
+            effect in the batch of step ``S``, counted from 0).
         schedule_interpolation: ``"step"`` (each point holds until the next) or
             ``"linear"`` (moves between points in ``schedule_resolution`` steps).
         global_batch_size: Sequences per global step, for step-based schedules and skips.

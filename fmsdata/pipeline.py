@@ -80,8 +80,11 @@ def weight_schedule(config: LoaderConfig, n_datasets: int) -> WeightSchedule:
         return WeightSchedule.constant(config.weights or (1.0,) * n_datasets)
     fraction = 1.0 / config.logical_shards
     if config.schedule_unit == "steps":
+        # A step is global_batch_size lines, each holding content_capacity document tokens
+        # (seq_length + 1 for the causal shift, less the line delimiters). With pad packing
+        # lines hold fewer: a step point then takes effect later by the padding's share.
         assert config.global_batch_size is not None, "validated by the config"
-        fraction *= config.global_batch_size * config.seq_length
+        fraction *= config.global_batch_size * config.content_capacity
     return WeightSchedule.from_points(
         config.weight_schedule,
         fraction,

@@ -329,3 +329,54 @@ def test_linear_schedule_follows_its_integral(ramp, resolution, mean_length):
     got = np.diff(np.concatenate([[0], realised[window - 1 :: window]])) / (window * (seq + 1))
     want = np.diff(np.concatenate([[0], target[window - 1 :: window]])) / (window * (seq + 1))
     assert np.abs(got - want).max() <= 2 * (longest + 1) / (window * (seq + 1)) + 1e-9
+
+
+@settings(max_examples=15)
+@given(
+    seq_length=st.sampled_from([16, 23, 31, 40]),
+    shards_per_rank=st.sampled_from([1, 2]),
+    world=st.sampled_from([1, 2]),
+    lines_per_shard=st.integers(1, 3),
+    delimiters=st.booleans(),
+    packing=st.sampled_from(["hard", "pad"]),
+    at=st.integers(2, 40),
+)
+def test_a_steps_point_takes_effect_at_its_step(
+    seq_length, shards_per_rank, world, lines_per_shard, delimiters, packing, at
+):
+    """A switch from ``a`` to ``b`` at step ``at``: no ``b`` token before that step; with
+    hard packing the batch of step ``at`` (counted from 0) already holds ``b`` (documents
+    are shorter than a line, so the line that starts the step starts a ``b`` document)."""
+    info = STEP_CORPUS.get("info") or STEP_CORPUS.setdefault(
+        "info",
+        corpus(tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=300, mean_length=4, spread=0.3),
+    )
+    shards = shards_per_rank * world
+    config = base_config(
+        info,
+        weights=None,
+        weight_schedule=[[0, [1, 0]], [at, [0, 1]]],
+        schedule_unit="steps",
+        global_batch_size=shards * lines_per_shard,
+        seq_length=seq_length,
+        logical_shards=shards,
+        shuffle_window=0,
+        bol_token=3 if delimiters else None,
+        eol_token=4 if delimiters else None,
+        packing=packing,
+        pad_token=5,
+    )
+    loaders = rank_loaders(config, world, batch_size=shards_per_rank * lines_per_shard)
+    per_rank = [take(loader, at + 2) for loader in loaders]
+    has_b = [
+        any(
+            (info.dataset_of(batches[step]["input_ids"].numpy()) == 1).any() for batches in per_rank
+        )
+        for step in range(at + 2)
+    ]
+    assert not any(has_b[:at]), has_b.index(True)
+    if packing == "hard":
+        assert has_b[at]
+
+
+STEP_CORPUS = {}
