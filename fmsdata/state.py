@@ -126,6 +126,8 @@ def check_fingerprint(
     schedule may too, and the data must match only for the datasets both sides have.
     """
     allowed = set(allow) | (set(MIX_FIELDS) if mix_change else set())
+    if "datasets" not in allowed:
+        _check_dataset_list(saved.get("datasets"), current.get("datasets"))
     if mix_change:
         saved_data, current_data = saved.get("data") or {}, current.get("data") or {}
         for name in sorted(set(saved_data) & set(current_data)):
@@ -142,8 +144,30 @@ def check_fingerprint(
         if _plain(saved.get(field)) != _plain(current.get(field)):
             raise StateMismatchError(
                 f"saved loader state has {field}={saved.get(field)!r} but this loader has "
-                f"{field}={current.get(field)!r}"
+                f"{field}={current.get(field)!r}" + (_ALLOW_MIX if field in MIX_FIELDS else "")
             )
+
+
+_ALLOW_MIX = (
+    "; to resume with a changed mix, set allow_mix_change: true (each dataset continues "
+    "from its own position, added ones start at their beginning, removed ones are dropped)"
+)
+
+
+def _check_dataset_list(saved: Any, current: Any) -> None:
+    """Name the datasets added or removed (or the new order) when the list changed."""
+    if _plain(saved) == _plain(current) or not isinstance(saved, list):
+        return
+    current = list(current or [])
+    added = [name for name in current if name not in saved]
+    removed = [name for name in saved if name not in current]
+    change = ", ".join(
+        f"{what} {names}" for what, names in (("added", added), ("removed", removed)) if names
+    )
+    raise StateMismatchError(
+        f"the datasets field changed since the state was saved: "
+        f"{change or 'same datasets in another order'} (saved {saved}, now {current})" + _ALLOW_MIX
+    )
 
 
 def _check_stages(saved: Any, current: Any, allowed: set[str], mix_change: bool) -> None:

@@ -1,5 +1,6 @@
 """G9 (changing the mix, schedules) and G10 (skipping ahead)."""
 
+import re
 import tempfile
 
 import numpy as np
@@ -380,3 +381,28 @@ def test_a_steps_point_takes_effect_at_its_step(
 
 
 STEP_CORPUS = {}
+
+
+def test_a_changed_dataset_list_is_refused_by_name(tmp_path):
+    info = corpus(tmp_path, {"a": 1, "b": 1, "c": 1})
+    config = base_config(info, datasets=["a", "b"], weights=[1, 1])
+    loader = build_dataloader(config)
+    take(loader, 3)
+    state = roundtrip(loader.snapshot())
+    cases = {
+        ("a", "c"): r"added \['c'\], removed \['b'\]",
+        ("a", "b", "c"): r"added \['c'\] \(",
+        ("a",): r"removed \['b'\] \(",
+        ("b", "a"): "same datasets in another order",
+    }
+    for names, change in cases.items():
+        other = build_dataloader({**config, "datasets": list(names), "weights": [1] * len(names)})
+        with pytest.raises(StateMismatchError) as err:
+            other.load_state_dict(state)
+        message = str(err.value)
+        assert re.search(f"the datasets field changed since the state was saved: {change}", message)
+        assert "set allow_mix_change: true" in message
+        assert "data=" not in message and "files" not in message
+    reweighted = build_dataloader({**config, "weights": [3, 1]})
+    with pytest.raises(StateMismatchError, match="weights=.*set allow_mix_change: true"):
+        reweighted.load_state_dict(state)
