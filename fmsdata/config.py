@@ -8,6 +8,7 @@ Field names follow the fms-fsdp / Bamba training config (``data_path``, ``datase
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -35,13 +36,17 @@ def _split_csv(field: str, value: Any) -> tuple[str, ...] | None:
     raise ConfigError(f"{field} must be a comma string or a list, got {value!r}")
 
 
+_KIND_NAMES = {int: "an integer", float: "a number"}
+
+
 def _to_number(field: str, value: Any, kind: type) -> Any:
+    expected = _KIND_NAMES.get(kind, f"a {kind.__name__}")
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{field} must be a {kind.__name__}, got {value!r}")
+        raise ConfigError(f"{field} must be {expected}, got {value!r}")
     try:
         number = kind(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{field} must be a {kind.__name__}, got {value!r}") from None
+        raise ConfigError(f"{field} must be {expected}, got {value!r}") from None
     if kind is int and isinstance(value, float) and value != number:
         raise ConfigError(f"{field} must be an integer, got {value!r}")
     return number
@@ -414,11 +419,7 @@ class LoaderConfig:
         """Build from a mapping; unknown keys are an error naming them."""
         if not isinstance(values, Mapping):
             raise ConfigError(f"a loader config must be a mapping, got {type(values).__name__}")
-        unknown = sorted(set(values) - set(cls.field_names()))
-        if unknown:
-            raise ConfigError(
-                f"unknown config field(s) {unknown}; known fields: {', '.join(cls.field_names())}"
-            )
+        _refuse_unknown(values, cls.field_names())
         if "data_path" not in values:
             raise ConfigError("config field data_path is required")
         return cls(**dict(values))
@@ -426,15 +427,29 @@ class LoaderConfig:
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], overrides: Iterable[str] = ()) -> LoaderConfig:
         """Read a YAML file (optionally under a top-level ``data:`` key) and apply overrides."""
+        where = os.fspath(path)
         try:
             with open(path, encoding="utf-8") as handle:
-                values = yaml.safe_load(handle) or {}
+                values = yaml.safe_load(handle)
         except OSError as err:
-            raise ConfigError(f"cannot read config file {os.fspath(path)!r}: {err}") from None
+            raise ConfigError(f"cannot read config file {where!r}: {err}") from None
         except yaml.YAMLError as err:
-            raise ConfigError(f"config file {os.fspath(path)!r} is not valid YAML: {err}") from None
+            raise ConfigError(f"config file {where!r} is not valid YAML: {err}") from None
+        if values is None:
+            raise ConfigError(
+                f"config file {where!r} is empty; write the loader's fields as a YAML mapping, "
+                "e.g. 'data_path: /data/root' and 'seq_length: 4096' on lines of their own"
+            )
         if isinstance(values, Mapping) and set(values) == {"data"}:
             values = values["data"]
+        if not isinstance(values, Mapping):
+            kind = "list" if isinstance(values, list) else type(values).__name__
+            shown = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+            raise ConfigError(
+                f"config file {where!r} holds {shown} at its top level, but a loader config is a "
+                "mapping of field: value; write one field per line without a leading '- ', "
+                "e.g. 'data_path: /data/root' and 'seq_length: 4096'"
+            )
         return cls.from_dict({**values, **parse_overrides(overrides)})
 
     def replace(self, **changes: Any) -> LoaderConfig:
@@ -444,14 +459,26 @@ class LoaderConfig:
     def with_overrides(self, overrides: Iterable[str]) -> LoaderConfig:
         """A copy with ``key=value`` overrides applied (values parsed as YAML scalars)."""
         parsed = parse_overrides(overrides)
-        unknown = sorted(set(parsed) - set(self.field_names()))
-        if unknown:
-            raise ConfigError(f"unknown config field(s) in overrides: {unknown}")
+        _refuse_unknown(parsed, self.field_names(), " in overrides")
         return self.replace(**parsed)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (lists, not tuples) suitable for YAML or JSON."""
         return {k: _plain(v) for k, v in dataclasses.asdict(self).items()}
+
+
+def _refuse_unknown(values: Mapping[str, Any], known: Sequence[str], where: str = "") -> None:
+    """A ``ConfigError`` naming each unknown key of ``values`` and the field it is closest to."""
+    unknown = sorted(set(values) - set(known), key=str)
+    if not unknown:
+        return
+    described = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+        described.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    raise ConfigError(
+        f"unknown config field(s){where}: {', '.join(described)}; known fields: {', '.join(known)}"
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -11,6 +11,7 @@ __all__ = [
     "ShardFormatError",
     "StateMismatchError",
     "RemoteIOError",
+    "MissingDependencyError",
 ]
 
 
@@ -36,3 +37,7 @@ class StateMismatchError(FmsDataError):
 
 class RemoteIOError(FmsDataError, OSError):
     """A remote read failed after every retry; names the URL and the last cause."""
+
+
+class MissingDependencyError(FmsDataError, ImportError):
+    """An optional package a feature needs is not installed; names the ``pip install`` fix."""

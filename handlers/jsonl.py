@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from fmsdata.errors import ConfigError, ShardFormatError
+from fmsdata.extras import require
 from fmsdata.handlers.derived import default_cache_dir
 from fmsdata.handlers.text import (
     CachedTokens,
@@ -40,8 +41,7 @@ def open_binary(path: str) -> BinaryIO:
     if name.endswith(".gz"):
         return gzip.open(path, "rb")  # type: ignore[return-value]
     if name.endswith((".zst", ".zstd")):
-        import zstandard
-
+        zstandard = require("zstandard", f"reading {path} (zstd-compressed)")
         raw = open(path, "rb")
         reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
         return io.BufferedReader(reader)  # type: ignore[arg-type]
@@ -64,7 +64,10 @@ def parse_record(raw: bytes, text_field: str) -> tuple[str | None, str | None]:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
-        return None, f"invalid JSON ({err.msg})"
+        # json's messages that end in "at" ("Invalid control character at") want the
+        # position to be a sentence; a record is one line, so the column says where.
+        detail = f"{err.msg} column {err.colno}" if err.msg.endswith(" at") else err.msg
+        return None, f"invalid JSON ({detail})"
     if not isinstance(record, dict):
         return None, f"not a JSON object ({type(record).__name__})"
     if text_field not in record:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ConfigError, ShardFormatError
+from fmsdata.extras import require
 from fmsdata.handlers.base import FileHandler, pick_column
 from fmsdata.handlers.derived import default_cache_dir, derived_path
 from fmsdata.handlers.mapping import MappedFile
@@ -161,8 +162,7 @@ class _MdsReader:
                 raise ShardFormatError(
                     f"{path}: compression {entry.get('compression')!r} is not supported"
                 )
-            import zstandard
-
+            zstandard = require("zstandard", f"reading {path} (zstd-compressed)")
             os.makedirs(os.path.dirname(target), exist_ok=True)
             partial = f"{target}.tmp{os.getpid()}"
             try:

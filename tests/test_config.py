@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import yaml
 
@@ -29,7 +31,8 @@ def test_col_name_takes_candidate_columns():
     "changes, message",
     [
         ({"seq_length": 0}, "seq_length must be a positive integer, got 0"),
-        ({"seq_length": "long"}, "seq_length must be a int, got 'long'"),
+        ({"seq_length": "long"}, "seq_length must be an integer, got 'long'"),
+        ({"remote_backoff": "soon"}, "remote_backoff must be a number, got 'soon'"),
         ({"batch_size": -2}, "batch_size must be a positive integer, got -2"),
         ({"datasets": "a", "weights": "1,2"}, "weights has 2 entries but datasets has 1"),
         ({"weights": "1,2"}, "weights needs datasets"),
@@ -58,8 +61,23 @@ def test_invalid_values_name_field_and_value(changes, message):
         LoaderConfig(data_path="/d", **changes)
 
 
+def test_type_errors_are_grammatical_for_every_numeric_field():
+    numeric = [
+        f.name
+        for f in dataclasses.fields(LoaderConfig)
+        if f.type in ("int", "float", "int | None", "float | None")
+    ]
+    assert "seq_length" in numeric and "remote_backoff" in numeric
+    for name in numeric:
+        with pytest.raises(ConfigError) as caught:
+            LoaderConfig(data_path="/d", **{name: "many"})
+        message = str(caught.value)
+        assert name in message and "'many'" in message
+        assert " a int" not in message and " a float" not in message
+
+
 def test_from_dict_rejects_unknown_fields():
-    with pytest.raises(ConfigError, match=r"unknown config field\(s\) \['seq_len'\]"):
+    with pytest.raises(ConfigError, match=r"unknown config field\(s\): 'seq_len' \(did you mean"):
         LoaderConfig.from_dict({"data_path": "/d", "seq_len": 5})
     with pytest.raises(ConfigError, match="data_path is required"):
         LoaderConfig.from_dict({"seq_length": 5})
@@ -91,3 +109,31 @@ def test_bad_yaml_is_a_config_error(tmp_path):
 def test_derived_lengths():
     config = LoaderConfig(data_path="/d", seq_length=100, bol_token=1, eol_token=2)
     assert config.line_length == 101 and config.content_capacity == 99
+
+
+@pytest.mark.parametrize(
+    "typo, meant",
+    [("seq_len", "seq_length"), ("batchsize", "batch_size"), ("logical_shard", "logical_shards")],
+)
+def test_unknown_field_names_the_close_match(typo, meant):
+    with pytest.raises(ConfigError, match=rf"{typo!r} \(did you mean {meant!r}\?\)"):
+        LoaderConfig.from_dict({"data_path": "/d", typo: 5})
+    config = LoaderConfig(data_path="/d")
+    with pytest.raises(ConfigError, match=rf"in overrides: {typo!r} \(did you mean {meant!r}"):
+        config.with_overrides([f"{typo}=5"])
+    with pytest.raises(ConfigError) as caught:
+        LoaderConfig.from_dict({"data_path": "/d", "zzzz": 5})
+    assert "did you mean" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "text, shown",
+    [("- data_path: /d\n- seq_length: 8\n", "a list"), ("just words\n", "a str"), ("", "empty")],
+)
+def test_yaml_that_is_not_a_mapping_is_a_config_error(tmp_path, text, shown):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        LoaderConfig.from_yaml(path)
+    message = str(caught.value)
+    assert str(path) in message and shown in message and "data_path: /data/root" in message

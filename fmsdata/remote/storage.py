@@ -13,16 +13,20 @@ out, nothing logs them, and loader states never hold a ``Storage``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import fsspec
+from fsspec.registry import known_implementations
 from fsspec.utils import get_protocol
 
+from fmsdata.errors import ConfigError
+from fmsdata.extras import PROTOCOL_PACKAGES, missing
 from fmsdata.remote.retry import RetryPolicy
 
-__all__ = ["Storage", "is_local"]
+__all__ = ["Storage", "is_local", "filesystem_class"]
 
 _S3 = ("s3", "s3a")
 _filesystems: dict[tuple[Any, ...], fsspec.AbstractFileSystem] = {}
@@ -31,6 +35,36 @@ _filesystems: dict[tuple[Any, ...], fsspec.AbstractFileSystem] = {}
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     return "file" in protocol or "local" in protocol
+
+
+def filesystem_class(protocol: str, url: str) -> type[fsspec.AbstractFileSystem]:
+    """fsspec's filesystem class for ``protocol``, or an error that says what to do.
+
+    Raises:
+        ConfigError: fsspec knows no such protocol (a typo such as ``htp://``).
+        MissingDependencyError: The package implementing it is not installed; names the
+            ``pip install`` command (``"fmsdata[s3]"`` for ``s3://``).
+    """
+    try:
+        return fsspec.get_filesystem_class(protocol)
+    except ImportError as err:
+        package = PROTOCOL_PACKAGES.get(protocol) or _package_named_by(protocol)
+        raise missing(package, f"reading {protocol}:// URLs ({url!r})", err) from None
+    except ValueError:
+        known = sorted(fsspec.available_protocols())
+        close = difflib.get_close_matches(protocol, known, n=1)
+        hint = f" (did you mean {close[0]}://?)" if close else ""
+        raise ConfigError(
+            f"{url!r}: unknown URL protocol {protocol!r}{hint}; use a local path or one of "
+            f"fsspec's protocols, e.g. s3://, gs://, file://, http:// "
+            f"(all: python -c 'import fsspec; print(fsspec.available_protocols())')"
+        ) from None
+
+
+def _package_named_by(protocol: str) -> str:
+    """The package fsspec's registry names as implementing ``protocol`` (``adlfs`` ...)."""
+    target = known_implementations.get(protocol, {}).get("class", protocol)
+    return target.split(".")[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +112,7 @@ class Storage:
             config_kwargs.setdefault("connect_timeout", 10)
             config_kwargs.setdefault("read_timeout", 60)
             kwargs["config_kwargs"] = config_kwargs
-        cls = fsspec.get_filesystem_class(protocol)
+        cls = filesystem_class(protocol, url)
         path = cls._strip_protocol(url)
         key = (protocol, os.getpid(), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))
         fs = _filesystems.get(key)

@@ -25,6 +25,7 @@ from typing import Any
 from fmsdata import __version__
 from fmsdata.catalog import COUNTS_HEADER, META_DIR
 from fmsdata.errors import ConfigError
+from fmsdata.extras import require
 from fmsdata.handlers.text import TextTokenizer
 from fmsdata.indexing import write_counts
 from fmsdata.tokenize.inputs import InputFile, find_inputs
@@ -214,12 +215,7 @@ def _run_ray(
     on_progress: Callable[[int, int], None],
 ) -> list[dict[str, Any]]:
     """Ray tasks report when their unit is done (no live progress from inside them)."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(
-            "backend 'ray' needs Ray: pip install 'fmsdata[ray]' (or ray>=2.9)"
-        ) from None
+    ray = require("ray", "fmsdata tokenize --backend ray")
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
     task = ray.remote(num_cpus=1, max_retries=2)(tokenize_unit)
