@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import sys
 import warnings
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
-__all__ = ["stdlib_docstrings", "train_bpe", "bundled_tokenizer_path", "SPECIAL_TOKENS"]
+__all__ = [
+    "stdlib_docstrings",
+    "train_bpe",
+    "bundled_tokenizer_path",
+    "resolve_tokenizer",
+    "BUNDLED_TOKENIZERS",
+    "SPECIAL_TOKENS",
+]
 
 # Modules whose import has side effects or is slow; everything else in the stdlib is read.
 _SKIP = {
@@ -95,6 +103,22 @@ def train_bpe(texts: list[str], vocab_size: int = 4096) -> Any:
     return tokenizer
 
 
-def bundled_tokenizer_path() -> str:
-    """The small BPE tokenizer shipped with fmsdata (trained on ``stdlib_docstrings``)."""
-    return str(resources.files("fmsdata") / "data" / "stdlib-bpe-4k.json")
+# Tokenizers shipped in fmsdata/data/, usable by name wherever a tokenizer is asked for.
+BUNDLED_TOKENIZERS = ("stdlib-bpe-4k",)
+
+
+def bundled_tokenizer_path(name: str = "stdlib-bpe-4k") -> str:
+    """A tokenizer shipped with fmsdata; ``stdlib-bpe-4k`` is a 4096-token BPE trained on
+    ``stdlib_docstrings`` (ids 0, 1, 2 are ``<|bos|>``, ``<|eos|>``, ``<|pad|>``)."""
+    return str(resources.files("fmsdata") / "data" / f"{name}.json")
+
+
+def resolve_tokenizer(value: str) -> str:
+    """A ``--tokenizer`` / ``tokenizer:`` value as a file path: an existing path as it is,
+    the name of a bundled tokenizer (``stdlib-bpe-4k``, with or without ``.json``) as the
+    installed file; anything else unchanged (the caller reports it missing)."""
+    value = os.fspath(value)
+    if os.path.exists(value):
+        return value
+    name = value[: -len(".json")] if value.endswith(".json") else value
+    return bundled_tokenizer_path(name) if name in BUNDLED_TOKENIZERS else value

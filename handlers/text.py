@@ -21,6 +21,7 @@ from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.base import FlatBuffer, FlatBufferHandler
 from fmsdata.handlers.derived import derived_path
 from fmsdata.handlers.mapping import MappedFile
+from fmsdata.textcorpus import BUNDLED_TOKENIZERS, resolve_tokenizer
 
 __all__ = [
     "TextTokenizer",
@@ -36,12 +37,16 @@ class TextTokenizer:
     """A ``tokenizers`` tokenizer by file path, loaded lazily in each process.
 
     Args:
-        path: A ``tokenizer.json``.
+        path: A ``tokenizer.json``, or the name of a bundled one (``stdlib-bpe-4k``).
     """
 
     def __init__(self, path: str):
+        path = resolve_tokenizer(path)
         if not os.path.isfile(path):
-            raise ConfigError(f"tokenizer {path!r} is not a file (a tokenizers tokenizer.json)")
+            raise ConfigError(
+                f"tokenizer {path!r} is not a file (a tokenizers tokenizer.json, or the name of "
+                f"a bundled one: {', '.join(BUNDLED_TOKENIZERS)})"
+            )
         self.path = path
         with open(path, "rb") as handle:
             self.digest = hashlib.blake2b(handle.read(), digest_size=12).hexdigest()

@@ -21,7 +21,40 @@ def test_every_command_has_help():
 def test_demo_runs_and_resumes_exactly(tmp_path, capsys):
     assert main(["demo", "--dir", str(tmp_path), "--batches", "40", "--workers", "1"]) == 0
     out = capsys.readouterr().out
-    assert "matches the uninterrupted one" in out
+    assert "matches the uninterrupted one (20 batches compared)" in out
+
+
+def test_demo_reruns_in_its_folder_and_says_what_next(tmp_path, capsys):
+    """A second run in the same --dir reuses its raw files (same bytes, same mtimes) and
+    tokenized shards; the last lines point at a loader config with the data's own BOS/EOS
+    and at the commands that use it."""
+    import os
+
+    from fmsdata import build_dataloader
+    from fmsdata.metadata import read_metadata, special_token_ids
+
+    argv = ["demo", "--dir", str(tmp_path), "--batches", "4", "--workers", "1"]
+    assert main(argv) == 0
+    raw = sorted((tmp_path / "raw").iterdir())
+    stamps = {p.name: os.stat(p).st_mtime_ns for p in raw}
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert {p.name: os.stat(p).st_mtime_ns for p in raw} == stamps
+    assert "4 of them already there" in out and "matches the uninterrupted one" in out
+
+    lines = out.rstrip().splitlines()
+    start = lines.index("next:")
+    steps = "\n".join(lines[start:])
+    config_path = tmp_path / "loader.yaml"
+    assert str(config_path) in steps and f"fmsdata bench {config_path}" in steps
+    assert "examples/train_fsdp.py --data" in steps and "--hash-log" in steps
+    config = yaml.safe_load(config_path.read_text())
+    tokens = special_token_ids(read_metadata(str(tmp_path / "tokens")))
+    assert (config["bos_token"], config["eos_token"]) == (tokens["bos"], tokens["eos"]) == (0, 1)
+    assert config["data_path"] == str(tmp_path / "tokens")
+    batch = next(iter(build_dataloader(str(config_path))))
+    assert batch["input_ids"].shape == (config["batch_size"], config["seq_length"])
 
 
 def test_bench_reports_figures(tmp_path, capsys):

@@ -6,11 +6,12 @@ import argparse
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fmsdata.config import LoaderConfig
-from fmsdata.loader import FmsDataLoader, build_dataloader
-from fmsdata.statefile import state_from_bytes, state_to_bytes
+from fmsdata.cli.parser import non_negative_int, positive_int
+
+if TYPE_CHECKING:
+    from fmsdata.loader import FmsDataLoader
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -21,8 +22,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("config", help="loader config YAML")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
-    parser.add_argument("--batches", type=int, default=200, help="batches to time")
-    parser.add_argument("--warmup", type=int, default=20, help="batches before timing")
+    parser.add_argument("--batches", type=positive_int, default=200, help="batches to time")
+    parser.add_argument("--warmup", type=non_negative_int, default=20, help="batches before timing")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.set_defaults(run=run)
 
@@ -40,6 +41,8 @@ def tokens_per_second(iterator: Iterator[dict[str, Any]], warmup: int, batches: 
 
 def measure(loader: FmsDataLoader, warmup: int, batches: int) -> dict[str, Any]:
     """Figures of one loader: first batch latency, steady tokens/s, state size and timings."""
+    from fmsdata.statefile import state_from_bytes, state_to_bytes
+
     start = time.perf_counter()
     iterator = iter(loader)
     next(iterator)
@@ -63,6 +66,9 @@ def measure(loader: FmsDataLoader, warmup: int, batches: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fmsdata.config import LoaderConfig
+    from fmsdata.loader import build_dataloader
+
     config = LoaderConfig.from_yaml(args.config, args.overrides)
     figures = measure(build_dataloader(config), args.warmup, args.batches)
     if args.json:

@@ -15,17 +15,9 @@ import os
 import tempfile
 import time
 
-import torch
+from fmsdata.cli.parser import int_at_least, positive_int
 
-from fmsdata.handlers import ArrowDocHandler
-from fmsdata.handlers.text import TextTokenizer
-from fmsdata.indexing import index_root
-from fmsdata.loader import build_dataloader
-from fmsdata.statefile import load_state, save_state
-from fmsdata.textcorpus import bundled_tokenizer_path, stdlib_docstrings
-from fmsdata.tokenize import TokenizeSpec, run_tokenize
-
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "write_raw", "next_steps"]
 
 RAW_FILES = 4
 
@@ -38,27 +30,106 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
             "Write the standard library's docstrings as JSONL, tokenize them with the "
             "bundled BPE tokenizer into Arrow shards, index them, stream batches (decoded "
             "samples, throughput), save the loader state, resume it and verify the batches "
-            "match."
+            "match. With --dir, a rerun reuses what is there; it ends with a loader config "
+            "for the output and the commands to use it."
         ),
     )
-    parser.add_argument("--dir", help="where to write (default: a temporary folder)")
-    parser.add_argument("--batches", type=int, default=200, help="batches to stream")
-    parser.add_argument("--workers", type=int, default=2, help="tokenizer and loader workers")
+    parser.add_argument("--dir", help="where to write (default: a new temporary folder)")
+    parser.add_argument(
+        "--batches",
+        type=int_at_least(2, "half are streamed before the state is saved, the rest compared"),
+        default=200,
+        help="batches to stream (at least 2: the first half before the state is saved, "
+        "the rest compared after resuming)",
+    )
+    parser.add_argument(
+        "--workers", type=positive_int, default=2, help="tokenizer and loader workers"
+    )
     parser.set_defaults(run=run)
 
 
 def write_raw(folder: str) -> tuple[int, int]:
-    """The docstrings as ``RAW_FILES`` JSONL files; returns (documents, characters)."""
+    """The docstrings as ``RAW_FILES`` JSONL files; returns (documents, characters).
+
+    A file already holding exactly these bytes is left alone (its modification time
+    too), so that a rerun finds the same inputs and tokenize skips its finished shards.
+    """
+    from fmsdata.textcorpus import stdlib_docstrings
+
     os.makedirs(folder, exist_ok=True)
     texts = list(stdlib_docstrings())
     for k in range(RAW_FILES):
-        with open(os.path.join(folder, f"stdlib-{k}.jsonl"), "w", encoding="utf-8") as out:
-            for text in texts[k::RAW_FILES]:
-                out.write(json.dumps({"text": text}) + "\n")
+        data = "".join(json.dumps({"text": t}) + "\n" for t in texts[k::RAW_FILES]).encode()
+        path = os.path.join(folder, f"stdlib-{k}.jsonl")
+        if os.path.isfile(path) and os.path.getsize(path) == len(data):
+            with open(path, "rb") as handle:
+                if handle.read() == data:
+                    continue
+        partial = f"{path}.tmp{os.getpid()}"
+        with open(partial, "wb") as out:
+            out.write(data)
+        os.replace(partial, path)
     return len(texts), sum(len(t) for t in texts)
 
 
+def loader_config(root: str, workers: int) -> dict:
+    """The demo's loader settings, with BOS/EOS from the root's metadata.json."""
+    from fmsdata.errors import ConfigError
+    from fmsdata.metadata import read_metadata, special_token_ids
+
+    tokens = special_token_ids(read_metadata(root) or {})
+    if "bos" not in tokens or "eos" not in tokens:
+        raise ConfigError(f"{root}/metadata.json names no BOS/EOS token: {tokens}")
+    return dict(
+        data_path=root,
+        datasets=["stdlib"],
+        seq_length=256,
+        batch_size=8,
+        logical_shards=8,
+        shuffle_window=32,
+        bos_token=tokens["bos"],
+        eos_token=tokens["eos"],
+        num_workers=workers,
+        return_position_ids=True,
+    )
+
+
+def next_steps(work: str, config: dict) -> list[str]:
+    """Write ``WORK/loader.yaml`` for the demo's output; the lines telling what to run next."""
+    import yaml
+
+    path = os.path.join(work, "loader.yaml")
+    kept = {k: v for k, v in config.items() if k != "return_position_ids"}
+    with open(path, "w", encoding="utf-8") as out:
+        out.write("# Written by fmsdata demo: a loader over its tokenized stdlib docstrings.\n")
+        yaml.safe_dump(kept, out, sort_keys=False)
+    root = config["data_path"]
+    return [
+        "next:",
+        f"  a loader config for this data (bos_token {config['bos_token']}, eos_token "
+        f"{config['eos_token']}, from its metadata.json): {path}",
+        f'    in Python:  loader = fmsdata.build_dataloader("{path}")',
+        f"    measure it: fmsdata bench {path}",
+        f"  look at the data: fmsdata inspect {root} --tokenizer stdlib-bpe-4k",
+        "  train a small model on it, on 2 processes (from a checkout of the fmsdata "
+        "repository; BOS/EOS and vocabulary come from the data's metadata.json):",
+        f"    torchrun --nproc_per_node 2 examples/train_fsdp.py --data {root} --steps 100 "
+        f"--ckpt-dir {os.path.join(work, 'ckpt')} --ckpt-every 50 "
+        f"--hash-log {os.path.join(work, 'hashes.jsonl')}",
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from fmsdata.handlers import ArrowDocHandler
+    from fmsdata.handlers.text import TextTokenizer
+    from fmsdata.indexing import index_root
+    from fmsdata.loader import build_dataloader
+    from fmsdata.statefile import load_state, save_state
+    from fmsdata.textcorpus import bundled_tokenizer_path
+    from fmsdata.tokenize import TokenizeSpec, run_tokenize
+
     work = args.dir or tempfile.mkdtemp(prefix="fmsdata-demo-")
     raw, root = os.path.join(work, "raw"), os.path.join(work, "tokens")
     tokenizer = bundled_tokenizer_path()
@@ -69,32 +140,22 @@ def run(args: argparse.Namespace) -> int:
     spec = TokenizeSpec(root, "stdlib", tokenizer, shard_bytes=200_000)
     result = run_tokenize(spec, [raw], workers=args.workers)
     seconds = time.perf_counter() - start
+    reused = f", {result.skipped} of them already there" if result.skipped else ""
     print(
-        f"2. tokenized into {result.units} Arrow shards in {root}/stdlib: "
+        f"2. tokenized into {result.units} Arrow shards in {root}/stdlib{reused}: "
         f"{result.documents:,} documents, {result.tokens:,} tokens in {seconds:.1f} s "
         f"({args.workers} worker process(es), start-up included)"
     )
     target, rows = index_root(root, ArrowDocHandler())
     print(f"3. indexed: {target} ({len(rows)} files)")
 
-    config = dict(
-        data_path=root,
-        datasets=["stdlib"],
-        seq_length=256,
-        batch_size=8,
-        logical_shards=8,
-        shuffle_window=32,
-        bos_token=0,
-        eos_token=1,
-        num_workers=args.workers,
-        return_position_ids=True,
-    )
+    config = loader_config(root, args.workers)
     loader = build_dataloader(config)
     start = time.perf_counter()
     iterator = iter(loader)
     batches = [next(iterator)]
     first = time.perf_counter() - start
-    warm = args.batches // 2
+    warm = (args.batches - 1) // 2  # batches after the first not timed
     for i in range(args.batches - 1):
         if i == warm:
             start = time.perf_counter()
@@ -123,9 +184,17 @@ def run(args: argparse.Namespace) -> int:
     resumed = build_dataloader(config)
     resumed.load_state_dict(load_state(state_path))
     rest = [b for _, b in zip(range(args.batches - half), resumed)]
-    exact = all(torch.equal(a[k], b[k]) for a, b in zip(batches[half:], rest) for k in a)
+    exact = len(rest) == len(batches) - half and all(
+        torch.equal(a[k], b[k]) for a, b in zip(batches[half:], rest) for k in a
+    )
+    compared = len(rest)
     print(
         f"5. state after {half} batches: {os.path.getsize(state_path) / 1024:.1f} KiB; "
-        f"resumed run {'matches' if exact else 'DIFFERS FROM'} the uninterrupted one"
+        f"resumed run {'matches' if exact else 'DIFFERS FROM'} the uninterrupted one "
+        f"({compared} batches compared)"
     )
-    return 0 if exact else 1
+    if not exact:
+        return 1
+    print()
+    print("\n".join(next_steps(work, config)))
+    return 0

@@ -6,9 +6,9 @@ import argparse
 import sys
 import threading
 
+from fmsdata.cli.parser import positive_int
 from fmsdata.cli.progress import Progress, human_bytes
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
-from fmsdata.remote.mirror import plan_mirror, run_mirror
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -25,7 +25,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("src", help="source URL or path (a prefix or a single object)")
     parser.add_argument("dest", help="local destination folder")
-    parser.add_argument("--jobs", type=int, default=8, help="files transferred in parallel")
+    parser.add_argument(
+        "--jobs", type=positive_int, default=8, help="files transferred in parallel"
+    )
     parser.add_argument(
         "--include", action="append", default=[], help="only keys matching this glob (repeat)"
     )
@@ -38,6 +40,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fmsdata.remote.mirror import plan_mirror, run_mirror
+
     storage = storage_from_args(args)
     plan, manifest = plan_mirror(args.src, args.dest, storage, args.include, args.exclude)
     for key, reason in plan.refused:

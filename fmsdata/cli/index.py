@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from fmsdata.cli.inspect_cmd import add_format_options, handler_from_args
+from fmsdata.cli.parser import positive_int
 from fmsdata.cli.progress import Progress
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
-from fmsdata.indexing import index_root
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -24,11 +24,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--datasets", help="comma-separated dataset folders (default: all)")
     add_format_options(parser)
     add_storage_options(parser)
-    parser.add_argument("--workers", type=int, default=1, help="parallel processes")
+    parser.add_argument("--workers", type=positive_int, default=1, help="parallel processes")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from fmsdata.indexing import index_root
+
     handler = handler_from_args(args)
     datasets = [d for d in args.datasets.split(",") if d] if args.datasets else None
     with Progress(None, "files", label="counting ") as progress:

@@ -7,33 +7,53 @@ import json
 import os
 import posixpath
 import tempfile
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from fmsdata.catalog import discover
+from fmsdata.cli.parser import non_negative_int
 from fmsdata.cli.progress import Progress
 from fmsdata.cli.storage_options import add_storage_options, remote_cache_dir, storage_from_args
-from fmsdata.handlers import handler_names, make_handler
-from fmsdata.handlers.text import TextTokenizer
-from fmsdata.indexing import CACHE_LIMIT
-from fmsdata.mapstyle.source import find_root_metadata, metadata_eos
-from fmsdata.remote.cache import file_source
-from fmsdata.remote.storage import is_local
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# The built-in formats, named in --help without importing the handlers (pyarrow, numpy);
+# a test checks this against the registry. Formats registered by users work too.
+BUILTIN_FORMATS = (
+    "arrow",
+    "auto",
+    "cepe",
+    "hf_arrow",
+    "jsonl",
+    "mds",
+    "megatron",
+    "npy",
+    "parquet",
+    "pbin",
+)
 
 
 def add_format_options(parser: argparse.ArgumentParser) -> None:
     """The options that say how to read shards (shared by index and inspect)."""
     parser.add_argument(
-        "--file-type", default="auto", help=f"shard format: {', '.join(handler_names())}"
+        "--file-type",
+        default="auto",
+        help=f"shard format: {', '.join(BUILTIN_FORMATS)} or a registered one; auto picks "
+        "per file by its ending",
     )
     parser.add_argument("--col-name", default="tokens", help="token column (Arrow, Parquet, MDS)")
     parser.add_argument("--text-field", default="text", help="text field (JSONL, Parquet text)")
-    parser.add_argument("--tokenizer", help="tokenizer.json for text shards (and decoding samples)")
+    parser.add_argument(
+        "--tokenizer",
+        help="tokenizer.json, or the name of a bundled one (stdlib-bpe-4k), for text shards "
+        "and decoding samples",
+    )
     parser.add_argument("--token-dtype", help="token type of flat token files / MDS bytes columns")
     parser.add_argument("--separator", type=int, help="end-of-document token of flat token files")
 
 
 def handler_from_args(args: argparse.Namespace):
+    from fmsdata.handlers import make_handler
+
     return make_handler(
         args.file_type,
         col_name=args.col_name,
@@ -55,30 +75,48 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_storage_options(parser)
     parser.add_argument(
         "--samples",
-        type=int,
+        type=non_negative_int,
         default=1,
         help="documents to print (decoded with --tokenizer, else with the tokenizer the "
         "root's metadata.json names; its EOS is the default --separator)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw the document-length distribution and the tokens of each dataset "
+        'into this image (needs matplotlib: pip install "fmsdata[plot]")',
+    )
     parser.set_defaults(run=run)
 
 
-def _files(path: str, handler, storage) -> tuple[str, list[str]]:
-    """``(root, shard paths relative to it)`` of a file, a dataset folder or a data root."""
+def _files(path: str, handler, storage) -> tuple[str, dict[str, list[str]]]:
+    """``(root, {dataset: shard paths relative to root})`` of a file, a dataset folder or a
+    data root. Shards directly in the folder make it one dataset named after it; else each
+    top-level folder holding shards is a dataset (shards nested freely below it)."""
+    from fmsdata.catalog import discover
+
     fs, base = storage.filesystem(path)
+    name = path.rstrip("/").rsplit("/", 1)[-1] or path
     if fs.isfile(base):
-        root, name = path.rstrip("/").rsplit("/", 1) if "/" in path else (".", path)
-        return root, [name]
+        root, file = path.rstrip("/").rsplit("/", 1) if "/" in path else (".", path)
+        return root, {name: [file]}
     listed = sorted(p for p, e in fs.find(base, detail=True).items() if e["type"] == "file")
-    chosen = handler.select(listed)
-    if chosen:
-        return path, [p[len(base) + 1 :] for p in chosen]
-    catalog = discover(path, None, handler, storage)
-    return catalog.root, [p for ds in catalog.datasets for p in ds.paths]
+    chosen = [p[len(base) + 1 :] for p in handler.select(listed)]
+    if not chosen:
+        catalog = discover(path, None, handler, storage)
+        return catalog.root, {ds.name: list(ds.paths) for ds in catalog.datasets}
+    if any("/" not in p for p in chosen):
+        return path, {name: chosen}
+    groups: dict[str, list[str]] = {}
+    for relative in chosen:
+        groups.setdefault(relative.split("/", 1)[0], []).append(relative)
+    return path, groups
 
 
 def _length_summary(lengths: np.ndarray) -> dict[str, float]:
+    import numpy as np
+
     if not len(lengths):
         return {}
     summary = {"min": float(lengths.min()), "mean": float(lengths.mean())}
@@ -90,6 +128,8 @@ def _length_summary(lengths: np.ndarray) -> dict[str, float]:
 
 def _length_histogram(lengths: np.ndarray) -> dict[str, int]:
     """Document counts by power-of-two length bucket, ``[2^k, 2^(k+1))``."""
+    import numpy as np
+
     if not len(lengths):
         return {}
     buckets = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
@@ -105,6 +145,9 @@ def _length_histogram(lengths: np.ndarray) -> dict[str, int]:
 def _use_root_metadata(args: argparse.Namespace, storage) -> None:
     """Fill what ``--tokenizer`` and ``--separator`` leave unset from the ``metadata.json``
     of the root ``args.path`` lies in: the tokenizer bundled there and its EOS."""
+    from fmsdata.mapstyle.source import find_root_metadata, metadata_eos
+    from fmsdata.remote.storage import is_local
+
     found = find_root_metadata(args.path, storage)
     if found is None:
         return
@@ -123,32 +166,48 @@ def _use_root_metadata(args: argparse.Namespace, storage) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from fmsdata.handlers.text import TextTokenizer
+    from fmsdata.indexing import CACHE_LIMIT
+    from fmsdata.remote.cache import file_source
+
+    plot = _plotter(args.plot)
     storage = storage_from_args(args)
     _use_root_metadata(args, storage)
     handler = handler_from_args(args)
-    root, files = _files(args.path, handler, storage)
+    root, groups = _files(args.path, handler, storage)
+    files = [f for paths in groups.values() for f in paths]
     source = file_source(root, storage, remote_cache_dir(), CACHE_LIMIT, handler.companions)
-    lengths, dtypes, sample = [], set(), None
+    per_dataset: dict[str, list[Any]] = {name: [] for name in groups}
+    dtypes, sample = set(), None
     with Progress(len(files), "files", label="reading ") as progress:
-        for relative in files:
-            reader = handler.open(source.local(relative))
-            n = handler.num_docs(reader)
-            lengths.append(np.asarray(handler.doc_lengths(reader, np.arange(n)), dtype=np.int64))
-            if n:
-                first = handler.get(reader, 0)
-                dtypes.add(str(first.dtype))
-                if sample is None:
-                    sample = [
-                        np.asarray(handler.get(reader, i)) for i in range(min(args.samples, n))
-                    ]
-            handler.close(reader)
-            source.release(relative)
-            progress.update()
+        for name, paths in groups.items():
+            for relative in paths:
+                reader = handler.open(source.local(relative))
+                n = handler.num_docs(reader)
+                lengths = handler.doc_lengths(reader, np.arange(n))
+                per_dataset[name].append(np.asarray(lengths, dtype=np.int64))
+                if n:
+                    first = handler.get(reader, 0)
+                    dtypes.add(str(first.dtype))
+                    if sample is None:
+                        shown = range(min(args.samples, n))
+                        sample = [np.asarray(handler.get(reader, i)) for i in shown]
+                handler.close(reader)
+                source.release(relative)
+                progress.update()
     source.close()
-    everything = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    by_dataset = {
+        name: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        for name, parts in per_dataset.items()
+    }
+    everything = np.concatenate(list(by_dataset.values()) or [np.zeros(0, dtype=np.int64)])
     dtype_names = sorted(dtypes)
     length = _length_summary(everything)
     histogram = _length_histogram(everything)
+    if plot is not None:
+        plot(by_dataset, args.plot, title=args.path)
     if args.json:
         figures = {
             "files": len(files),
@@ -157,6 +216,10 @@ def run(args: argparse.Namespace) -> int:
             "dtype": dtype_names,
             "length": length,
             "length_histogram": histogram,
+            "datasets": {
+                name: {"documents": int(len(lens)), "tokens": int(lens.sum())}
+                for name, lens in by_dataset.items()
+            },
         }
         print(json.dumps(figures, indent=2))
         return 0
@@ -164,6 +227,9 @@ def run(args: argparse.Namespace) -> int:
         f"{len(files)} file(s), {len(everything):,} documents, "
         f"{int(everything.sum()):,} tokens, dtype {', '.join(dtype_names) or '-'}"
     )
+    if len(by_dataset) > 1:
+        for name, lens in by_dataset.items():
+            print(f"  {name:16} {len(lens):>12,} documents {int(lens.sum()):>16,} tokens")
     print("document length: " + ", ".join(f"{k} {v:,.0f}" for k, v in length.items()))
     widest = max(histogram.values(), default=0)
     for bucket, count in histogram.items():
@@ -174,4 +240,16 @@ def run(args: argparse.Namespace) -> int:
             tokenizer.decode(doc.tolist()) if tokenizer else " ".join(map(str, doc[:64].tolist()))
         )
         print(f"\ndocument {i} ({len(doc)} tokens):\n{shown[:1500]}")
+    if plot is not None:
+        print(f"\nplot written to {args.plot}")
     return 0
+
+
+def _plotter(path: str | None):
+    """The plotting function when ``--plot`` was given, checked before any reading."""
+    if path is None:
+        return None
+    from fmsdata.plots import check_plot_target, plot_documents
+
+    check_plot_target(path)
+    return plot_documents

@@ -1,4 +1,8 @@
-"""Entry point: ``fmsdata <command> ...``."""
+"""Entry point: ``fmsdata <command> ...``.
+
+The command modules import nothing heavy (torch, numpy, pyarrow, fsspec) at module level:
+each ``run`` imports what it needs, so ``--help`` and argument errors answer at once.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from fmsdata.cli import bench, demo, download, index, inspect_cmd, state, tokenize
+from fmsdata.cli.parser import ArgumentParser
 from fmsdata.errors import FmsDataError
 
 __all__ = ["main"]
@@ -16,7 +21,7 @@ COMMANDS = (demo, tokenize, index, inspect_cmd, download, bench, state)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="fmsdata",
         description="Stateful, streaming, rescalable data loading for LLM pretraining.",
     )

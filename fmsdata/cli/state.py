@@ -16,29 +16,47 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from fmsdata.checkpoint import latest_checkpoint, rank_files
-from fmsdata.dcpread import read_metadata, read_tensors
 from fmsdata.errors import StateMismatchError
-from fmsdata.state import META_KEY, SHARD_PREFIX, as_rank_states, stage_state
-from fmsdata.statefile import load_state
+
+SHOW_DESCRIPTION = (
+    "Print what a saved loader state holds: per dataset and per logical shard, the epoch, "
+    "the position in it, the documents and tokens seen, and the skips. PATH is a loader "
+    "checkpoint folder (loader_rank_*.fms files), a folder of automatic checkpoints (the "
+    "newest complete step_* folder is read), a single state file, or a "
+    "torch.distributed.checkpoint folder holding a loader entry. Nothing is unpickled that "
+    "could build arbitrary objects: DCP's .metadata goes through an allow-list of DCP's own "
+    "metadata classes, tensors through torch.load(weights_only=True), the rest is JSON."
+)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("state", help="inspect saved loader states")
+    parser = commands.add_parser(
+        "state",
+        help="inspect saved loader states",
+        description="Inspect saved loader states (fmsdata state show PATH).",
+    )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     show = actions.add_parser(
         "show",
         help="epochs, documents and tokens seen per dataset and logical shard",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=SHOW_DESCRIPTION,
     )
     show.add_argument("path", help="checkpoint folder, DCP checkpoint folder or state file")
     show.add_argument("--json", action="store_true", help="print the summary as JSON")
+    show.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw, per dataset, how far each logical shard has read and the token "
+        'shares delivered against the weights (needs matplotlib: pip install "fmsdata[plot]")',
+    )
     show.set_defaults(run=run_show)
 
 
 def read_states(path: str) -> tuple[str, list[dict[str, Any]]]:
     """(where the states were found, every rank's snapshot) for any supported ``path``."""
+    from fmsdata.checkpoint import latest_checkpoint, rank_files
+    from fmsdata.statefile import load_state
+
     if os.path.isfile(path):
         return path, [load_state(path)]
     if not os.path.isdir(path):
@@ -55,6 +73,9 @@ def read_states(path: str) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _read_dcp(path: str) -> list[dict[str, Any]]:
+    from fmsdata.dcpread import read_metadata, read_tensors
+    from fmsdata.state import as_rank_states
+
     metadata = read_metadata(path)
     entries = read_tensors(path, metadata, _is_loader_key)
     if not entries:
@@ -64,12 +85,16 @@ def _read_dcp(path: str) -> list[dict[str, Any]]:
 
 
 def _is_loader_key(key: str) -> bool:
+    from fmsdata.state import META_KEY, SHARD_PREFIX
+
     leaf = key.rsplit(".", 1)[-1]
     return leaf == META_KEY or leaf.startswith(SHARD_PREFIX)
 
 
 def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per dataset and per logical shard: epoch, position, documents, tokens, skips."""
+    from fmsdata.state import stage_state
+
     first = states[0]
     names = list(first["fingerprint"]["datasets"])
     shards = []
@@ -132,8 +157,14 @@ def _fraction(value: float | None) -> str:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    if args.plot is not None:
+        from fmsdata.plots import check_plot_target, plot_state
+
+        check_plot_target(args.plot)
     where, states = read_states(args.path)
     summary = summarize(states)
+    if args.plot is not None:
+        plot_state(summary, args.plot, title=f"loader state: {where}")
     if args.json:
         print(json.dumps({"path": where, **summary}, indent=2))
         return 0
@@ -163,4 +194,6 @@ def run_show(args: argparse.Namespace) -> int:
             )
         if row["advance"]:
             print(f"{'':5} (+{row['advance']} line(s) emitted after this recorded position)")
+    if args.plot is not None:
+        print(f"\nplot written to {args.plot}")
     return 0

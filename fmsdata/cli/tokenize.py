@@ -8,12 +8,15 @@ import sys
 import time
 from typing import Any
 
+from fmsdata.cli.parser import non_negative_int, positive_int
 from fmsdata.cli.progress import Progress
-from fmsdata.tokenize import TokenizeSpec, run_tokenize
-from fmsdata.tokenize.plan import OUTPUT_FORMATS
-from fmsdata.tokenize.run import BACKENDS
 
 __all__ = ["add_parser", "run", "parse_size"]
+
+# fmsdata.tokenize's output formats and backends, named here so that --help and argument
+# errors need not import the tokenizer machinery; a test checks they match.
+OUTPUT_FORMATS = ("arrow", "megatron", "flat", "pbin", "mds")
+BACKENDS = ("local", "ray")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 
@@ -41,7 +44,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files or folders of text")
-    parser.add_argument("--tokenizer", required=True, help="a tokenizers tokenizer.json")
+    parser.add_argument(
+        "--tokenizer",
+        required=True,
+        help="a tokenizers tokenizer.json, or the name of a bundled one (stdlib-bpe-4k)",
+    )
     parser.add_argument("--output-dir", required=True, help="data root to write")
     parser.add_argument("--dataset", default="default", help="dataset folder of the shards")
     parser.add_argument(
@@ -51,30 +58,41 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--shard-size",
         type=parse_size,
         default="256MB",
-        help="input bytes per output shard (default 256MB)",
+        help="input bytes per output shard",
     )
     parser.add_argument(
         "--format",
         choices=OUTPUT_FORMATS,
         default="arrow",
         dest="fmt",
-        help="arrow (Bamba), megatron (.bin+.idx), flat (tatm/OLMo token streams with EOS), "
-        "pbin (Modalities), mds (MosaicML streaming); see the README's formats table",
+        help="shard format written: arrow (Bamba), megatron (.bin+.idx), flat (tatm/OLMo token "
+        "streams with EOS), pbin (Modalities), mds (MosaicML streaming); see the README's "
+        "formats table",
     )
     parser.add_argument(
         "--eos-token",
         type=int,
         help="end-of-document token written by flat and pbin (default: the tokenizer's EOS)",
     )
-    parser.add_argument("--workers", type=int, default=1, help="processes on this machine")
-    parser.add_argument("--backend", choices=BACKENDS, default="local")
-    parser.add_argument("--num-shards", type=int, default=1, help="tasks sharing the work")
-    parser.add_argument("--shard-id", type=int, default=0, help="this task (0..num-shards-1)")
+    parser.add_argument("--workers", type=positive_int, default=1, help="processes on this machine")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="local",
+        help="local: --workers processes here; ray: tasks on the Ray cluster of RAY_ADDRESS "
+        '(pip install "fmsdata[ray]")',
+    )
+    parser.add_argument("--num-shards", type=positive_int, default=1, help="tasks sharing the work")
+    parser.add_argument(
+        "--shard-id", type=non_negative_int, default=0, help="this task (0..num-shards-1)"
+    )
     parser.add_argument("--strict", action="store_true", help="fail on the first bad record")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from fmsdata.tokenize import TokenizeSpec, run_tokenize
+
     spec = TokenizeSpec(
         output_dir=args.output_dir,
         dataset=args.dataset,

@@ -17,6 +17,7 @@ import os
 from collections.abc import Sequence
 
 from fmsdata.errors import ConfigError
+from fmsdata.textcorpus import BUNDLED_TOKENIZERS, resolve_tokenizer
 from fmsdata.tokenize.inputs import InputFile, Piece, split_input
 
 __all__ = [
@@ -75,8 +76,12 @@ class TokenizeSpec:
             raise ConfigError(f"shard_bytes must be positive, got {self.shard_bytes!r}")
         if not self.dataset or "/" in self.dataset or self.dataset in (".", "..", "meta"):
             raise ConfigError(f"dataset must be a plain folder name, got {self.dataset!r}")
+        object.__setattr__(self, "tokenizer", resolve_tokenizer(self.tokenizer))
         if not os.path.isfile(self.tokenizer):
-            raise ConfigError(f"tokenizer {self.tokenizer!r} is not a file (a tokenizer.json)")
+            raise ConfigError(
+                f"tokenizer {self.tokenizer!r} is not a file (a tokenizer.json, or the name of a "
+                f"bundled one: {', '.join(BUNDLED_TOKENIZERS)})"
+            )
 
     @property
     def work_dir(self) -> str:
