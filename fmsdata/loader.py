@@ -512,4 +512,29 @@ def build_dataloader(
             config.logical_shards,
             topology.world_size,
         )
+    if topology.rank == 0:
+        for advice in config_advice(config, topology.world_size):
+            logger.warning(advice)
     return loader
+
+
+def config_advice(config: LoaderConfig, world_size: int) -> list[str]:
+    """Settings that work but are likely not what the user wants, each said in a sentence."""
+    advice = []
+    if config.bos_token is None and config.eos_token is None:
+        advice.append(
+            "neither bos_token nor eos_token is set: documents are packed back to back with "
+            "nothing between them, so the model cannot see where one ends; set them to your "
+            "tokenizer's ids (a tokenize root's metadata.json lists them), unless the "
+            "documents already carry their own"
+        )
+    global_batch = world_size * config.batch_size
+    if global_batch % config.logical_shards:
+        advice.append(
+            f"the global batch (world_size {world_size} x batch_size {config.batch_size} = "
+            f"{global_batch}) is not a multiple of logical_shards={config.logical_shards}: "
+            "a global step's sequences then depend on the number of ranks, so a run resumed "
+            "on another world size does not see exactly the steps the old one would have; "
+            "make world_size * batch_size a multiple of logical_shards"
+        )
+    return advice
