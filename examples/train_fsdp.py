@@ -11,7 +11,13 @@ Launch with torchrun (CPU with gloo here, GPUs with nccl unchanged)::
 Model, optimizer and loader are saved together with ``torch.distributed.checkpoint``. The
 global batch stays ``--global-batch-size`` whatever the world size, so a resumed run sees
 exactly the global steps the first run would have seen; every global step's data hash
-(order-independent over the step's sequences) is appended to ``--hash-log`` to show it.
+(order-independent over the step's sequences) and loss (the mean over every rank's
+tokens, so the same figure on any world size) is appended to ``--hash-log`` to show it.
+
+BOS/EOS ids and the vocabulary size come from the data root's ``metadata.json`` (written
+by ``fmsdata tokenize`` and the demo); ids given on the command line that contradict it
+are refused. A root without one (fms-fsdp / Bamba data) needs ``--bos-token``,
+``--eos-token`` and ``--vocab-size``: the ids of the tokenizer that made the data.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from fmsdata import build_dataloader
 from fmsdata.checkpoint import LoadPlanner
+from fmsdata.metadata import read_metadata, special_token_ids, vocab_size
 
 
 class Block(nn.Module):
@@ -89,6 +96,51 @@ def step_hash(input_ids: torch.Tensor) -> str:
     return hashlib.blake2b("".join(everything).encode(), digest_size=12).hexdigest()
 
 
+def token_settings(args: argparse.Namespace, metadata: dict | None) -> dict[str, int | None]:
+    """bos_token, eos_token and vocab_size for the loader and model: the command line's,
+    checked against the data's metadata.json, else the metadata's. Raises SystemExit with
+    the reason when they contradict or when neither says."""
+    known = special_token_ids(metadata) if metadata else {}
+    recorded = vocab_size(metadata) if metadata else None
+    settings: dict[str, int | None] = {}
+    for role in ("bos", "eos"):
+        given, found = getattr(args, f"{role}_token"), known.get(role)
+        if given is not None and found is not None and given != found:
+            raise SystemExit(
+                f"--{role}-token {given} contradicts {args.data}/metadata.json, whose tokenizer "
+                f"has {role.upper()} id {found}; drop the option or fix the data path"
+            )
+        settings[f"{role}_token"] = given if given is not None else found
+    if settings["eos_token"] is None:
+        where = "its metadata.json names no EOS token" if metadata else "it has no metadata.json"
+        raise SystemExit(
+            f"{args.data}: {where}; give --eos-token (and --bos-token) with the ids of the "
+            "tokenizer that made the data"
+        )
+    size = args.vocab_size
+    if size is not None and recorded is not None and size < recorded:
+        raise SystemExit(
+            f"--vocab-size {size} is smaller than the vocabulary of {args.data}/metadata.json "
+            f"({recorded}): its token ids would not fit the model's embedding"
+        )
+    settings["vocab_size"] = size if size is not None else recorded
+    if settings["vocab_size"] is None:
+        raise SystemExit(f"{args.data} has no metadata.json: give --vocab-size")
+    return settings
+
+
+def global_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Cross-entropy over every rank's tokens of the step: comparable across world sizes
+    (each rank's own mean is over its share of the batch only)."""
+    with torch.no_grad():
+        total = F.cross_entropy(
+            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum"
+        )
+        figures = torch.stack([total, (labels != -100).sum().to(total.dtype)])
+        dist.all_reduce(figures)  # SUM: gloo has no AVG
+    return (figures[0] / figures[1].clamp(min=1)).item()
+
+
 def latest_step(ckpt_dir: str) -> int | None:
     path = os.path.join(ckpt_dir, "latest")
     if not os.path.exists(path):
@@ -135,7 +187,15 @@ def main() -> None:
     parser.add_argument("--global-batch-size", type=int, default=8)
     parser.add_argument("--seq-length", type=int, default=64)
     parser.add_argument("--logical-shards", type=int, default=8)
-    parser.add_argument("--vocab-size", type=int, default=65536)
+    parser.add_argument(
+        "--vocab-size", type=int, help="model vocabulary (default: from the data's metadata.json)"
+    )
+    parser.add_argument(
+        "--bos-token", type=int, help="BOS id (default: from the data's metadata.json)"
+    )
+    parser.add_argument(
+        "--eos-token", type=int, help="EOS id (default: from the data's metadata.json)"
+    )
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
     parser.add_argument("--ckpt-dir", default="ckpt")
     parser.add_argument("--ckpt-every", type=int, default=0)
@@ -144,6 +204,7 @@ def main() -> None:
         "--hash-log", default=None, help="append JSON lines of step, data hash, loss"
     )
     args = parser.parse_args()
+    tokens = token_settings(args, read_metadata(args.data))
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
@@ -160,7 +221,7 @@ def main() -> None:
 
     torch.manual_seed(0)  # the same initial weights on every rank and every world size
     model = shard_model(
-        TinyLM(args.vocab_size, dim=64, layers=2, heads=4, max_len=args.seq_length).to(device)
+        TinyLM(tokens["vocab_size"], dim=64, layers=2, heads=4, max_len=args.seq_length).to(device)
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     loader = build_dataloader(
@@ -170,10 +231,10 @@ def main() -> None:
             "batch_size": args.global_batch_size // world,
             "logical_shards": args.logical_shards,
             "shuffle_window": 4,
-            "bos_token": 1,
-            "eos_token": 2,
+            "bos_token": tokens["bos_token"],
+            "eos_token": tokens["eos_token"],
             "num_workers": args.workers,
-            "vocab_size": args.vocab_size,  # a token id outside it is an error naming the file
+            "vocab_size": tokens["vocab_size"],  # a token id outside it: an error naming the file
         }
     )
 
@@ -185,10 +246,15 @@ def main() -> None:
             first_step = step
             if rank == 0:
                 print(f"resumed at step {step} on {world} rank(s)")
+    if rank == 0:
+        print(
+            f"bos_token {tokens['bos_token']}, eos_token {tokens['eos_token']}, vocab_size "
+            f"{tokens['vocab_size']}"
+        )
 
     log = open(args.hash_log, "a") if args.hash_log and rank == 0 else None
     started = time.perf_counter()
-    loss = torch.tensor(float("nan"))
+    mean_loss = float("nan")
     for batch in loader:
         if step >= args.steps:
             break
@@ -199,11 +265,12 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        mean_loss = global_mean_loss(logits, labels)
         digest = step_hash(batch["input_ids"])
         if log is not None:
             log.write(
                 json.dumps(
-                    {"step": step, "world_size": world, "data_hash": digest, "loss": loss.item()}
+                    {"step": step, "world_size": world, "data_hash": digest, "loss": mean_loss}
                 )
                 + "\n"
             )
@@ -213,7 +280,7 @@ def main() -> None:
     if rank == 0:
         tokens = (step - first_step) * args.global_batch_size * args.seq_length
         rate = tokens / (time.perf_counter() - started)
-        print(f"done at step {step}: loss {loss.item():.3f}, {rate:,.0f} tokens/s")
+        print(f"done at step {step}: loss {mean_loss:.3f} (all ranks), {rate:,.0f} tokens/s")
     dist.destroy_process_group()
 
 

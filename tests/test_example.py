@@ -1,6 +1,8 @@
 """The FSDP example under torchrun: a checkpoint taken on 2 ranks resumes on 2, 1 and 4
 ranks with exactly the global steps of the uninterrupted run (G1-G3 end to end)."""
 
+import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -35,6 +37,11 @@ def hashes(path):
         return {row["step"]: row["data_hash"] for row in map(json.loads, handle)}
 
 
+def losses(path):
+    with open(path) as handle:
+        return {row["step"]: row["loss"] for row in map(json.loads, handle)}
+
+
 @pytest.mark.slow
 def test_resume_and_rescale_under_torchrun(tmp_path):
     write_corpus(tmp_path / "data", {"a": 4, "b": 4}, docs_per_file=40, mean_length=60)
@@ -47,6 +54,10 @@ def test_resume_and_rescale_under_torchrun(tmp_path):
         "8",
         "--vocab-size",
         "20000",
+        "--bos-token",
+        "1",
+        "--eos-token",
+        "2",
         "--seq-length",
         "32",
     ]
@@ -75,6 +86,7 @@ def test_resume_and_rescale_under_torchrun(tmp_path):
         cwd=tmp_path,
     )
     reference = hashes(tmp_path / "reference.jsonl")
+    reference_losses = losses(tmp_path / "reference.jsonl")
     assert sorted(reference) == list(range(1, 11))
     assert hashes(tmp_path / "first.jsonl") == {s: reference[s] for s in range(1, 5)}
     for ranks in (2, 1, 4):
@@ -96,6 +108,11 @@ def test_resume_and_rescale_under_torchrun(tmp_path):
         assert hashes(tmp_path / f"resumed_{ranks}.jsonl") == {
             s: reference[s] for s in range(5, 11)
         }
+        # The logged loss is the mean over every rank's tokens: the same global step gives
+        # the same figure on any world size (up to the order of floating-point sums).
+        resumed = losses(tmp_path / f"resumed_{ranks}.jsonl")
+        assert resumed[5] == pytest.approx(reference_losses[5], rel=1e-4)
+        assert resumed == pytest.approx({s: reference_losses[s] for s in range(5, 11)}, rel=1e-2)
 
 
 def test_custom_format_example_matches_arrow_and_resumes(tmp_path):
@@ -122,3 +139,78 @@ def test_custom_stage_example_trains_resumes_and_rescales(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "resumed run continues exactly: True" in done.stdout
     assert "two ranks rescaled to one continue exactly: True" in done.stdout
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("train_fsdp_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_takes_special_tokens_from_metadata_and_refuses_contradictions():
+    example = load_example()
+    metadata = {
+        "tokenizer": {
+            "vocab_size": 4096,
+            "special_tokens": {"<|bos|>": 0, "<|eos|>": 1, "<|pad|>": 2},
+        }
+    }
+
+    def args(**given):
+        values = {"data": "DATA", "bos_token": None, "eos_token": None, "vocab_size": None}
+        return argparse.Namespace(**{**values, **given})
+
+    assert example.token_settings(args(), metadata) == {
+        "bos_token": 0,
+        "eos_token": 1,
+        "vocab_size": 4096,
+    }
+    agreeing = args(bos_token=0, eos_token=1, vocab_size=8192)
+    assert example.token_settings(agreeing, metadata)["vocab_size"] == 8192
+    for given, said in [
+        ({"bos_token": 1}, "--bos-token 1 contradicts"),
+        ({"eos_token": 2}, "--eos-token 2 contradicts"),
+        ({"vocab_size": 1000}, "--vocab-size 1000 is smaller"),
+    ]:
+        with pytest.raises(SystemExit, match=said):
+            example.token_settings(args(**given), metadata)
+    with pytest.raises(SystemExit, match="no metadata.json; give --eos-token"):
+        example.token_settings(args(vocab_size=10), None)
+    with pytest.raises(SystemExit, match="give --vocab-size"):
+        example.token_settings(args(bos_token=0, eos_token=1), None)
+
+
+@pytest.mark.slow
+def test_example_trains_on_the_demo_data_with_its_tokens(tmp_path):
+    """The README's path: demo output -> the example, no token ids given by hand."""
+    from fmsdata.cli.demo import write_raw
+    from fmsdata.textcorpus import bundled_tokenizer_path
+    from fmsdata.tokenize import TokenizeSpec, run_tokenize
+
+    write_raw(str(tmp_path / "raw"))
+    spec = TokenizeSpec(str(tmp_path / "tokens"), "stdlib", bundled_tokenizer_path())
+    run_tokenize(spec, [str(tmp_path / "raw")])
+    out = torchrun(
+        1,
+        "--data",
+        str(tmp_path / "tokens"),
+        "--steps",
+        "2",
+        "--seq-length",
+        "32",
+        "--hash-log",
+        str(tmp_path / "log.jsonl"),
+        cwd=tmp_path,
+    )
+    assert "bos_token 0, eos_token 1, vocab_size 4096" in out
+    assert sorted(hashes(tmp_path / "log.jsonl")) == [1, 2]
+
+
+def test_readme_training_commands_write_the_hash_log():
+    readme = os.path.join(os.path.dirname(__file__), "..", "README.md")
+    with open(readme, encoding="utf-8") as handle:
+        commands = [line for line in handle if "examples/train_fsdp.py" in line and "--" in line]
+    assert commands
+    for command in commands:
+        assert "--hash-log" in command, command
