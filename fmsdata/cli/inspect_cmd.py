@@ -192,8 +192,8 @@ def run(args: argparse.Namespace) -> int:
                     first = handler.get(reader, 0)
                     dtypes.add(str(first.dtype))
                     if sample is None:
-                        shown = range(min(args.samples, n))
-                        sample = [np.asarray(handler.get(reader, i)) for i in shown]
+                        picked = range(min(args.samples, n))
+                        sample = [np.asarray(handler.get(reader, i)) for i in picked]
                 handler.close(reader)
                 source.release(relative)
                 progress.update()
