@@ -21,7 +21,7 @@ METADATA_FILE = "metadata.json"
 # Role -> the names tokenizers give that token (bundled, Llama, GPT-2, BERT, T5 styles).
 SPECIAL_NAMES = {
     "bos": ("<|bos|>", "<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]"),
-    "eos": ("<|eos|>", "</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[SEP]"),
+    "eos": ("<|eos|>", "</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[EOS]", "[SEP]"),
     "pad": ("<|pad|>", "<pad>", "[PAD]"),
 }
 

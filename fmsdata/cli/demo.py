@@ -110,7 +110,7 @@ def next_steps(work: str, config: dict) -> list[str]:
         f"{config['eos_token']}, from its metadata.json): {path}",
         f'    in Python:  loader = fmsdata.build_dataloader("{path}")',
         f"    measure it: fmsdata bench {path}",
-        f"  look at the data: fmsdata inspect {root} --tokenizer stdlib-bpe-4k",
+        f"  look at the data (decoded with the tokenizer bundled in it): fmsdata inspect {root}",
         "  train a small model on it, on 2 processes (from a checkout of the fmsdata "
         "repository; BOS/EOS and vocabulary come from the data's metadata.json):",
         f"    torchrun --nproc_per_node 2 examples/train_fsdp.py --data {root} --steps 100 "
