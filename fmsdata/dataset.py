@@ -38,7 +38,7 @@ from fmsdata.remote.cache import FileSource, file_source
 from fmsdata.remote.storage import Storage
 from fmsdata.stages.base import SPAN_WIDTH, Stage
 from fmsdata.stages.materialize import LineWriter
-from fmsdata.stages.outputs import segment_lengths
+from fmsdata.stages.outputs import row_segment_lengths
 from fmsdata.topology import RowDealer, Topology, owned_shards, worker_shards
 from fmsdata.transport import WorkerItem, item_batch_counts
 
@@ -345,12 +345,9 @@ class RankLineDataset(IterableDataset):
         segments = segment_counts = None
         if config.return_position_ids or config.return_cu_seqlens:
             has_bol, has_eol = config.bol_token is not None, config.eol_token is not None
-            per_row = [
-                segment_lengths(spans, has_bol, has_eol, int(n), config.seq_length)
-                for spans, n in zip(lines, content)
-            ]
-            segment_counts = np.array([len(s) for s in per_row], dtype=np.int64)
-            segments = np.concatenate(per_row) if per_row else np.zeros(0, dtype=np.int64)
+            segments, segment_counts = row_segment_lengths(
+                lines, has_bol, has_eol, content, config.seq_length
+            )
         samples = None
         token_tensor = None if slot is not None else torch.from_numpy(tokens)
         if self.preprocess is not None:
