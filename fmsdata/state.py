@@ -30,6 +30,7 @@ to the caller.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import json
@@ -59,6 +60,7 @@ __all__ = [
     "mix_changed",
     "remix_shard",
     "span_names",
+    "shard_counts",
     "stage_state",
     "ConsumedState",
 ]
@@ -558,3 +560,78 @@ class ConsumedState:
 
     def advances(self) -> dict[int, int]:
         return dict(self._advance)
+
+
+def shard_counts(
+    shard_state: Any, fingerprint: Mapping[str, Any], span_datasets: Sequence[str]
+) -> dict[str, dict[str, int]]:
+    """What a logical shard's state says was delivered, per dataset of the mix.
+
+    The mixer counts the documents (and their tokens) that started in a packed line; of
+    those, some tokens are still in the shuffle buffer's lines and some are the unsent rest
+    of a document split across lines (the packer's carry). So, exactly::
+
+        delivered = taken - buffered - unsent
+
+    for tokens, and for documents (a document counts as delivered once all its pieces
+    were). Returns ``{name: {"taken_tokens", "taken_docs", "buffered_tokens",
+    "buffered_docs", "unsent_tokens", "unsent_docs", "delivered_tokens",
+    "delivered_docs"}}``. Lines emitted after the state (``advance``) are not in it.
+    """
+    names = list(fingerprint["datasets"])
+    counts = {name: dict.fromkeys(_COUNT_KEYS, 0) for name in names}
+    if shard_state is None:
+        return counts
+    mixer = stage_state(shard_state, fingerprint, "mixer")
+    for name in names:
+        counts[name]["taken_tokens"] = int(mixer["tokens"].get(name, 0))
+        source = mixer["sources"].get(name)
+        counts[name]["taken_docs"] = int(source["docs"]) if source else 0
+    held: list[tuple[str, np.ndarray]] = []
+    if _has_role(fingerprint, "shuffle"):
+        shuffle = stage_state(shard_state, fingerprint, "shuffle")
+        for line in unpack_lines(shuffle[BUFFER_KEY]):
+            held.extend(("buffered", span[:5]) for span in np.asarray(line).tolist())
+    if _has_role(fingerprint, "packer"):
+        carry = stage_state(shard_state, fingerprint, "packer")["carry"]
+        if len(carry):
+            held.append(("unsent", list(carry)[:5]))
+    # A document is delivered once all its pieces were: one with a piece held is not
+    # (unsent if its rest is the carry, else buffered). The same document held twice
+    # (from two epochs) shows as a start held twice.
+    pieces: dict[tuple[int, int, int], list[tuple[str, int]]] = {}
+    for where, (ds, file, doc, start, length) in held:
+        name = span_datasets[int(ds)]
+        if name in counts:
+            counts[name][f"{where}_tokens"] += int(length)
+        pieces.setdefault((int(ds), int(file), int(doc)), []).append((where, int(start)))
+    for (ds, _, _), held_pieces in pieces.items():
+        name = span_datasets[ds]
+        if name in counts:
+            starts = collections.Counter(start for _, start in held_pieces)
+            times = max(starts.values())
+            unsent = any(where == "unsent" for where, _ in held_pieces)
+            counts[name]["unsent_docs"] += int(unsent)
+            counts[name]["buffered_docs"] += times - int(unsent)
+    for entry in counts.values():
+        for unit in ("tokens", "docs"):
+            entry[f"delivered_{unit}"] = (
+                entry[f"taken_{unit}"] - entry[f"buffered_{unit}"] - entry[f"unsent_{unit}"]
+            )
+    return counts
+
+
+_COUNT_KEYS = (
+    "taken_tokens",
+    "taken_docs",
+    "buffered_tokens",
+    "buffered_docs",
+    "unsent_tokens",
+    "unsent_docs",
+    "delivered_tokens",
+    "delivered_docs",
+)
+
+
+def _has_role(fingerprint: Mapping[str, Any], role: str) -> bool:
+    return any(stage.get("role") == role for stage in fingerprint.get("stages") or [])

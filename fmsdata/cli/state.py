@@ -20,7 +20,8 @@ from fmsdata.errors import StateMismatchError
 
 SHOW_DESCRIPTION = (
     "Print what a saved loader state holds: per dataset and per logical shard, the epoch, "
-    "the position in it, the documents and tokens seen, and the skips. PATH is a loader "
+    "the position in it, the documents and tokens delivered (lines still in the shuffle "
+    "buffer and the unsent rest of split documents apart), and the skips. PATH is a loader "
     "checkpoint folder (loader_rank_*.fms files), a folder of automatic checkpoints (the "
     "newest complete step_* folder is read), a single state file, or a "
     "torch.distributed.checkpoint folder holding a loader entry. Nothing is unpickled that "
@@ -48,6 +49,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         metavar="FILE.png",
         help="also draw, per dataset, how far each logical shard has read and the token "
         'shares delivered against the weights (needs matplotlib: pip install "fmsdata[plot]")',
+    )
+    show.add_argument(
+        "--config",
+        help="the run's loader config (YAML): replay the lines emitted after each shard's "
+        "recorded state, reading the data, so delivered counts are exact",
     )
     show.set_defaults(run=run_show)
 
@@ -92,15 +98,19 @@ def _is_loader_key(key: str) -> bool:
 
 
 def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per dataset and per logical shard: epoch, position, documents, tokens, skips."""
-    from fmsdata.state import stage_state
+    """Per dataset and per logical shard: epoch, position, documents, tokens, skips; and
+    what was delivered (``fmsdata.state.shard_counts``)."""
+    from fmsdata.state import shard_counts, stage_state
 
     first = states[0]
-    names = list(first["fingerprint"]["datasets"])
+    fingerprint = first["fingerprint"]
+    names = list(fingerprint["datasets"])
     shards = []
     totals: dict[str, dict[str, float]] = {
         name: {"docs": 0, "tokens": 0, "skipped": 0, "passes": 0.0, "size": 0} for name in names
     }
+    delivered = {name: dict.fromkeys(_DELIVERY_KEYS, 0) for name in names}
+    lines = pending = 0
     for state in states:
         for entry in sorted(state["shards"], key=lambda e: e["id"]):
             row: dict[str, Any] = {
@@ -108,24 +118,31 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "advance": int(entry["advance"]),
                 "datasets": {},
             }
-            mixer = stage_state(entry["state"], first["fingerprint"], "mixer")
+            pending += row["advance"]
+            lines += row["advance"] + _emitted(entry["state"], fingerprint)
+            counts = shard_counts(entry["state"], fingerprint, state["span_datasets"])
+            mixer = stage_state(entry["state"], fingerprint, "mixer")
             for name in names:
                 stream = mixer["sources"][name] if mixer and name in mixer["sources"] else None
-                tokens = int(mixer["tokens"].get(name, 0)) if mixer else 0
                 size = int(stream["size"]) if stream else -1
                 info: dict[str, Any] = {
                     "epoch": int(stream["epoch"]) if stream else 0,
                     "pos": int(stream["pos"]) if stream else 0,
                     "size": size,
-                    "docs": int(stream["docs"]) if stream else 0,
+                    "docs": counts[name]["delivered_docs"],
                     "skipped": int(stream["skipped"]) if stream else 0,
-                    "tokens": tokens,
+                    "tokens": counts[name]["delivered_tokens"],
+                    "buffered_docs": counts[name]["buffered_docs"],
+                    "buffered_tokens": counts[name]["buffered_tokens"],
+                    "unsent_tokens": counts[name]["unsent_tokens"],
                 }
                 info["epochs_done"] = info["epoch"] + info["pos"] / size if size > 0 else None
                 row["datasets"][name] = info
                 total = totals[name]
                 for key in ("docs", "tokens", "skipped"):
                     total[key] += info[key]
+                for key in _DELIVERY_KEYS:
+                    delivered[name][key] += counts[name][key]
                 if size > 0:
                     total["passes"] += info["epoch"] * size + info["pos"]
                     total["size"] += size
@@ -134,6 +151,7 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         name: {
             "docs": t["docs"],
             "tokens": t["tokens"],
+            **{key: delivered[name][key] for key in _DELIVERY_KEYS},
             "skipped_docs": t["skipped"],
             "epochs_done": t["passes"] / t["size"] if t["size"] else None,
         }
@@ -144,12 +162,48 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "world_size": first["world_size"],
         "steps": first["steps"],
         "skips": first["skips"],
-        "logical_shards": first["fingerprint"]["logical_shards"],
-        "weights": first["fingerprint"].get("weights"),
-        "weight_schedule": first["fingerprint"].get("weight_schedule"),
+        "logical_shards": fingerprint["logical_shards"],
+        "weights": fingerprint.get("weights"),
+        "weight_schedule": fingerprint.get("weight_schedule"),
+        "lines": lines,
+        "uncounted_lines": pending,
         "datasets": datasets,
         "shards": shards,
     }
+
+
+_DELIVERY_KEYS = (
+    "taken_tokens",
+    "taken_docs",
+    "buffered_tokens",
+    "buffered_docs",
+    "unsent_tokens",
+    "unsent_docs",
+    "delivered_tokens",
+    "delivered_docs",
+)
+
+
+def _emitted(shard_state: Any, fingerprint: dict[str, Any]) -> int:
+    """Lines a shard's state says it emitted (0 when not started or no shuffle stage)."""
+    from fmsdata.state import stage_state
+
+    if shard_state is None or not any(
+        s.get("role") == "shuffle" for s in fingerprint.get("stages") or []
+    ):
+        return 0
+    return int(stage_state(shard_state, fingerprint, "shuffle")["emitted"])
+
+
+def settle_states(states: Sequence[dict[str, Any]], config: str) -> list[dict[str, Any]]:
+    """The states loaded into a one-rank loader over ``config`` and settled: the lines
+    emitted after each shard's recorded state are replayed (reading document lengths from
+    the data), so every count is exact."""
+    from fmsdata.loader import build_dataloader
+
+    loader = build_dataloader(config, rank=0, world_size=1)
+    loader.load_state_dict(list(states))
+    return [loader.snapshot(settle=True)]
 
 
 def _fraction(value: float | None) -> str:
@@ -162,6 +216,8 @@ def run_show(args: argparse.Namespace) -> int:
 
         check_plot_target(args.plot)
     where, states = read_states(args.path)
+    if args.config:
+        states = settle_states(states, args.config)
     summary = summarize(states)
     if args.plot is not None:
         plot_state(summary, args.plot, title=f"loader state: {where}")
@@ -177,23 +233,45 @@ def run_show(args: argparse.Namespace) -> int:
         print("skips: " + ", ".join(f"{n} steps at step {at}" for at, n in summary["skips"]))
     mix = summary["weight_schedule"] or summary["weights"]
     print(f"mix: {mix if mix is not None else 'equal weights'}")
-    print(f"\n{'dataset':16} {'documents':>12} {'tokens':>16} {'skipped':>9} {'epochs done':>12}")
+    print(
+        f"lines delivered: {summary['lines']:,} (= steps x global batch size; the lines of "
+        "skipped steps are included: passed over, not trained on)"
+    )
+    if summary["uncounted_lines"]:
+        print(
+            f"note: {summary['uncounted_lines']:,} of those lines were emitted after their "
+            "shard's recorded position (a worker item in flight); the token and document "
+            "counts below leave them out: pass --config with the run's loader config to "
+            "count them"
+        )
+    print(
+        "\ndelivered = in lines handed out; buffered = in lines still in the shuffle buffer; "
+        "unsent = rest of a document split across lines, not handed out yet"
+    )
+    print(
+        f"{'dataset':16} {'delivered docs':>14} {'tokens':>14} {'buffered docs':>13} "
+        f"{'tokens':>10} {'unsent tokens':>13} {'skipped':>8} {'epochs done':>11}"
+    )
     for name, total in summary["datasets"].items():
         print(
-            f"{name:16} {total['docs']:12,} {total['tokens']:16,} {total['skipped_docs']:9,} "
-            f"{_fraction(total['epochs_done']):>12}"
+            f"{name:16} {total['docs']:14,} {total['tokens']:14,} {total['buffered_docs']:13,} "
+            f"{total['buffered_tokens']:10,} {total['unsent_tokens']:13,} "
+            f"{total['skipped_docs']:8,} {_fraction(total['epochs_done']):>11}"
         )
     header = f"{'shard':>5} {'dataset':16} {'epoch':>5} {'position':>17}"
-    print(f"\n{header} {'documents':>10} {'tokens':>14}")
+    print(f"\n{header} {'delivered docs':>14} {'tokens':>14} {'buffered tokens':>15}")
     for row in summary["shards"]:
         for name, info in row["datasets"].items():
             position = f"{info['pos']}/{info['size']}" if info["size"] >= 0 else "not started"
             print(
-                f"{row['id']:5} {name:16} {info['epoch']:5} {position:>17} {info['docs']:10,} "
-                f"{info['tokens']:14,}"
+                f"{row['id']:5} {name:16} {info['epoch']:5} {position:>17} {info['docs']:14,} "
+                f"{info['tokens']:14,} {info['buffered_tokens']:15,}"
             )
         if row["advance"]:
-            print(f"{'':5} (+{row['advance']} line(s) emitted after this recorded position)")
+            print(
+                f"{'':5} (+{row['advance']} line(s) emitted after this recorded position, "
+                "not in these counts)"
+            )
     if args.plot is not None:
         print(f"\nplot written to {args.plot}")
     return 0
