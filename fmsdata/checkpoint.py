@@ -14,6 +14,8 @@ with ``LoadPlanner()`` (see ``FmsDataLoader.state_dict``).
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import logging
 import os
 import re
@@ -28,7 +30,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from fmsdata.errors import StateMismatchError
 from fmsdata.state import META_KEY, SHARD_PREFIX
-from fmsdata.statefile import load_state, save_state
+from fmsdata.statefile import load_state, peek_state, save_state
 from fmsdata.topology import owned_shards
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "rank_file",
     "rank_files",
     "latest_checkpoint",
+    "step_folders",
     "LoadPlanner",
     "AutoCheckpointer",
 ]
@@ -82,11 +85,60 @@ def rank_files(ckpt_dir: str) -> dict[int, str]:
     return found
 
 
+@dataclasses.dataclass(frozen=True)
+class _Save:
+    """What one rank file says about the save it belongs to."""
+
+    rank: int
+    world_size: int
+    steps: int
+
+
+def _save_of(path: str) -> _Save:
+    """The rank, world size and step a rank file records (reads only its JSON part).
+
+    Raises:
+        StateMismatchError: Unreadable, or the fields are missing or not counts.
+        FileNotFoundError: The file is gone (another rank pruned it).
+    """
+    header = peek_state(path)
+    fields = [header.get(k) if isinstance(header, dict) else None for k in _SAVE_FIELDS]
+    if not all(type(v) is int for v in fields) or fields[0] < 0 or fields[1] < 1 or fields[2] < 0:
+        found = dict(zip(_SAVE_FIELDS, fields))
+        raise StateMismatchError(f"{path}: not a loader state of one rank of a save ({found})")
+    return _Save(*fields)
+
+
+_SAVE_FIELDS = ("rank", "world_size", "steps")
+
+
+def _complete_save(ckpt_dir: str) -> tuple[dict[int, str], _Save] | None:
+    """The rank files of ``ckpt_dir`` and its save when every rank of that save wrote its
+    file, else None. Rank 0's file names the world size; every rank below it must have a
+    file recording the same world size and step. Files vanishing meanwhile (pruned by
+    another rank) make the folder incomplete, never an error."""
+    try:
+        files = rank_files(ckpt_dir)
+        if 0 not in files:
+            return None
+        first = _save_of(files[0])
+        for rank in range(first.world_size):
+            if rank not in files or _save_of(files[rank]) != dataclasses.replace(first, rank=rank):
+                return None
+    except (StateMismatchError, FileNotFoundError):
+        return None
+    return {rank: files[rank] for rank in range(first.world_size)}, first
+
+
 def load_loader_state(
     loader: Any, ckpt_dir: str | os.PathLike[str], allow_changes: Sequence[str] = ()
 ) -> None:
     """Resume ``loader`` from a checkpoint folder written by ``save_loader_state``, on this
     world size or any other.
+
+    The folder must hold one file per rank of the saving run, all from the same step
+    (checked from every file, not only the ones this rank reads), so ranks never resume
+    from different saves.
 
     Args:
         loader: An ``FmsDataLoader``.
@@ -101,10 +153,15 @@ def load_loader_state(
     files = rank_files(ckpt_dir)
     if not files:
         raise StateMismatchError(f"{ckpt_dir}: no loader state files (loader_rank_*.fms)")
-    first = load_state(files[min(files)])
-    saved_world = first.get("world_size") if isinstance(first, dict) else None
-    if not isinstance(saved_world, int) or saved_world < 1:
-        raise StateMismatchError(f"{files[min(files)]}: no valid world_size in the loader state")
+    saves = {}
+    for rank, path in sorted(files.items()):
+        try:
+            saves[rank] = _save_of(path)
+        except FileNotFoundError:
+            raise StateMismatchError(f"{path}: removed while the checkpoint was read") from None
+        if saves[rank].rank != rank:
+            raise StateMismatchError(f"{path}: holds the state of rank {saves[rank].rank}")
+    saved_world = saves[min(files)].world_size
     missing = [rank_file(ckpt_dir, r) for r in range(saved_world) if r not in files]
     if missing:
         raise StateMismatchError(
@@ -116,15 +173,15 @@ def load_loader_state(
         raise StateMismatchError(
             f"{ckpt_dir}: holds rank files {extra} beyond the saving world size {saved_world}"
         )
-    states = [first] if min(files) in _needed(loader, saved_world) else []
-    for rank in sorted(_needed(loader, saved_world) - {min(files)}):
-        states.append(load_state(files[rank]))
-    steps = {int(s["steps"]) for s in states}
-    if len(steps) > 1:
+    worlds = sorted({save.world_size for save in saves.values()})
+    steps = sorted({save.steps for save in saves.values()})
+    if len(worlds) > 1 or len(steps) > 1:
+        detail = ", ".join(f"rank {r}: step {s.steps} of {s.world_size}" for r, s in saves.items())
         raise StateMismatchError(
-            f"{ckpt_dir}: rank files come from different steps {sorted(steps)} "
-            "(a save that did not finish on every rank)"
+            f"{ckpt_dir}: rank files come from different steps or world sizes ({detail}); "
+            "a save that did not finish on every rank"
         )
+    states = [load_state(files[rank]) for rank in sorted(_needed(loader, saved_world))]
     loader.load_state_dict(states, allow_changes=allow_changes)
 
 
@@ -137,26 +194,26 @@ def _needed(loader: Any, saved_world: int) -> set[int]:
     }
 
 
+def step_folders(root: str | os.PathLike[str]) -> list[str]:
+    """Names of the ``step_*`` folders under ``root``, oldest first (none if no root)."""
+    try:
+        names = os.listdir(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(name for name in names if _STEP_DIR.match(name))
+
+
 def latest_checkpoint(root: str | os.PathLike[str]) -> str | None:
     """The newest ``step_*`` folder under ``root`` that every saving rank finished, or None.
 
     A folder is complete when it holds one file per rank of the world size its files
-    record; a save interrupted on some rank leaves an incomplete folder, which is skipped.
+    record, all of the same step; a save interrupted on some rank leaves an incomplete
+    folder, which is skipped. Folders removed while this looks are skipped too.
     """
     root = os.fspath(root)
-    if not os.path.isdir(root):
-        return None
-    steps = sorted((name for name in os.listdir(root) if _STEP_DIR.match(name)), reverse=True)
-    for name in steps:
+    for name in reversed(step_folders(root)):
         folder = os.path.join(root, name)
-        files = rank_files(folder)
-        if not files:
-            continue
-        try:
-            world = load_state(files[min(files)])["world_size"]
-        except (StateMismatchError, KeyError, TypeError):
-            continue
-        if set(files) == set(range(world)):
+        if _complete_save(folder) is not None:
             return folder
     return None
 
@@ -201,8 +258,16 @@ class AutoCheckpointer:
     background thread so the training loop does not wait on the disk.
 
     The state is captured on the calling thread (it describes exactly the batches handed
-    out so far); serializing and writing happen on the thread. Only the newest ``keep``
-    step folders are kept (each rank removes its own files; emptied folders go).
+    out so far); serializing and writing happen on the thread. ``wait()`` (called before
+    the next save, by ``FmsDataLoader.close()`` and at interpreter exit) finishes a save in
+    flight. Each file is written under a temporary name and renamed, so a save cut short
+    never leaves a half file under the final name.
+
+    Only rank 0 removes old folders, and only complete ones beyond the newest ``keep``
+    complete saves (``keep`` 0 keeps all), plus incomplete ones older than those (saves
+    abandoned by a crash): the newest complete checkpoint is never removed before the next
+    one is complete on every rank. A folder is removed by renaming it out of the
+    ``step_*`` namespace first, so no reader ever sees it half deleted.
     """
 
     def __init__(self, root: str, every: int, keep: int = 2):
@@ -220,31 +285,64 @@ class AutoCheckpointer:
         snapshot = loader.snapshot()
         folder = os.path.join(self.root, f"step_{steps:09d}")
         self._thread = threading.Thread(target=self._save, args=(snapshot, folder), daemon=True)
+        _pending_saves(self)
         self._thread.start()
 
     def _save(self, snapshot: dict[str, Any], folder: str) -> None:
         try:
             _write(snapshot, folder)
-            self._prune(int(snapshot["rank"]))
+            if int(snapshot["rank"]) == 0:
+                self._prune()
         except BaseException as err:  # reported on the training thread by wait()
             self._error = err
 
-    def _prune(self, rank: int) -> None:
-        steps = sorted(name for name in os.listdir(self.root) if _STEP_DIR.match(name))
-        for name in steps[: -self.keep] if self.keep > 0 else []:
-            folder = os.path.join(self.root, name)
-            try:
-                os.remove(rank_file(folder, rank))
-            except FileNotFoundError:
-                pass
-            if not os.listdir(folder):
-                shutil.rmtree(folder, ignore_errors=True)
+    def _prune(self) -> None:
+        names = step_folders(self.root)
+        complete = [n for n in names if _complete_save(os.path.join(self.root, n)) is not None]
+        if not complete or self.keep <= 0:
+            return
+        oldest_kept = complete[-self.keep :][0]
+        for name in names:
+            if name < oldest_kept:
+                _remove_folder(os.path.join(self.root, name))
 
     def wait(self) -> None:
         """Block until the save in flight is written; re-raise its error, if any."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        _pending.discard(self)
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+
+_pending: set[AutoCheckpointer] = set()
+
+
+def _pending_saves(checkpointer: AutoCheckpointer) -> None:
+    """Hold ``checkpointer`` until its save is waited for; at interpreter exit, wait for
+    every save still running (its loader may be gone already, the thread is a daemon)."""
+    if not _pending:
+        atexit.unregister(_finish_pending_saves)
+        atexit.register(_finish_pending_saves)
+    _pending.add(checkpointer)
+
+
+def _finish_pending_saves() -> None:
+    for checkpointer in list(_pending):
+        try:
+            checkpointer.wait()
+        except Exception:
+            logger.exception("the loader checkpoint being saved at exit failed")
+
+
+def _remove_folder(folder: str) -> None:
+    """Take ``folder`` out of view atomically (rename), then delete it; gone already is fine."""
+    parent, name = os.path.split(folder)
+    doomed = os.path.join(parent, f".removing-{name}-{os.getpid()}")
+    try:
+        os.rename(folder, doomed)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)

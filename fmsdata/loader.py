@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import os
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from fmsdata.checkpoint import AutoCheckpointer, latest_checkpoint, load_loader_state
+from fmsdata.checkpoint import (
+    AutoCheckpointer,
+    latest_checkpoint,
+    load_loader_state,
+    step_folders,
+)
 from fmsdata.config import LoaderConfig, as_config
 from fmsdata.dataset import Preprocess, RankLineDataset, Start
 from fmsdata.errors import ConfigError, StateMismatchError
@@ -118,6 +125,26 @@ class _AheadFeed(_Feed):
         self._thread.close()
 
 
+_open_loaders: weakref.WeakSet[FmsDataLoader] = weakref.WeakSet()
+
+
+def _close_open_loaders() -> None:
+    """At interpreter exit, while every module is still whole: finish pending checkpoint
+    saves and close the files and workers of iterations still running."""
+    for loader in list(_open_loaders):
+        try:
+            loader.close()
+        except Exception:
+            logger.exception("closing the data loader at interpreter exit failed")
+
+
+def _track(loader: FmsDataLoader) -> None:
+    if not _open_loaders:
+        atexit.unregister(_close_open_loaders)  # registered once, however many loaders
+        atexit.register(_close_open_loaders)
+    _open_loaders.add(loader)
+
+
 class FmsDataLoader(DataLoader):
     """A DataLoader over a rank's logical shards whose state is exactly what was consumed.
 
@@ -151,10 +178,34 @@ class FmsDataLoader(DataLoader):
             if config.checkpoint_dir and config.checkpoint_every
             else None
         )
+        self._iterations: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
+        _track(self)
 
     # -- iteration -----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        iteration = self._batches()
+        self._iterations.add(iteration)
+        return iteration
+
+    def close(self) -> None:
+        """Finish the checkpoint save in flight, then stop every iteration of this loader
+        (its workers and open files go). Safe to call twice; iterating again afterwards
+        continues from the consumed state. Runs by itself at interpreter exit.
+
+        Raises:
+            The error of the pending save, if it failed (after the iterations are closed).
+        """
+        try:
+            if self.checkpointer is not None:
+                self.checkpointer.wait()
+        finally:
+            self._parts = None
+            for iteration in list(self._iterations):
+                if not iteration.gi_running:  # type: ignore[attr-defined]
+                    iteration.close()  # type: ignore[attr-defined]
+
+    def _batches(self) -> Iterator[Any]:
         tuples = self.config.batch_format != "dict"
         while True:
             generation = self._generation
@@ -505,6 +556,12 @@ def build_dataloader(
         if latest is not None:
             logger.info("resuming the loader from %s", latest)
             load_loader_state(loader, latest)
+        elif step_folders(config.checkpoint_dir):
+            logger.warning(
+                "%s holds step_* folders but none is complete (every rank's file of one save): "
+                "the loader starts from the beginning",
+                config.checkpoint_dir,
+            )
     if config.logical_shards % topology.world_size:
         logger.warning(
             "logical_shards=%d is not a multiple of world_size=%d: ranks get unequal shard counts "

@@ -19,7 +19,7 @@ import numpy as np
 
 from fmsdata.errors import StateMismatchError
 
-__all__ = ["save_state", "load_state", "state_to_bytes", "state_from_bytes"]
+__all__ = ["save_state", "load_state", "peek_state", "state_to_bytes", "state_from_bytes"]
 
 _JSON = "state.json"
 _ARRAY_KEY = "__array__"
@@ -124,3 +124,20 @@ def load_state(path: str | os.PathLike[str]) -> Any:
     path = os.fspath(path)
     with open(path, "rb") as handle:
         return state_from_bytes(handle.read(), path)
+
+
+def peek_state(path: str | os.PathLike[str]) -> Any:
+    """The JSON part of a state file, arrays not read (they stay ``{"__array__": name}``):
+    the cheap way to see a state's scalar fields, such as the step and world size of a save.
+
+    Raises:
+        StateMismatchError: Not a readable state file (names the path).
+        OSError: The file cannot be opened (``FileNotFoundError`` when it is gone).
+    """
+    path = os.fspath(path)
+    with open(path, "rb") as handle:
+        try:
+            with zipfile.ZipFile(handle) as archive:
+                return json.loads(archive.read(_JSON).decode("utf-8"))
+        except (zipfile.BadZipFile, KeyError, ValueError, EOFError, UnicodeDecodeError) as err:
+            raise StateMismatchError(f"{path}: not a readable loader state file ({err})") from None

@@ -112,10 +112,12 @@ class _DocBatchReader:
         return self.flat[start : start + int(self.lengths[i])]
 
     def close(self) -> None:
-        self.flat = np.empty(0, dtype=self.dtype)
-        self._bytes = np.empty(0, dtype=np.uint8)
+        # No module globals here: a reader still open at interpreter exit is closed while
+        # modules are being torn down (``np`` may already be None by then).
+        self._bytes = self.mapped.close()
+        self.flat = self._bytes.view(self.dtype)
         self._ipc = None
-        self.mapped.close()
+        self._copies = {}
 
 
 class ArrowDocHandler(FileHandler):

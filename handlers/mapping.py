@@ -21,6 +21,8 @@ __all__ = ["MappedFile", "resident_file_bytes"]
 class MappedFile:
     """A whole file mapped read-only; ``bytes`` is a uint8 view of it."""
 
+    _CLOSED = np.empty(0, dtype=np.uint8)  # what ``bytes`` is after ``close``
+
     def __init__(self, path: str):
         self.path = path
         with open(path, "rb") as handle:
@@ -41,10 +43,15 @@ class MappedFile:
         if self._map is not None and hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED)
 
-    def close(self) -> None:
-        """Forget the mapping; it is unmapped once no array views of it remain."""
-        self.bytes = np.empty(0, dtype=np.uint8)
+    def close(self) -> np.ndarray:
+        """Forget the mapping; it is unmapped once no array views of it remain.
+
+        Returns the empty array ``bytes`` now is. Uses no module globals, so it also works
+        when a reader is closed during interpreter shutdown.
+        """
+        self.bytes = self._CLOSED
         self._map = None
+        return self._CLOSED
 
 
 def resident_file_bytes() -> int | None:
