@@ -23,7 +23,9 @@ from fmsdata.config import LoaderConfig, as_config
 from fmsdata.dataset import Preprocess, RankLineDataset, Start
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.handlers import handler_from_config
-from fmsdata.pipeline import StageFactory
+from fmsdata.pipeline import StageFactory, build_pipeline
+from fmsdata.spancheck import check_saved_spans
+from fmsdata.stages.base import held_spans, walk
 from fmsdata.state import (
     MIX_FIELDS,
     STATE_VERSION,
@@ -35,6 +37,7 @@ from fmsdata.state import (
     span_names,
     stream_fingerprint,
 )
+from fmsdata.statecheck import within
 from fmsdata.threads import AheadThread
 from fmsdata.topology import RowDealer, Topology
 from fmsdata.transport import WorkerItem, assemble_batch, item_batch_counts, ring_shape
@@ -445,6 +448,7 @@ class FmsDataLoader(DataLoader):
             )
         shards = {sid: saved.shards[sid] for sid in dataset.shard_ids}
         rebase = mix_change and mix_changed(saved.fingerprint, current)
+        self._check_shard_states(shards, saved, self._saved_mix(saved) if rebase else dataset)
         if rebase:
             shards = self._replay_old_mix(shards, saved)
         mix = dataset.mix_names
@@ -473,15 +477,10 @@ class FmsDataLoader(DataLoader):
         )
         self._generation += 1
 
-    def _replay_old_mix(
-        self, shards: dict[int, tuple[Any, int]], saved: Any
-    ) -> dict[int, tuple[Any, int]]:
-        """Replay the lines consumed after each shard's last full state with the mix they
-        were drawn with, so a changed mix takes effect exactly at the resume point."""
+    def _saved_mix(self, saved: Any) -> RankLineDataset:
+        """This rank's dataset as configured when ``saved`` was taken (its dataset list,
+        weights and schedule), for reading and replaying states of another mix."""
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        pending = [sid for sid, (state, advance) in shards.items() if state is not None and advance]
-        if not pending:
-            return shards
         fingerprint = saved.fingerprint
         old = self.config.replace(
             **{field: fingerprint[field] for field in MIX_FIELDS},
@@ -493,6 +492,52 @@ class FmsDataLoader(DataLoader):
         replay.drain_datasets = tuple(
             n for n in saved.span_datasets if n not in fingerprint["datasets"]
         )
+        return replay
+
+    def _check_shard_states(
+        self, shards: Mapping[int, tuple[Any, int]], saved: Any, source: RankLineDataset
+    ) -> None:
+        """Every shard state read strictly against the data before anything runs: each
+        stage checks its own keys, types and ranges (loading the state into a chain built
+        for that shard), each document stream its position against the shard's documents,
+        and every saved span its dataset, file, document and end. Raises
+        StateMismatchError naming the path inside the state and the value."""
+        pending = {sid: state for sid, (state, _) in shards.items() if state is not None}
+        if not pending:
+            return
+        context = source.shard_context(len(pending))
+        try:
+            accesses = {access.name: access for access in context.accesses}
+            for sid, state in pending.items():
+                with within(saved.paths.get(sid, f"logical shard {sid}")):
+                    pipeline = build_pipeline(sid, context.recipe, context.accesses, source.stages)
+                    with within("stages"):
+                        pipeline.top.load_state_dict(state["stages"])
+                    for path, stage in walk(pipeline.top):
+                        names = getattr(stage, "names", ())
+                        for name, stream in zip(names, getattr(stage, "streams", ())):
+                            with within(".".join(["stages", *path, "sources", name])):
+                                stream.size  # noqa: B018 (sets the stream up: checks pos, size)
+                    check_saved_spans(
+                        held_spans(pipeline.top, state["stages"]),
+                        "",
+                        saved.span_datasets,
+                        accesses,
+                        context.recipe.decoration,
+                    )
+        finally:
+            context.close()
+
+    def _replay_old_mix(
+        self, shards: dict[int, tuple[Any, int]], saved: Any
+    ) -> dict[int, tuple[Any, int]]:
+        """Replay the lines consumed after each shard's last full state with the mix they
+        were drawn with, so a changed mix takes effect exactly at the resume point."""
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        pending = [sid for sid, (state, advance) in shards.items() if state is not None and advance]
+        if not pending:
+            return shards
+        replay = self._saved_mix(saved)
         context = replay.shard_context(len(pending))
         shards = dict(shards)
         try:

@@ -45,6 +45,7 @@ from fmsdata.errors import StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.stages.base import DatasetRenumbering, Stage, held_spans, renumber_state
 from fmsdata.stages.shuffle import BUFFER_KEY, apply_journal, pack_lines, unpack_lines
+from fmsdata.statecheck import fail, join, need_count, need_int, need_keys, need_list, need_mapping
 from fmsdata.statefile import state_from_bytes, state_to_bytes
 from fmsdata.transport import WorkerItem
 
@@ -179,11 +180,16 @@ def _check_stages(saved: Any, current: Any, allowed: set[str], mix_change: bool)
     def shape(stages: Any) -> list[tuple[Any, Any]]:
         if not isinstance(stages, list) or not all(isinstance(s, Mapping) for s in stages):
             raise StateMismatchError(f"fingerprint 'stages' must be a list of stages: {stages!r}")
+        for i, stage in enumerate(stages):
+            where = f"fingerprint.stages[{i}]"
+            need_keys(stage, where, ("path", "stage", "role", "settings"))
+            need_mapping(stage["settings"], f"{where}.settings")
         return [(_plain(s.get("path")), s.get("stage")) for s in stages]
 
     if saved is None:
         raise StateMismatchError(
-            "the saved loader state records no stages (saved by an older fmsdata)"
+            "fingerprint.stages: the saved loader state records no stages "
+            "(saved by an older fmsdata)"
         )
     if shape(saved) != shape(current):
         raise StateMismatchError(
@@ -299,17 +305,30 @@ def _tensor_bytes(value: Any) -> bytes:
     raise StateMismatchError(f"packed loader state entry is a {type(value).__name__}, not bytes")
 
 
-def _check_top(state: Any) -> None:
+def _check_top(state: Any, path: str) -> None:
+    """The rank-level fields of a saved state: present, of their types, in range."""
     if not isinstance(state, Mapping):
-        raise StateMismatchError(f"a loader state must be a mapping, got {type(state).__name__}")
+        raise fail(path, f"a loader state must be a mapping, got {type(state).__name__}")
     missing = [k for k in TOP_KEYS if k not in state]
     if missing:
-        raise StateMismatchError(f"loader state lacks {missing}; is this an fmsdata state?")
+        raise fail(path, f"loader state lacks {missing}; is this an fmsdata state?")
     if state["version"] != STATE_VERSION:
-        raise StateMismatchError(
+        raise fail(
+            join(path, "version"),
             f"loader state has version={state['version']!r}, "
-            f"this fmsdata reads version={STATE_VERSION}"
+            f"this fmsdata reads version={STATE_VERSION}",
         )
+    need_mapping(state["fingerprint"], join(path, "fingerprint"))
+    need_int(state["world_size"], join(path, "world_size"), 1)
+    need_count(state["steps"], join(path, "steps"))
+    for i, skip in enumerate(need_list(state["skips"], join(path, "skips"))):
+        at, n = need_list(skip, join(path, f"skips[{i}]"), 2)
+        need_count(at, join(path, f"skips[{i}][0]"))
+        need_int(n, join(path, f"skips[{i}][1]"), 1)
+    for i, name in enumerate(need_list(state["span_datasets"], join(path, "span_datasets"))):
+        if not isinstance(name, str):
+            raise fail(join(path, f"span_datasets[{i}]"), f"expected a dataset name, got {name!r}")
+    need_list(state["shards"], join(path, "shards"))
 
 
 def mix_changed(saved: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
@@ -362,6 +381,7 @@ class Gathered:
     skips: list[list[int]]
     fingerprint: dict[str, Any]
     span_datasets: list[str]
+    paths: dict[int, str] = dataclasses.field(default_factory=dict)  # shard id -> its path
 
 
 def gather_shard_states(
@@ -384,35 +404,43 @@ def gather_shard_states(
     """
     states = as_rank_states(states)
     shards: dict[int, tuple[Any, int]] = {}
+    paths: dict[int, str] = {}
     steps = set()
-    for state in states:
-        _check_top(state)
+    for r, state in enumerate(states):
+        path = f"states[{r}]" if len(states) > 1 else ""
+        _check_top(state, path)
         check_fingerprint(state["fingerprint"], fingerprint, allow, mix_change)
         steps.add(int(state["steps"]))
-        for entry in state["shards"]:
-            sid = int(entry["id"])
+        for k, entry in enumerate(state["shards"]):
+            where = join(path, f"shards[{k}]")
+            need_keys(entry, where, ("id", "state", "advance"))
+            sid = need_count(entry["id"], join(where, "id"))
             if sid in shards:
-                raise StateMismatchError(
-                    f"logical shard {sid} appears in more than one saved state"
+                raise fail(
+                    join(where, "id"), f"logical shard {sid} appears in more than one saved state"
                 )
-            if not 0 <= sid < n_shards:
-                raise StateMismatchError(
-                    f"saved state names logical shard {sid}, outside 0..{n_shards - 1}"
+            if sid >= n_shards:
+                raise fail(
+                    join(where, "id"),
+                    f"saved state names logical shard {sid}, outside 0..{n_shards - 1}",
                 )
-            if set(entry) != {"id", "state", "advance"}:
-                raise StateMismatchError(
-                    f"shard entry has keys {sorted(entry)}, expected ['advance', 'id', 'state']"
-                )
-            advance = int(entry["advance"])
-            if advance < 0:
-                raise StateMismatchError(f"logical shard {sid} has a negative advance {advance}")
+            advance = need_count(entry["advance"], join(where, "advance"))
+            if entry["state"] is not None:
+                need_keys(entry["state"], join(where, "state"), ("emitted", "stages"))
+                need_count(entry["state"]["emitted"], join(where, "state.emitted"))
             shards[sid] = (entry["state"], advance)
+            paths[sid] = join(where, "state")
     if len(steps) > 1:
         raise StateMismatchError(f"the given states come from different steps {sorted(steps)}")
     first = states[0]
     skips = [[int(at), int(n)] for at, n in first["skips"]]
     return Gathered(
-        shards, steps.pop(), skips, dict(first["fingerprint"]), list(first["span_datasets"])
+        shards,
+        steps.pop(),
+        skips,
+        dict(first["fingerprint"]),
+        list(first["span_datasets"]),
+        paths,
     )
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from fmsdata.errors import StateMismatchError
+from fmsdata.statecheck import need_keys, within
 
 __all__ = [
     "Stage",
@@ -64,11 +65,12 @@ def restore_spans(saved: np.ndarray) -> np.ndarray:
 
 
 def check_keys(stage: str, state: Any, keys: tuple[str, ...] | set[str]) -> None:
-    """Raise unless ``state`` is a mapping with exactly ``keys`` (state is read strictly)."""
-    if not isinstance(state, dict):
-        raise StateMismatchError(f"{stage} state must be a mapping, got {type(state).__name__}")
-    if set(state) != set(keys):
-        raise StateMismatchError(f"{stage} state has keys {sorted(state)}, expected {sorted(keys)}")
+    """Raise unless ``state`` is a mapping with exactly ``keys`` (state is read strictly);
+    the message names ``stage``, its parent prefixes the path."""
+    try:
+        need_keys(state, "", keys)
+    except StateMismatchError as err:
+        raise StateMismatchError(f"{stage} state: {err}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,10 +189,8 @@ class Stage(IterableDataset):
         check_keys(self.name, state, own_keys | set(children))
         self.load_own_state({k: state[k] for k in own_keys})
         for key, child in children.items():
-            try:
+            with within(key):
                 child.load_state_dict(state[key])
-            except StateMismatchError as err:
-                raise StateMismatchError(f"{key}: {err}") from None
 
 
 class SpanStage(Stage):

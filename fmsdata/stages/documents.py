@@ -22,6 +22,7 @@ import numpy as np
 from fmsdata.errors import EmptyDatasetError, StateMismatchError
 from fmsdata.permute import Permutations, derive_key, permute
 from fmsdata.stages.base import check_keys
+from fmsdata.statecheck import need_count, need_int
 
 __all__ = ["Decoration", "DocBlock", "DocumentStream", "shard_fragments"]
 
@@ -189,13 +190,14 @@ class DocumentStream:
             )
         if self._saved_size >= 0 and self._saved_size != self._size:
             raise StateMismatchError(
-                f"dataset {self.access.name!r}, logical shard {self.shard}: the state was saved "
-                f"with {self._saved_size} documents in the shard, the data now gives {self._size}"
+                f"size: the state was saved with {self._saved_size} documents of dataset "
+                f"{self.access.name!r} in logical shard {self.shard}, the data now gives "
+                f"{self._size}"
             )
         if self.pos >= self._size:
             raise StateMismatchError(
-                f"dataset {self.access.name!r}, logical shard {self.shard}: saved position "
-                f"{self.pos} is past the {self._size} documents the shard holds"
+                f"pos: saved position {self.pos} is past the {self._size} documents of dataset "
+                f"{self.access.name!r} in logical shard {self.shard}"
             )
         self._ahead = self.epoch * self._size + self.pos
 
@@ -310,9 +312,10 @@ class DocumentStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_keys(f"document stream {self.access.name!r}", state, STATE_KEYS)
-        self.epoch = int(state["epoch"])
-        self.pos = int(state["pos"])
-        self.docs = int(state["docs"])
-        self.skipped = int(state["skipped"])
-        self._saved_size = int(state["size"])
+        size = need_int(state["size"], "size", -1)  # -1: saved before the stream started
+        self.epoch = need_count(state["epoch"], "epoch")
+        self.pos = need_count(state["pos"], "pos", max(size - 1, 0))
+        self.docs = need_count(state["docs"], "docs")
+        self.skipped = need_count(state["skipped"], "skipped")
+        self._saved_size = size
         self.rewind()

@@ -29,6 +29,7 @@ from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.schedule import ShareTargets, WeightSchedule
 from fmsdata.stages.base import DatasetRenumbering, Stage
 from fmsdata.stages.documents import DocBlock, DocumentStream, fresh_stream_state
+from fmsdata.statecheck import need_count, within
 
 __all__ = ["MixedDocs", "TokenShareMixer"]
 
@@ -215,13 +216,14 @@ class TokenShareMixer(Stage):
             if not isinstance(value, dict) or set(value) != set(self.names):
                 found = sorted(value) if isinstance(value, dict) else type(value).__name__
                 raise StateMismatchError(
-                    f"mixer state {key!r} covers datasets {found}, the config has "
+                    f"{key}: mixer state covers datasets {found}, the config has "
                     f"{sorted(self.names)}"
                 )
-        self.tokens = [int(state["tokens"][name]) for name in self.names]
-        self.base = [int(state["base"][name]) for name in self.names]
+        self.tokens = [need_count(state["tokens"][n], f"tokens.{n}") for n in self.names]
+        self.base = [need_count(state["base"][n], f"base.{n}") for n in self.names]
         for name, stream in zip(self.names, self.streams):
-            stream.load_state_dict(state["sources"][name])
+            with within("sources"), within(name):
+                stream.load_state_dict(state["sources"][name])
         self.rewind()
 
     def settings(self) -> dict[str, Any]:

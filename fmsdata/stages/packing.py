@@ -32,6 +32,7 @@ from fmsdata.stages.base import (
     restore_spans,
 )
 from fmsdata.stages.mixing import MixedDocs, TokenShareMixer
+from fmsdata.statecheck import need_int, need_list
 
 __all__ = ["LinePacker"]
 
@@ -130,10 +131,13 @@ class LinePacker(SpanStage):
         return {"carry": [] if carry is None else [int(v) for v in carry[:SAVED_SPAN_WIDTH]]}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
-        carry = state["carry"]
+        carry = [
+            need_int(v, f"carry[{i}]", 1 if i == LENGTH else 0)
+            for i, v in enumerate(need_list(state["carry"], "carry"))
+        ]
         if len(carry) not in (0, SAVED_SPAN_WIDTH):
             raise StateMismatchError(
-                f"packer carry must be empty or {SAVED_SPAN_WIDTH} ints, got {carry!r}"
+                f"carry: must be empty or {SAVED_SPAN_WIDTH} ints (a span), got {carry!r}"
             )
         self._carry = restore_spans(np.asarray([carry], dtype=np.int64))[0] if len(carry) else None
         self._uncommitted = 0

@@ -23,12 +23,13 @@ import numpy as np
 from fmsdata.errors import StateMismatchError
 from fmsdata.permute import hash_values
 from fmsdata.stages.base import (
+    LENGTH,
     SAVED_SPAN_WIDTH,
     DatasetRenumbering,
     SpanStage,
-    check_keys,
     restore_spans,
 )
+from fmsdata.statecheck import need_count, need_keys, within
 
 __all__ = ["ShuffleBuffer", "PUSH", "BUFFER_KEY", "pack_lines", "unpack_lines", "apply_journal"]
 
@@ -101,8 +102,9 @@ class ShuffleBuffer(SpanStage):
         return {"emitted": self.emitted, BUFFER_KEY: pack_lines(self.buffer)}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
-        self.emitted = int(state["emitted"])
-        self.buffer = unpack_lines(state[BUFFER_KEY])
+        self.emitted = need_count(state["emitted"], "emitted")
+        with within(BUFFER_KEY):
+            self.buffer = unpack_lines(state[BUFFER_KEY])
         if len(self.buffer) > max(self.window, 0):
             raise StateMismatchError(
                 f"shuffle buffer state holds {len(self.buffer)} lines, more than "
@@ -120,6 +122,15 @@ class ShuffleBuffer(SpanStage):
 
     def held_spans(self, own: dict[str, Any]) -> np.ndarray:
         return np.asarray(own[BUFFER_KEY]["spans"], dtype=np.int64)
+
+
+def _int_array(value: Any, path: str) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu":
+        if array.size == 0 and array.dtype.kind == "f":  # an empty list read back from JSON
+            return array.astype(np.int64)
+        raise StateMismatchError(f"{path}: expected integers, got {array.dtype} {value!r:.80}")
+    return array.astype(np.int64)
 
 
 def _take(buffer: list[np.ndarray], slot: int) -> np.ndarray:
@@ -152,19 +163,30 @@ def pack_lines(lines: list[np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def unpack_lines(packed: dict[str, Any]) -> list[np.ndarray]:
-    """Inverse of ``pack_lines`` (validating shapes)."""
-    check_keys("shuffle buffer lines", packed, ("spans", "offsets"))
-    spans = np.asarray(packed["spans"], dtype=np.int64)
-    offsets = np.asarray(packed["offsets"], dtype=np.int64)
+    """Inverse of ``pack_lines``, validating shapes and values (paths relative to the
+    buffer: ``spans[4][1]``, ``offsets``)."""
+    need_keys(packed, "", ("spans", "offsets"))
+    spans, offsets = (_int_array(packed[key], key) for key in ("spans", "offsets"))
     if spans.ndim != 2 or spans.shape[1] != SAVED_SPAN_WIDTH:
         raise StateMismatchError(
-            f"buffer spans must have shape [n, {SAVED_SPAN_WIDTH}], got {spans.shape}"
+            f"spans: must have shape [n, {SAVED_SPAN_WIDTH}], got {spans.shape}"
         )
     if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != len(spans):
-        raise StateMismatchError("buffer offsets do not match the spans they index")
+        raise StateMismatchError(
+            f"offsets: do not match the {len(spans)} spans they index: {offsets.tolist()[:20]}"
+        )
     if np.any(np.diff(offsets) <= 0):
-        raise StateMismatchError("buffer offsets must be strictly increasing (no empty line)")
-    if (spans[:, 4] <= 0).any() or (spans[:, :4] < 0).any():
-        raise StateMismatchError("buffer spans hold negative fields or empty pieces")
+        raise StateMismatchError(
+            f"offsets: must be strictly increasing (no empty line), got {offsets.tolist()[:20]}"
+        )
+    low = np.zeros(SAVED_SPAN_WIDTH, dtype=np.int64)
+    low[LENGTH] = 1  # a piece holds at least one token
+    bad = np.argwhere(spans < low)
+    if len(bad):
+        row, col = (int(v) for v in bad[0])
+        raise StateMismatchError(
+            f"spans[{row}][{col}]: must be at least {int(low[col])}, got {int(spans[row, col])} "
+            f"(span {spans[row].tolist()})"
+        )
     spans = restore_spans(spans)
     return [spans[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]

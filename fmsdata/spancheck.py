@@ -1,0 +1,96 @@
+"""Saved spans checked against the data before a resume runs.
+
+A shard state holds spans ``(dataset, file, doc, start, length)``: buffered lines, a
+packer's carry. A damaged or foreign state can name a dataset the state does not list, a
+file past a dataset's files, a document past a file's documents, or tokens past a
+document's end. Each would fail deep inside a worker (an ``IndexError``) or, worse, make
+a line of other tokens. Here every span is checked against the files themselves, with the
+document lengths measured as the line writer will measure them, before anything runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fmsdata.errors import StateMismatchError
+from fmsdata.stages.base import DOC, DS, FILE, LENGTH, SAVED_SPAN_WIDTH, START
+from fmsdata.statecheck import fail
+
+__all__ = ["check_saved_spans"]
+
+
+def check_saved_spans(
+    spans: np.ndarray,
+    where: str,
+    space: Sequence[str],
+    accesses: Mapping[str, Any],
+    decoration: Any,
+) -> None:
+    """Raise StateMismatchError (path ``where``, the span, the limit) for the first span of
+    ``spans`` that does not fit the data.
+
+    Args:
+        spans: ``[n, SAVED_SPAN_WIDTH]`` saved spans of one shard state.
+        where: The path of that shard state.
+        space: The dataset names the spans' dataset field indexes (``span_datasets``).
+        accesses: Dataset name -> ``DatasetAccess``; datasets missing here are not
+            checked against files (they are no longer listed).
+        decoration: The ``Decoration`` documents are measured with.
+    """
+    spans = np.asarray(spans, dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
+    if not len(spans):
+        return
+
+    def refuse(i: int, message: str) -> StateMismatchError:
+        return fail(
+            where, f"saved span {spans[i].tolist()} (dataset, file, doc, start, length) {message}"
+        )
+
+    negative = np.flatnonzero((spans < 0).any(axis=1) | (spans[:, LENGTH] < 1))
+    if len(negative):
+        raise refuse(int(negative[0]), "holds a negative field or an empty piece")
+    outside = np.flatnonzero(spans[:, DS] >= len(space))
+    if len(outside):
+        raise refuse(
+            int(outside[0]),
+            f"names dataset {spans[outside[0], DS]}; the state lists {len(space)}: {list(space)}",
+        )
+    for ds in np.unique(spans[:, DS]).tolist():
+        access = accesses.get(space[ds])
+        if access is None:
+            continue
+        rows = np.flatnonzero(spans[:, DS] == ds)
+        files = spans[rows, FILE]
+        past = rows[files >= access.num_files]
+        if len(past):
+            raise refuse(
+                int(past[0]),
+                f"names file {spans[past[0], FILE]} of dataset "
+                f"{space[ds]!r}, which has {access.num_files} file(s)",
+            )
+        for file in np.unique(files).tolist():
+            in_file = rows[files == file]
+            docs = spans[in_file, DOC]
+            count = access.doc_count(file)
+            beyond = in_file[docs >= count]
+            if len(beyond):
+                raise refuse(
+                    int(beyond[0]),
+                    f"names document {spans[beyond[0], DOC]} of "
+                    f"{access.path(file)}, which holds {count}",
+                )
+            unique, inverse = np.unique(docs, return_inverse=True)
+            lengths, lead, trail, _ = access.measure(file, unique, decoration)
+            dlen = (lengths - lead - trail + decoration.extra)[inverse]
+            long = in_file[spans[in_file, START] + spans[in_file, LENGTH] > dlen]
+            if len(long):
+                i = int(long[0])
+                raise refuse(
+                    i,
+                    f"ends past its document ({access.path(file)}, document "
+                    f"{spans[i, DOC]} has {int(dlen[np.flatnonzero(in_file == i)[0]])} "
+                    "tokens with BOS/EOS)",
+                )
