@@ -2,7 +2,7 @@
 
 A rank's state, as ``FmsDataLoader.snapshot()`` gives it, is plain nested data::
 
-    {"version": 1,
+    {"version": 2,
      "fingerprint": {"data": ..., "seed": ..., "seq_length": ..., ...},
      "rank": r, "world_size": W, "steps": batches consumed,
      "skips": [[step, n], ...] (batches skipped over, and where),
@@ -66,7 +66,8 @@ __all__ = [
     "ConsumedState",
 ]
 
-STATE_VERSION = 1
+# 2: shard states are {"emitted", "stages"} with the fingerprint recording the chain.
+STATE_VERSION = 2
 TOP_KEYS = (
     "version",
     "fingerprint",
