@@ -63,6 +63,7 @@ class _RowsReader:
             if values.null_count:
                 raise ShardFormatError(f"{path}: column {col_name!r} holds null token ids")
             buffer = values.buffers()[1]
+            _check_offsets(path, col_name, len(starts), offsets, values, buffer, itemsize)
             address = base if buffer is None else buffer.address + values.offset * itemsize
             inside = base <= address <= end and (address - base) % itemsize == 0
             views = views and inside
@@ -98,6 +99,44 @@ class _RowsReader:
         self.flat = None
         self._copies = []
         self.mapped.close()
+
+
+def _check_offsets(
+    path: str,
+    col_name: str,
+    batch: int,
+    offsets: np.ndarray,
+    values: pa.Array,
+    buffer: pa.Buffer | None,
+    itemsize: int,
+) -> None:
+    """Refuse list offsets that do not tile the values exactly.
+
+    pyarrow reads IPC batches with a cheap validation that trusts the offsets between the
+    first and the last; a patched one would serve other bytes of the file (or negative
+    lengths) as tokens. Arrow writers store zero-based offsets over exactly the values they
+    write, so the offsets must start at 0, never decrease and end at the values' length.
+    The check is vectorized over the offsets alone: the values are not read.
+    """
+    where = f"{path}: column {col_name!r}, record batch {batch}"
+    if len(offsets) and offsets[0] != 0:
+        raise ShardFormatError(f"{where}: first list offset is {offsets[0]}, not 0 (damaged?)")
+    steps = np.diff(offsets)
+    if len(steps) and steps.min() < 0:
+        row = int(np.argmax(steps < 0))
+        raise ShardFormatError(
+            f"{where}: list offsets decrease at row {row} ({offsets[row]} -> {offsets[row + 1]})"
+        )
+    last = int(offsets[-1]) if len(offsets) else 0
+    if last != len(values):
+        raise ShardFormatError(
+            f"{where}: list offsets end at {last}, the values hold {len(values)} tokens"
+        )
+    have = 0 if buffer is None else buffer.size // itemsize - values.offset
+    if len(values) and have < len(values):
+        raise ShardFormatError(
+            f"{where}: values buffer holds {have} tokens, the column needs {len(values)}"
+        )
 
 
 class HFArrowHandler(FileHandler):

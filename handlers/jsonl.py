@@ -9,15 +9,13 @@ error naming the file and line.
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import logging
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any
 
 from fmsdata.errors import ConfigError, ShardFormatError
-from fmsdata.extras import require
+from fmsdata.handlers.compressed import CorruptStreamError, open_binary
 from fmsdata.handlers.derived import default_cache_dir
 from fmsdata.handlers.text import (
     CachedTokens,
@@ -33,19 +31,6 @@ __all__ = ["JsonlHandler", "open_binary", "decode_text", "parse_record"]
 logger = logging.getLogger(__name__)
 
 TEXTS_PER_BATCH = 512  # texts per encode_batch call
-
-
-def open_binary(path: str) -> BinaryIO:
-    """A byte stream over a plain, gzip or zstandard file (by ending)."""
-    name = path.lower()
-    if name.endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    if name.endswith((".zst", ".zstd")):
-        zstandard = require("zstandard", f"reading {path} (zstd-compressed)")
-        raw = open(path, "rb")
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-        return io.BufferedReader(reader)  # type: ignore[arg-type]
-    return open(path, "rb")
 
 
 def decode_text(raw: bytes) -> tuple[str | None, str | None]:
@@ -106,18 +91,29 @@ class JsonlHandler(CachedTokensHandler):
         self.cache_dir = cache_dir or default_cache_dir()
 
     def records(self, path: str) -> Iterator[str | None]:
-        """The documents of a file in order; None for a skipped malformed line."""
+        """The documents of a file in order; None for a skipped malformed line.
+
+        A compressed file cut short or damaged ends the records: under ``strict`` it is a
+        ``ShardFormatError``, else one more skipped record (the line it cut) and a warning.
+        """
         with open_binary(path) as lines:
-            for number, raw in enumerate(lines, start=1):
-                if not raw.strip():
-                    continue
-                text, problem = parse_record(raw, self.text_field)
-                if problem is None:
-                    yield text
-                elif self.strict:
-                    raise ShardFormatError(f"{path}:{number}: {problem}")
-                else:
-                    yield None
+            number = 0
+            try:
+                for number, raw in enumerate(lines, start=1):
+                    if not raw.strip():
+                        continue
+                    text, problem = parse_record(raw, self.text_field)
+                    if problem is None:
+                        yield text
+                    elif self.strict:
+                        raise ShardFormatError(f"{path}:{number}: {problem}")
+                    else:
+                        yield None
+            except CorruptStreamError as err:
+                if self.strict:
+                    raise
+                logger.warning("%s (after line %d; the rest is skipped)", err, number)
+                yield None
 
     def chunks(self, path: str) -> Iterator[TokenChunk]:
         batch: list[str | None] = []

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ConfigError, ShardFormatError
-from fmsdata.extras import require
 from fmsdata.handlers.base import FileHandler, pick_column
+from fmsdata.handlers.compressed import zstd_blocks
 from fmsdata.handlers.derived import default_cache_dir, derived_path
 from fmsdata.handlers.mapping import MappedFile
 from fmsdata.handlers.safe_pickle import read_int_array
@@ -61,6 +61,16 @@ def _shard_entry(path: str) -> dict[str, Any]:
     raise ShardFormatError(f"{index}: lists no shard named {name}")
 
 
+def _check_size(path: str, size: int, entry: Any, what: str) -> None:
+    """Compare a shard's size with the ``bytes`` its index.json entry records (if any)."""
+    expected = entry.get("bytes") if isinstance(entry, dict) else None
+    if isinstance(expected, int) and size != expected:
+        cut = "truncated" if size < expected else "longer than written"
+        raise ShardFormatError(
+            f"{path}: {cut}: {what}size {size} bytes, index.json records {expected}"
+        )
+
+
 class _MdsReader:
     def __init__(self, path: str, col_name: str, token_dtype: str | None, cache_dir: str):
         self.path = path
@@ -89,18 +99,31 @@ class _MdsReader:
             raise ShardFormatError(
                 f"{path}: column {col_name!r} has encoding {encoding!r}, not token ids"
             )
-        raw = path if path.endswith(".mds") else self._decompressed(path, entry, cache_dir)
-        self.mapped = MappedFile(raw)
+        if path.endswith(".mds"):
+            _check_size(path, os.path.getsize(path), entry.get("raw_data"), "")
+            self.mapped = MappedFile(path)
+        else:
+            _check_size(path, os.path.getsize(path), entry.get("zip_data"), "")
+            raw = self._decompressed(path, entry, cache_dir)
+            _check_size(path, os.path.getsize(raw), entry.get("raw_data"), "decompressed ")
+            self.mapped = MappedFile(raw)
         data = self.mapped.bytes
+        if len(data) < 4:
+            raise ShardFormatError(f"{path}: truncated MDS shard ({len(data)} bytes)")
         n = int(data[:4].view(np.uint32)[0])
         if n != entry.get("samples", n) or 4 * (n + 2) > len(data):
             raise ShardFormatError(
                 f"{path}: header says {n} samples, index.json {entry.get('samples')}, or truncated"
             )
         offsets = data[4 : 4 * (n + 2)].view(np.uint32).astype(np.int64)
+        if offsets[0] < 4 * (n + 2):
+            raise ShardFormatError(
+                f"{path}: first sample offset {int(offsets[0])} points into the shard header"
+            )
         if n and (np.any(np.diff(offsets) < 0) or offsets[-1] > len(data)):
             raise ShardFormatError(
-                f"{path}: sample offsets run past the end ({int(offsets[-1])} > {len(data)})"
+                f"{path}: sample offsets decrease or run past the end "
+                f"({int(offsets[-1])} > {len(data)})"
             )
         # Sizes of variable columns open each sample; fixed ones are in the index.
         variable = [k for k, size in enumerate(sizes) if not size]
@@ -158,18 +181,19 @@ class _MdsReader:
     def _decompressed(path: str, entry: dict[str, Any], cache_dir: str) -> str:
         target = derived_path(cache_dir, "mds", path) + ".mds"
         if not os.path.exists(target):
-            if entry.get("compression", "").split(":")[0] not in ("zstd",):
+            if (entry.get("compression") or "").split(":")[0] not in ("zstd",):
                 raise ShardFormatError(
                     f"{path}: compression {entry.get('compression')!r} is not supported"
                 )
-            zstandard = require("zstandard", f"reading {path} (zstd-compressed)")
             os.makedirs(os.path.dirname(target), exist_ok=True)
             partial = f"{target}.tmp{os.getpid()}"
             try:
-                with open(path, "rb") as source, open(partial, "wb") as out:
-                    zstandard.ZstdDecompressor().copy_stream(source, out)
-            except zstandard.ZstdError as err:
-                raise ShardFormatError(f"{path}: corrupt zstd data ({err})") from None
+                with open(partial, "wb") as out:
+                    for block in zstd_blocks(path):  # a cut or corrupt stream names ``path``
+                        out.write(block)
+            except BaseException:
+                os.unlink(partial)
+                raise
             os.replace(partial, target)
         return target
 

@@ -139,11 +139,15 @@ class TokenCache:
         suffix = f".tmp{os.getpid()}"
         lengths: list[np.ndarray] = []
         skipped = 0
-        with open(stem + ".tokens" + suffix, "wb") as out:
-            for chunk in chunks():
-                out.write(np.ascontiguousarray(chunk.tokens, dtype=dtype).tobytes())
-                lengths.append(np.asarray(chunk.lengths, dtype=np.int64))
-                skipped += chunk.skipped
+        try:
+            with open(stem + ".tokens" + suffix, "wb") as out:
+                for chunk in chunks():
+                    out.write(np.ascontiguousarray(chunk.tokens, dtype=dtype).tobytes())
+                    lengths.append(np.asarray(chunk.lengths, dtype=np.int64))
+                    skipped += chunk.skipped
+        except BaseException:  # a bad record under strict, a cut stream: leave nothing behind
+            os.unlink(stem + ".tokens" + suffix)
+            raise
         every = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
         offsets = np.zeros(len(every) + 1, dtype=np.int64)
         np.cumsum(every, out=offsets[1:])
