@@ -61,6 +61,15 @@ def _optional_token(field: str, value: Any) -> int | None:
     return token
 
 
+def _optional_path(field: str, value: Any) -> str | None:
+    """A path-like field: None, or a non-empty ``str`` / ``os.PathLike`` (as ``str``)."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise ConfigError(f"{field} must be a path (a non-empty string) or None, got {value!r}")
+    return str(os.fspath(value))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
     """Everything that decides which tokens the loader emits and how it runs.
@@ -245,8 +254,6 @@ class LoaderConfig:
             raise ConfigError(
                 f"checkpoint_every={self.checkpoint_every} needs checkpoint_dir, got None"
             )
-        if self.checkpoint_dir is not None:
-            set_(self, "checkpoint_dir", os.fspath(self.checkpoint_dir))
         if self.open_files is not None:
             files = _to_number("open_files", self.open_files, int)
             if files < 1:
@@ -301,9 +308,11 @@ class LoaderConfig:
                 raise ConfigError(f"token_dtype must be an integer type, got {self.token_dtype!r}")
             set_(self, "token_dtype", dtype.name)
         set_(self, "doc_separator", _optional_token("doc_separator", self.doc_separator))
-        for name in ("tokenizer", "cache_dir"):
-            if getattr(self, name) is not None:
-                set_(self, name, os.fspath(getattr(self, name)))
+        for name in ("tokenizer", "cache_dir", "checkpoint_dir"):
+            set_(self, name, _optional_path(name, getattr(self, name)))
+        for name in ("col_name", "text_field"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(f"{name} must be a non-empty name, got {getattr(self, name)!r}")
         self._check_remote()
         for name in (
             "pin_memory",

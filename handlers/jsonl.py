@@ -56,7 +56,9 @@ def parse_record(raw: bytes, text_field: str) -> tuple[str | None, str | None]:
     if not isinstance(record, dict):
         return None, f"not a JSON object ({type(record).__name__})"
     if text_field not in record:
-        return None, f"no field {text_field!r}"
+        keys = sorted(map(str, record))
+        shown = ", ".join(map(repr, keys[:8])) + (", ..." if len(keys) > 8 else "")
+        return None, f"no field {text_field!r} (the record holds {shown or 'no fields'})"
     text = record[text_field]
     if not isinstance(text, str):
         return None, f"field {text_field!r} is {type(text).__name__}, not text"

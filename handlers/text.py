@@ -41,7 +41,9 @@ class TextTokenizer:
     """
 
     def __init__(self, path: str):
-        path = resolve_tokenizer(path)
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(f"tokenizer {path!r} is not a file (a tokenizers tokenizer.json)")
+        path = resolve_tokenizer(os.fspath(path))
         if not os.path.isfile(path):
             raise ConfigError(
                 f"tokenizer {path!r} is not a file (a tokenizers tokenizer.json, or the name of "
@@ -51,6 +53,7 @@ class TextTokenizer:
         with open(path, "rb") as handle:
             self.digest = hashlib.blake2b(handle.read(), digest_size=12).hexdigest()
         self._tokenizer: Any = None
+        self.tokenizer  # noqa: B018  (load once here: a wrong file is a config error, now)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_tokenizer": None}
@@ -60,7 +63,12 @@ class TextTokenizer:
         if self._tokenizer is None:
             from tokenizers import Tokenizer
 
-            self._tokenizer = Tokenizer.from_file(self.path)
+            try:
+                self._tokenizer = Tokenizer.from_file(self.path)
+            except Exception as err:  # tokenizers raises bare Exception ("did not contain ...")
+                raise ConfigError(
+                    f"tokenizer {self.path!r} is not a tokenizers tokenizer.json ({err})"
+                ) from None
         return self._tokenizer
 
     @property

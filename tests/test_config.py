@@ -1,4 +1,5 @@
 import dataclasses
+import re
 
 import pytest
 import yaml
@@ -137,3 +138,42 @@ def test_yaml_that_is_not_a_mapping_is_a_config_error(tmp_path, text, shown):
         LoaderConfig.from_yaml(path)
     message = str(caught.value)
     assert str(path) in message and shown in message and "data_path: /data/root" in message
+
+
+@pytest.mark.parametrize("field", ["tokenizer", "cache_dir", "checkpoint_dir"])
+@pytest.mark.parametrize("value", [5, 1.5, True, ["a"], {"a": 1}, ""])
+def test_path_fields_must_be_paths(field, value):
+    with pytest.raises(
+        ConfigError, match=rf"{field} must be a path .*got {re.escape(repr(value))}"
+    ):
+        LoaderConfig(data_path="/d", **{field: value})
+
+
+@pytest.mark.parametrize("field", ["col_name", "text_field"])
+def test_name_fields_must_be_names(field):
+    with pytest.raises(ConfigError, match=rf"{field} must be a non-empty name, got 5"):
+        LoaderConfig(data_path="/d", **{field: 5})
+
+
+def test_a_tokenizer_field_that_is_not_a_tokenizer_names_file_and_field(tmp_path):
+    from fmsdata import build_dataloader
+
+    bogus = tmp_path / "tok.json"
+    bogus.write_bytes(bytes(range(256)))  # "stream did not contain valid UTF-8"
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.jsonl").write_text('{"text": "hello"}\n')
+    config = dict(
+        data_path=str(tmp_path),
+        file_type="jsonl",
+        tokenizer=str(bogus),
+        seq_length=8,
+        batch_size=1,
+        logical_shards=1,
+        num_workers=0,
+        cache_dir=str(tmp_path / "c"),
+    )
+    with pytest.raises(ConfigError, match=r"tokenizer '.*tok\.json' is not a tokenizers"):
+        next(iter(build_dataloader(config)))
+    bogus.write_text('{"not": "a tokenizer"}')
+    with pytest.raises(ConfigError, match=r"tokenizer '.*tok\.json' is not a tokenizers"):
+        next(iter(build_dataloader(config)))

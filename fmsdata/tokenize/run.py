@@ -108,6 +108,7 @@ def run_tokenize(
     result = TokenizeResult(len(units), len(mine), len(mine) - len(todo), written, False)
     if all(unit_done(spec, u.index) for u in units):
         records = [read_record(spec, u.index) for u in units]
+        _refuse_no_documents(spec, records)
         _finish(spec, inputs, records, tokenizer_sha)
         result.complete = True
         result.documents = sum(r["documents"] for r in records)
@@ -227,6 +228,26 @@ def _run_ray(
         on_progress(written[-1]["documents"], written[-1]["tokens"])
         on_unit(written[-1])
     return written
+
+
+def _refuse_no_documents(spec: TokenizeSpec, records: Sequence[dict[str, Any]]) -> None:
+    """A dataset without a single document is a mistake (most often the wrong
+    ``text_field``), not an output: say what the records held instead of writing it up."""
+    if any(r["documents"] for r in records):
+        return
+    problems: dict[str, int] = {}
+    for per_file in _merge_bad(records).values():
+        for what, n in per_file.items():
+            problems[what] = problems.get(what, 0) + n
+    empty = sum(r["empty_documents"] for r in records)
+    found = [f"{n} record(s): {what}" for what, n in sorted(problems.items(), key=lambda p: -p[1])]
+    if empty:
+        found.append(f"{empty} record(s) whose text tokenized to nothing")
+    raise ConfigError(
+        f"dataset {spec.dataset!r}: 0 documents with text field {spec.text_field!r} in the "
+        f"inputs ({'; '.join(found[:5]) or 'no records at all'}); "
+        "set --text-field to the field holding the text"
+    )
 
 
 def _merge_bad(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:

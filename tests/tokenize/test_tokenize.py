@@ -70,7 +70,7 @@ def test_output_holds_every_document_in_order_with_counts_and_metadata(inputs, t
     assert sum(bad.values()) == len(documents[:120]) // 40
     assert set(bad) == {
         "invalid JSON (Expecting value)",
-        "no field 'text'",
+        "no field 'text' (the record holds 'other')",
         "field 'text' is int, not text",
     }
 
@@ -316,3 +316,43 @@ def test_datasets_tokenized_into_one_root_share_its_metadata(tmp_path, texts, to
     with pytest.raises(ConfigError, match="another tokenizer"):
         run_tokenize(TokenizeSpec(str(root), "math", str(other)), [str(tmp_path / "web.jsonl")])
     assert not (root / "math").exists()
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_no_record_with_the_text_field_is_an_error_naming_what_they_hold(
+    tokenizer, tmp_path, capsys, compressed
+):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    name = "a.jsonl.gz" if compressed else "a.jsonl"
+    lines = "".join(json.dumps({"id": i, "body": f"text {i}"}) + "\n" for i in range(30))
+    data = lines.encode()
+    if compressed:
+        import gzip
+
+        data = gzip.compress(data)
+    (raw / name).write_bytes(data)
+    with pytest.raises(
+        ConfigError,
+        match=r"dataset 'docs': 0 documents with text field 'text' .*30 record\(s\): no field "
+        r"'text' \(the record holds 'body', 'id'\).*--text-field",
+    ):
+        run_tokenize(spec(tmp_path / "out", tokenizer), [str(raw)])
+    assert not (tmp_path / "out" / "metadata.json").exists()
+    code = main(
+        [
+            "tokenize",
+            str(raw),
+            "--output-dir",
+            str(tmp_path / "cli"),
+            "--tokenizer",
+            tokenizer,
+            "--dataset",
+            "docs",
+        ]
+    )
+    assert code != 0
+    assert "no field 'text' (the record holds 'body', 'id')" in capsys.readouterr().err
+    # The right field works on the same inputs.
+    result = run_tokenize(spec(tmp_path / "ok", tokenizer, text_field="body"), [str(raw)])
+    assert result.complete and result.documents == 30
