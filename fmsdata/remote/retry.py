@@ -3,7 +3,8 @@
 Object stores fail transiently (5xx, throttling, dropped connections, timeouts) and the
 clients raise a zoo of types for it (``OSError`` with an errno from s3fs, botocore and
 aiohttp exceptions). ``retrying`` retries those with capped, jittered exponential backoff
-and, after the last try, raises ``RemoteIOError`` naming the URL and the cause. A missing
+and a warning per failed try (URL, try, cause, next wait); after the last try it raises
+``RemoteIOError`` naming the URL and the cause. A missing
 object is not transient: ``FileNotFoundError`` naming the URL, at once.
 """
 
@@ -133,6 +134,15 @@ def retrying(
                     f"{what} {url} failed after {tries} tries; last error {cause}"
                 ) from err
             wait = policy.delay(attempt)
-            logger.info("%s %s: %s; retrying in %.1fs", what, url, cause, wait)
+            # A warning, not info: an unreachable endpoint otherwise sits silent for a minute.
+            logger.warning(
+                "%s %s failed (try %d of %d): %s; retrying in %.1fs",
+                what,
+                url,
+                attempt + 1,
+                tries,
+                cause,
+                wait,
+            )
             time.sleep(wait)
     raise AssertionError("unreachable")
