@@ -148,9 +148,10 @@ class AutoHandler(FileHandler):
                 schema = (pa.ipc.open_file if head == b"ARROW1" else pa.ipc.open_stream)(
                     source
                 ).schema
-        except (pa.ArrowInvalid, OSError) as err:
+                names = schema.names
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
             raise ShardFormatError(f"{path}: not a readable Arrow file ({err})") from None
-        col = next((name for name in wanted if name in schema.names), None)
+        col = next((name for name in wanted if name in names), None)
         kind = schema.field(col).type if col is not None else None
         return (
             "hf_arrow"

@@ -29,9 +29,10 @@ class _DocBatchReader:
         self.mapped = MappedFile(path)
         try:
             self._ipc = pa.ipc.open_file(pa.py_buffer(self.mapped.bytes))
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+            schema = self._ipc.schema
+            schema.names  # noqa: B018  (field names that are not UTF-8: damage)
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
             raise ShardFormatError(f"{path}: not a readable Arrow IPC file ({err})") from None
-        schema = self._ipc.schema
         col_name = pick_column(path, schema.names, col_name)
         column_type = schema.field(col_name).type
         if not pa.types.is_integer(column_type):
@@ -75,7 +76,7 @@ class _DocBatchReader:
             i = int(i)
             try:
                 column = self._ipc.get_batch(i).column(self.col)
-            except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+            except (pa.ArrowException, OSError) as err:
                 raise ShardFormatError(
                     f"{self.path}: record batch {i} is unreadable ({err})"
                 ) from None

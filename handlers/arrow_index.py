@@ -128,6 +128,7 @@ class RecordBatchIndex:
                 _read(buf, buffers, "<u4") <= 2 * column + 1
             ).any():
                 return None
+            node_length = _read(buf, nodes + 4 + 16 * column, "<i8")
             null_count = _read(buf, nodes + 4 + 16 * column + 8, "<i8")
             data = buffers + 4 + 16 * (2 * column + 1)
             data_offset = _read(buf, data, "<i8")
@@ -137,6 +138,7 @@ class RecordBatchIndex:
         start = offset + meta_len + data_offset
         if (
             (null_count != 0).any()
+            or (node_length != lengths).any()  # damaged metadata: pyarrow names it
             or (lengths < 0).any()
             or (data_length < lengths * itemsize).any()
             or (start % itemsize != 0).any()

@@ -26,7 +26,7 @@ from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.base import FlatBuffer, FlatBufferHandler
 from fmsdata.handlers.derived import default_cache_dir, derived_path
 from fmsdata.handlers.mapping import MappedFile
-from fmsdata.handlers.npy_header import has_npy_magic, parse_npy_header
+from fmsdata.handlers.npy_header import damaged_npy_prefix, has_npy_magic, parse_npy_header
 
 __all__ = ["FlatTokensHandler"]
 
@@ -61,6 +61,8 @@ def _layout(
     """Token type and data offset: from a NumPy header when the file has one, else the
     configured type (``source`` says where it came from) and offset 0."""
     if not has_npy_magic(raw):
+        if damaged_npy_prefix(raw):
+            raise ShardFormatError(f"{path}: damaged or cut .npy header (the magic is wrong)")
         if configured is None:
             raise ConfigError(f"{path}: set token_dtype (or write {path}.json with a 'dtype')")
         return configured, 0

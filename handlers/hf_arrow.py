@@ -32,11 +32,12 @@ class _RowsReader:
             else:
                 ipc = pa.ipc.open_stream(source)
                 batches = list(ipc)
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:
+            schema = ipc.schema
+            schema.names  # noqa: B018  (field names that are not UTF-8: damage)
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
             raise ShardFormatError(
                 f"{path}: not a readable Arrow IPC file or stream ({err})"
             ) from None
-        schema = ipc.schema
         col_name = pick_column(path, schema.names, col_name)
         column_type = schema.field(col_name).type
         if not (pa.types.is_list(column_type) or pa.types.is_large_list(column_type)) or not (
@@ -64,6 +65,7 @@ class _RowsReader:
                 raise ShardFormatError(f"{path}: column {col_name!r} holds null token ids")
             buffer = values.buffers()[1]
             _check_offsets(path, col_name, len(starts), offsets, values, buffer, itemsize)
+            _check_layout(path, col_name, len(starts), column.buffers())
             address = base if buffer is None else buffer.address + values.offset * itemsize
             inside = base <= address <= end and (address - base) % itemsize == 0
             views = views and inside
@@ -137,6 +139,18 @@ def _check_offsets(
         raise ShardFormatError(
             f"{where}: values buffer holds {have} tokens, the column needs {len(values)}"
         )
+
+
+def _check_layout(path: str, col_name: str, batch: int, buffers: list[pa.Buffer | None]) -> None:
+    """A column's buffers (validity, offsets, values' validity, values) follow each other
+    in a batch body without overlapping; damaged metadata can point one into another."""
+    spans = [(b.address, b.address + b.size) for b in buffers if b is not None and b.size]
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        if start < end:
+            raise ShardFormatError(
+                f"{path}: column {col_name!r}, record batch {batch}: buffers overlap (damaged "
+                "metadata)"
+            )
 
 
 class HFArrowHandler(FileHandler):

@@ -36,7 +36,28 @@ _VALUE_DTYPES = {
     64: "uint64",
     65: "int64",
 }
+_COLUMN_KEYS = ("column_names", "column_encodings", "column_sizes")
 _SHAPE_DTYPES = {0: np.uint8, 1: np.uint16, 2: np.uint32, 3: np.uint64}
+
+
+def _check_entry(index: str, name: str, entry: dict[str, Any]) -> None:
+    """The fields of a shard's index.json entry that the reader relies on, typed."""
+    names, encodings, sizes = (entry.get(key) for key in _COLUMN_KEYS)
+    lists = [names, encodings, sizes]
+    if not all(isinstance(x, list) for x in lists) or len({len(x) for x in lists}) != 1:
+        raise ShardFormatError(
+            f"{index}: shard {name} needs lists {', '.join(_COLUMN_KEYS)} of one length, got "
+            f"{names!r}, {encodings!r}, {sizes!r}"
+        )
+    if not all(isinstance(x, str) for x in names + encodings) or not all(
+        x is None or (type(x) is int and x >= 0) for x in sizes
+    ):
+        raise ShardFormatError(
+            f"{index}: shard {name} has malformed columns {names!r} {encodings!r} {sizes!r}"
+        )
+    samples = entry.get("samples")
+    if samples is not None and (type(samples) is not int or samples < 0):
+        raise ShardFormatError(f"{index}: shard {name} has samples {samples!r}")
 
 
 def _shard_entry(path: str) -> dict[str, Any]:
@@ -47,16 +68,20 @@ def _shard_entry(path: str) -> dict[str, Any]:
             shards = json.load(handle)["shards"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ShardFormatError(f"{path}: no readable MDS index.json beside it ({err})") from None
+    if not isinstance(shards, list) or not all(isinstance(e, dict) for e in shards):
+        raise ShardFormatError(f"{index}: 'shards' is not a list of shard entries")
     for entry in shards:
         names = {
-            (entry.get("raw_data") or {}).get("basename"),
-            (entry.get("zip_data") or {}).get("basename"),
+            part.get("basename")
+            for part in (entry.get("raw_data"), entry.get("zip_data"))
+            if isinstance(part, dict)
         }
         if name in names:
             if entry.get("format") != "mds":
                 raise ShardFormatError(
                     f"{index}: shard {name} has format {entry.get('format')!r}, expected 'mds'"
                 )
+            _check_entry(index, name, entry)
             return entry
     raise ShardFormatError(f"{index}: lists no shard named {name}")
 
@@ -142,8 +167,15 @@ class _MdsReader:
         length = (
             size_of[column] if column in size_of else np.full(n, int(sizes[column]), dtype=np.int64)
         )
-        if n and np.any(start + length > offsets[1:]):
-            raise ShardFormatError(f"{path}: a sample's columns run past the sample")
+        end = heads + 4 * len(variable)
+        for k in range(len(names)):
+            end = end + (size_of[k] if k in size_of else int(sizes[k]))
+        if n and np.any(end != offsets[1:]):
+            bad = int(np.argmax(end != offsets[1:]))
+            raise ShardFormatError(
+                f"{path}: sample {bad}'s columns take {int(end[bad] - heads[bad])} bytes, its "
+                f"offsets give it {int(offsets[bad + 1] - offsets[bad])}"
+            )
         self.starts, self.byte_lengths, self.n = start, length, n
         self.buffer = self._token_buffer()
 

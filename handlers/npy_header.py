@@ -21,7 +21,14 @@ import numpy as np
 
 from fmsdata.errors import ShardFormatError
 
-__all__ = ["NPY_MAGIC", "NpyHeader", "has_npy_magic", "parse_npy_header", "read_npy_header"]
+__all__ = [
+    "NPY_MAGIC",
+    "NpyHeader",
+    "has_npy_magic",
+    "damaged_npy_prefix",
+    "parse_npy_header",
+    "read_npy_header",
+]
 
 NPY_MAGIC = b"\x93NUMPY"
 _MAX_HEADER = 1 << 20  # numpy writes a few hundred bytes; larger is damage, not a header
@@ -72,6 +79,18 @@ class NpyHeader:
 def has_npy_magic(raw: bytes | np.ndarray) -> bool:
     """Whether ``raw`` (the file's first bytes) starts with the ``.npy`` magic."""
     return len(raw) >= len(NPY_MAGIC) and bytes(raw[: len(NPY_MAGIC)]) == NPY_MAGIC
+
+
+def damaged_npy_prefix(raw: bytes | np.ndarray) -> bool:
+    """Whether a file without the magic still looks like a ``.npy`` file: it is a cut
+    magic, or a header dict starts where a version 1 or 2 header would. Reading such a file
+    as a headerless stream would serve its header as tokens."""
+    start = bytes(raw[:32])
+    if has_npy_magic(start):
+        return False
+    if len(start) < len(NPY_MAGIC) and NPY_MAGIC.startswith(start):
+        return True
+    return start[10:19] == b"{'descr':" or start[12:21] == b"{'descr':"
 
 
 def read_npy_header(path: str) -> NpyHeader:

@@ -44,13 +44,24 @@ def _column_by_row_group(path: str, column: str) -> Iterator[tuple[int, Any]]:
     """``(row group, its column as one Arrow array)`` for each row group in order."""
     try:
         file = pq.ParquetFile(path, memory_map=True)
-    except (pa.ArrowInvalid, OSError) as err:
+    except (pa.ArrowException, OSError) as err:
         raise ShardFormatError(f"{path}: not a readable Parquet file ({err})") from None
+    meta = file.metadata
+    rows = [meta.row_group(g).num_rows for g in range(file.num_row_groups)]
+    if sum(rows) != meta.num_rows:  # the footer records row counts twice: damage if they differ
+        raise ShardFormatError(
+            f"{path}: footer says {meta.num_rows} rows, its row groups hold {sum(rows)}"
+        )
     for g in range(file.num_row_groups):
         try:
-            yield g, file.read_row_group(g, columns=[column]).column(0).combine_chunks()
-        except (pa.ArrowInvalid, OSError) as err:
+            data = file.read_row_group(g, columns=[column]).column(0).combine_chunks()
+        except (pa.ArrowException, OSError) as err:
             raise ShardFormatError(f"{path}: row group {g} is unreadable ({err})") from None
+        if len(data) != rows[g]:
+            raise ShardFormatError(
+                f"{path}: row group {g} reads as {len(data)} rows, the footer says {rows[g]}"
+            )
+        yield g, data
 
 
 def token_chunks(path: str, column: str) -> Iterator[TokenChunk]:
@@ -113,7 +124,7 @@ class ParquetHandler(CachedTokensHandler):
     def open(self, path: str) -> CachedTokens:
         try:
             schema = pq.read_schema(path, memory_map=True)
-        except (pa.ArrowInvalid, OSError) as err:
+        except (pa.ArrowException, OSError) as err:
             raise ShardFormatError(f"{path}: not a readable Parquet file ({err})") from None
         named = [c for c in column_candidates(self.col_name) if c in schema.names]
         if named:

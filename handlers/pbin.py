@@ -48,6 +48,20 @@ def _open_pbin(path: str) -> FlatBuffer:
         raise ShardFormatError(
             f"{path}: index points past the end of the {data_len}-byte data section"
         )
+    # Writers store documents back to back: the pairs tile the data section exactly.
+    # Anything else is a damaged index that would serve other bytes as a document.
+    ends = np.concatenate(([0], offsets + lengths))
+    moved = offsets != ends[:-1]
+    if len(pairs) and np.any(moved):
+        row = int(np.argmax(moved))
+        raise ShardFormatError(
+            f"{path}: index does not tile the data section (document {row} starts at byte "
+            f"{int(offsets[row])}, the one before ends at {int(ends[row])})"
+        )
+    if int(ends[-1]) != data_len:
+        raise ShardFormatError(
+            f"{path}: index covers {int(ends[-1])} of the {data_len}-byte data section"
+        )
     flat = mapped.view(np.dtype(_TOKEN_TYPES[token_size]), _HEADER, data_len // token_size)
     return FlatBuffer(path, flat, offsets // token_size, lengths // token_size, [mapped])
 
