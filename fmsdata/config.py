@@ -310,9 +310,8 @@ class LoaderConfig:
         set_(self, "doc_separator", _optional_token("doc_separator", self.doc_separator))
         for name in ("tokenizer", "cache_dir", "checkpoint_dir"):
             set_(self, name, _optional_path(name, getattr(self, name)))
-        for name in ("col_name", "text_field"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ConfigError(f"{name} must be a non-empty name, got {getattr(self, name)!r}")
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise ConfigError(f"text_field must be a non-empty name, got {self.text_field!r}")
         self._check_remote()
         for name in (
             "pin_memory",
