@@ -19,6 +19,7 @@ import numpy as np
 from fmsdata.catalog import Catalog, DatasetFiles
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.mapping import MappedFile, live_mappings
 from fmsdata.remote.cache import FileSource
 from fmsdata.stages.documents import Decoration
 
@@ -33,6 +34,8 @@ class ReaderCache:
         self._open: collections.OrderedDict[
             Any, tuple[FileHandler, Any, Callable[[], None] | None]
         ] = collections.OrderedDict()
+        # The files each reader mapped (checked at every access: see MappedFile).
+        self._mapped: dict[Any, list[MappedFile]] = {}
 
     def get(
         self,
@@ -46,7 +49,10 @@ class ReaderCache:
         entry = self._open.get(key)
         if entry is not None:
             self._open.move_to_end(key)
+            for mapped in self._mapped[key]:
+                mapped.check_unchanged()  # a cut mapped file would kill the process (SIGBUS)
             return entry[1]
+        before = set(live_mappings())
         try:
             reader = handler.open(path())
         except BaseException:
@@ -54,8 +60,10 @@ class ReaderCache:
                 on_close()
             raise
         self._open[key] = (handler, reader, on_close)
+        self._mapped[key] = [m for k, m in live_mappings().items() if k not in before]
         while len(self._open) > self.capacity:
-            _, old = self._open.popitem(last=False)
+            old_key, old = self._open.popitem(last=False)
+            del self._mapped[old_key]
             self._close(*old)
         return reader
 
@@ -76,6 +84,7 @@ class ReaderCache:
         while self._open:
             _, entry = self._open.popitem()
             self._close(*entry)
+        self._mapped.clear()
 
 
 class DatasetAccess:

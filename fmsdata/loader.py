@@ -21,8 +21,9 @@ from fmsdata.checkpoint import (
 )
 from fmsdata.config import LoaderConfig, as_config
 from fmsdata.dataset import Preprocess, RankLineDataset, Start
-from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.handlers import handler_from_config
+from fmsdata.errors import ConfigError, ShardFormatError, StateMismatchError
+from fmsdata.handlers import fault_note, handler_from_config
+from fmsdata.handlers.mapping import changed_in_dead_workers
 from fmsdata.pipeline import StageFactory, build_pipeline
 from fmsdata.spancheck import check_saved_spans
 from fmsdata.stages.base import held_spans, walk
@@ -222,7 +223,7 @@ class FmsDataLoader(DataLoader):
             restart = False
             try:
                 while not restart:
-                    items, n_batches = feed.items()
+                    items, n_batches = self._next_items(feed)
                     k = 0
                     while True:
                         self._apply_configured_skips()
@@ -279,6 +280,22 @@ class FmsDataLoader(DataLoader):
         self._pending_skip -= passed
         restart = self._pending_skip > self._max_item_batches
         return k + passed, restart
+
+    def _next_items(self, feed: Any) -> tuple[list[Any], int]:
+        """The next item of each worker. A worker killed by a signal (a SIGBUS when a
+        mapped shard is cut short under it) becomes a ``ShardFormatError`` naming the file
+        that changed, where one did; PyTorch's own message blames shared memory."""
+        if self.num_workers == 0:
+            fault_note.start()  # a SIGBUS here prints the stack, naming the mapped files
+        try:
+            return feed.items()
+        except RuntimeError as err:
+            changed = changed_in_dead_workers(self.worker_pids())
+            if changed:
+                raise ShardFormatError(
+                    f"{'; '.join(changed)} (a DataLoader worker died reading it: {err})"
+                ) from err
+            raise
 
     def _start_workers(self) -> tuple[Iterator[Any], list[torch.Tensor] | None]:
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
