@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import os
 import threading
 from collections.abc import Callable, Iterable
 
@@ -27,7 +28,13 @@ __all__ = ["start", "update"]
 
 _SOURCE = "def mapped_files(wait):\n    wait()\n"
 _changed = threading.Condition()
-_state: dict[str, object] = {"version": 0, "parked": -1, "files": (), "thread": None}
+_state: dict[str, object] = {
+    "version": 0,
+    "parked": -1,
+    "files": (),
+    "thread": None,
+    "fork_hook": False,
+}
 _HANDSHAKE = 1.0  # seconds an update waits for the thread at most
 
 
@@ -35,6 +42,9 @@ def start() -> None:
     """Turn on ``faulthandler`` (if off) and the thread that names mapped files in it."""
     if not faulthandler.is_enabled():
         faulthandler.enable(all_threads=True)
+    if not _state["fork_hook"]:
+        os.register_at_fork(after_in_child=_forget_after_fork)
+        _state["fork_hook"] = True
     with _changed:
         if _state["thread"] is None:
             thread = threading.Thread(target=_run, name="fmsdata-mapped-files", daemon=True)
@@ -51,6 +61,14 @@ def update(files: Iterable[str]) -> None:
         _changed.notify_all()
         if _state["thread"] is not None:
             _wait_parked()
+
+
+def _forget_after_fork() -> None:
+    """A forked child (a DataLoader worker) has no note thread, and a lock the parent's
+    thread held would stay held: start afresh."""
+    global _changed
+    _changed = threading.Condition()
+    _state.update(thread=None, parked=-1)
 
 
 def _wait_parked() -> None:
