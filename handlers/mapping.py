@@ -93,7 +93,7 @@ _LIVE: weakref.WeakValueDictionary[int, MappedFile] = weakref.WeakValueDictionar
 
 def live_mappings() -> dict[int, MappedFile]:
     """This process's open mappings by id (a copy)."""
-    return dict(_LIVE)
+    return dict(_LIVE.items())  # items() defers removals by the collector: a safe copy
 
 
 def _change(path: str, stamp: tuple[int, int, int]) -> str | None:
