@@ -113,6 +113,7 @@ class DatasetAccess:
         self._source = source
         self._readers = readers
         self._counts = files.docs.copy()
+        self._kept_tokens: dict[Decoration, int] = {}
 
     @property
     def num_files(self) -> int:
@@ -141,6 +142,23 @@ class DatasetAccess:
             n = self.handler.num_docs(self.reader(file))
             self._counts[file] = n
         return n
+
+    def kept_tokens(self, decoration: Decoration) -> int:
+        """Tokens the packer sees from the whole dataset (decorated documents that are kept),
+        measured once per decoration: it decides whether a small dataset rotates."""
+        cache = self._kept_tokens
+        if decoration not in cache:
+            total = 0
+            for f in range(self.num_files):  # a remote root downloads them side by side
+                self.prefetch(f)
+            for f in range(self.num_files):
+                docs = np.arange(self.doc_count(f))
+                lengths, lead, trail, _ = self.measure(f, docs, decoration)
+                content = lengths - lead - trail
+                kept = content >= max(1, decoration.min_length)
+                total += int(content[kept].sum()) + decoration.extra * int(kept.sum())
+            cache[decoration] = total
+        return cache[decoration]
 
     def measure(
         self, file: int, docs: np.ndarray, decoration: Decoration

@@ -21,6 +21,7 @@ from fmsdata.errors import ConfigError
 __all__ = ["LoaderConfig", "BATCH_FORMATS", "PACKING_MODES", "as_config", "parse_overrides"]
 
 PACKING_MODES = ("hard", "pad")
+DOCUMENT_ORDERS = ("random", "sequential")
 BATCH_FORMATS = ("dict", "tuple")
 
 
@@ -127,7 +128,11 @@ class LoaderConfig:
         min_length: Documents with fewer tokens (after stripping) are skipped and counted.
         logical_shards: Number of independent streams the data is split into; every world
             size the run may use must be at most this (and divide it for exact rescaling).
-        shuffle_window: Lines held in the shuffle buffer of each logical shard (0 or 1 = off).
+        shuffle_window: Lines held in the shuffle buffer of each logical shard (0 or 1 = off;
+            not used with ``document_order: sequential``).
+        document_order: ``"random"`` (a keyed walk per epoch, lines shuffled) or
+            ``"sequential"`` (files in order, documents in stored order, no shuffle buffer:
+            continuous packing).
         seed: Seed of every random order (file walk, document walk, shuffle).
         num_workers: DataLoader worker processes per rank.
         prefetch_factor: Batches each worker prepares ahead.
@@ -185,6 +190,7 @@ class LoaderConfig:
     min_length: int = 1
     logical_shards: int = 64
     shuffle_window: int = 160
+    document_order: str = "random"
     seed: int = 42
     num_workers: int = 1
     prefetch_factor: int = 2
@@ -271,6 +277,10 @@ class LoaderConfig:
                 if token is not None and token >= vocab:
                     raise ConfigError(f"{name}={token} is outside vocab_size={vocab}")
 
+        if self.document_order not in DOCUMENT_ORDERS:
+            raise ConfigError(
+                f"document_order must be one of {DOCUMENT_ORDERS}, got {self.document_order!r}"
+            )
         if self.packing not in PACKING_MODES:
             raise ConfigError(f"packing must be one of {PACKING_MODES}, got {self.packing!r}")
         if self.packing == "pad" and self.pad_token is None:

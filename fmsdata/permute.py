@@ -56,17 +56,30 @@ def hash_values(key: int, start: int, count: int) -> list[int]:
     return _mix_array(np.uint64(key & _MASK64) ^ _mix_array(counters)).tolist()
 
 
-def _rounds(key: int, bits: int) -> list[tuple[int, int]]:
-    """Per-round (addend, odd multiplier) pairs for a key, each below ``2**bits``."""
-    mask = (1 << bits) - 1
-    out = []
-    state = key
-    for _ in range(_ROUNDS):
-        state = _mix_int(state + 0x9E3779B97F4A7C15)
-        addend = state & mask
-        state = _mix_int(state + 0x9E3779B97F4A7C15)
-        out.append((addend, (state & mask) | 1))
-    return out
+def _bit_lengths(values: np.ndarray) -> np.ndarray:
+    """``int.bit_length`` of each non-negative value, as uint64."""
+    bits = np.zeros(len(values), dtype=np.uint64)
+    rest = values.astype(np.uint64)
+    while rest.any():
+        bits += rest > 0
+        rest >>= np.uint64(1)
+    return bits
+
+
+def _round_table(keys: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    """Per-round (addend, odd multiplier) pairs of every key, each below ``2**bits``: row g
+    holds round r's pair in columns ``2r`` and ``2r + 1`` (vectorized: many small
+    permutations are cheap to set up)."""
+    mask = (np.uint64(1) << bits) - np.uint64(1)
+    table = np.zeros((len(keys), 2 * _ROUNDS), dtype=np.uint64)
+    state = keys.copy()
+    step = np.uint64(0x9E3779B97F4A7C15)
+    for r in range(_ROUNDS):
+        state = _mix_array(state + step)
+        table[:, 2 * r] = state & mask
+        state = _mix_array(state + step)
+        table[:, 2 * r + 1] = (state & mask) | np.uint64(1)
+    return table
 
 
 def _scramble(x: np.ndarray, mask: np.ndarray, shift: np.ndarray, rounds: np.ndarray) -> np.ndarray:
@@ -90,12 +103,8 @@ class Permutations:
 
     def __init__(self, sizes: Sequence[int] | np.ndarray, keys: Sequence[int]):
         self.sizes = np.asarray(sizes, dtype=np.int64)
-        bits = [max(int(n) - 1, 0).bit_length() for n in self.sizes]
-        self._bits = np.asarray(bits, dtype=np.uint64)
-        self._table = np.array(
-            [[v for pair in _rounds(key, b) for v in pair] for key, b in zip(keys, bits)],
-            dtype=np.uint64,
-        ).reshape(len(self.sizes), 2 * _ROUNDS)
+        self._bits = _bit_lengths(np.maximum(self.sizes - 1, 0))
+        self._table = _round_table(np.asarray(keys, dtype=np.uint64), self._bits)
 
     def apply(self, positions: np.ndarray, groups: np.ndarray) -> np.ndarray:
         """Element i is position ``positions[i]`` of permutation ``groups[i]``.

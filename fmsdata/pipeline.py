@@ -54,6 +54,7 @@ class ShardRecipe:
     capacity: int
     packing: str
     window: int
+    document_order: str = "random"
 
     @staticmethod
     def from_config(config: LoaderConfig, names: Sequence[str]) -> ShardRecipe:
@@ -70,7 +71,8 @@ class ShardRecipe:
             ),
             capacity=config.content_capacity,
             packing=config.packing,
-            window=config.shuffle_window,
+            window=0 if config.document_order == "sequential" else config.shuffle_window,
+            document_order=config.document_order,
         )
 
 
@@ -113,11 +115,15 @@ class Shard:
         return derive_key(self.recipe.seed, *parts, self.id)
 
     def streams(self) -> list[DocumentStream]:
-        """Each mixed dataset's documents in this shard, in a seeded walk per epoch (recipe
-        order; another document order is another stream class here)."""
+        """Each mixed dataset's documents in this shard (recipe order), in a seeded walk per
+        epoch or in stored order (config ``document_order``); another document order is
+        another stream class here. A dataset too small to give each shard a line's worth of
+        documents rotates its portions over the shards' epochs (``fmsdata.stages.documents``)."""
         r = self.recipe
         return [
-            DocumentStream(access, self.id, r.n_shards, r.seed, r.decoration)
+            DocumentStream(
+                access, self.id, r.n_shards, r.seed, r.decoration, r.document_order, r.capacity
+            )
             for access in self.accesses[: len(r.names)]
         ]
 

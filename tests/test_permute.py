@@ -51,3 +51,23 @@ def test_vector_hashes_match_the_scalar_ones(key, start, n):
 
     values = hash_values(key, start, 5)
     assert [v % n for v in values] == [hash_index(key, start + i, n) for i in range(5)]
+
+
+def test_round_table_equals_the_per_key_rule():
+    """The vectorized round constants equal the rule written one key at a time."""
+    from fmsdata.permute import _ROUNDS, _bit_lengths, _mix_int, _round_table
+
+    keys = [derive_key(i) for i in range(50)] + [0, (1 << 64) - 1]
+    sizes = np.arange(len(keys)) * 977 + 1
+    bits = _bit_lengths(sizes - 1)
+    assert bits.tolist() == [int(n - 1).bit_length() for n in sizes]
+    expected = []
+    for key, b in zip(keys, bits.tolist()):
+        mask, state, row = (1 << b) - 1, key, []
+        for _ in range(_ROUNDS):
+            state = _mix_int(state + 0x9E3779B97F4A7C15)
+            row.append(state & mask)
+            state = _mix_int(state + 0x9E3779B97F4A7C15)
+            row.append((state & mask) | 1)
+        expected.append(row)
+    assert _round_table(np.array(keys, dtype=np.uint64), bits).tolist() == expected

@@ -19,12 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.errors import EmptyDatasetError, StateMismatchError
-from fmsdata.permute import Permutations, derive_key, permute
+from fmsdata.config import DOCUMENT_ORDERS
+from fmsdata.errors import ConfigError, EmptyDatasetError, StateMismatchError
+from fmsdata.permute import Permutations, derive_key, hash_values, permute
 from fmsdata.stages.base import check_keys
 from fmsdata.statecheck import need_count, need_int
 
-__all__ = ["Decoration", "DocBlock", "DocumentStream", "shard_fragments"]
+__all__ = [
+    "Decoration",
+    "DocBlock",
+    "DocumentStream",
+    "all_fragments",
+    "shard_fragments",
+]
 
 STATE_KEYS = ("epoch", "pos", "docs", "skipped", "size")
 # Read-ahead starts small (a fast first batch) and grows fourfold; a block spans at most this many
@@ -32,6 +39,9 @@ STATE_KEYS = ("epoch", "pos", "docs", "skipped", "size")
 _FIRST_BLOCK = 16
 _MAX_BLOCK = 1024
 _MAX_FRAGMENTS = 8
+# A dataset whose files list at least this many bytes per token of the rotation budget is
+# not measured (no format stores a token in fewer bytes on average); see ``_rotates``.
+_BYTES_PER_TOKEN = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +134,25 @@ def shard_files(n_files: int, n_shards: int, shard: int) -> range:
     return range(first, last + 1)
 
 
+def all_fragments(counts: np.ndarray, n_shards: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every logical shard's document ranges at once: rows ``(file, first_doc, end_doc)``
+    (non-empty, in file order) and the shard of each row; the rows of shard ``q`` are
+    ``shard_fragments(counts, n_shards, q)``. ``counts`` must be known for every file."""
+    n_files = len(counts)
+    grid = np.union1d(
+        np.arange(0, n_files * n_shards + 1, n_shards),
+        np.arange(0, n_files * n_shards + 1, n_files),
+    )
+    lo_g, hi_g = grid[:-1], grid[1:]
+    files = lo_g // n_shards
+    n = np.asarray(counts, dtype=np.int64)[files]
+    lo = n * (lo_g - files * n_shards) // n_shards
+    hi = n * (hi_g - files * n_shards) // n_shards
+    keep = hi > lo
+    rows = np.stack([files, lo, hi], axis=1)[keep].astype(np.int64).reshape(-1, 3)
+    return rows, (lo_g // n_files)[keep].astype(np.int64)
+
+
 def fresh_stream_state() -> dict[str, int]:
     """The state of a stream that has not started (size -1: not measured yet)."""
     return {"epoch": 0, "pos": 0, "docs": 0, "skipped": 0, "size": -1}
@@ -132,10 +161,14 @@ def fresh_stream_state() -> dict[str, int]:
 class DocumentStream:
     """One dataset's documents in one logical shard, epoch after epoch.
 
-    The walk order is a pure function of (seed, dataset name, shard, epoch), never of
-    rank, world size or worker. State keys: ``epoch``, ``pos`` (next walk position),
-    ``docs`` (documents used), ``skipped`` (documents passed over as too short), ``size``
-    (documents of the dataset in the shard, -1 before the stream first reads).
+    The walk order is a pure function of (data, config, seed, dataset name, shard, epoch),
+    never of rank, world size or worker. State keys: ``epoch``, ``pos`` (next walk position
+    in the epoch), ``docs`` (documents used), ``skipped`` (documents passed over as too
+    short), ``size`` (documents of one cycle, -1 before the stream first reads).
+
+    ``order="sequential"`` reads the shard's fragments in file order and the documents of
+    each in stored order. A *rotating* stream (see the module docstring) reads a different
+    shard's portion in each epoch; its cycle is ``n_shards`` epochs, otherwise one.
 
     Args:
         access: The dataset's files, counts and readers in this worker.
@@ -143,22 +176,42 @@ class DocumentStream:
         n_shards: Number of logical shards.
         seed: Run seed.
         decoration: Stripping, BOS/EOS and minimum length.
+        order: ``"random"`` (keyed walk) or ``"sequential"``.
+        line_tokens: Document tokens per line; a dataset holding fewer (decorated, kept)
+            tokens than ``n_shards * line_tokens`` rotates (0: never).
     """
 
-    def __init__(self, access: Any, shard: int, n_shards: int, seed: int, decoration: Decoration):
+    def __init__(
+        self,
+        access: Any,
+        shard: int,
+        n_shards: int,
+        seed: int,
+        decoration: Decoration,
+        order: str = "random",
+        line_tokens: int = 0,
+    ):
+        if order not in DOCUMENT_ORDERS:
+            raise ConfigError(f"document_order must be one of {DOCUMENT_ORDERS}, got {order!r}")
         self.access = access
         self.shard = shard
         self.n_shards = n_shards
         self.seed = seed
         self.decoration = decoration
+        self.order = order
+        self.line_tokens = line_tokens
         self.epoch = 0
         self.pos = 0
         self.docs = 0
         self.skipped = 0
+        self.rotating = False
         self._saved_size = -1  # size recorded in a loaded state, checked at setup
-        self._fragments: np.ndarray | None = None
-        self._size = 0
-        self._walk_epoch = -1
+        self._rows: np.ndarray | None = None  # the cycle's fragments before the walk order
+        self._row_epoch = np.zeros(0, dtype=np.int64)  # epoch within the cycle of each row
+        self._epoch_starts = np.zeros(1, dtype=np.int64)  # cycle docs before each epoch, + total
+        self._cycle_len = 1
+        self._size = 0  # documents of one cycle
+        self._walk_cycle = -1
         self._walk: np.ndarray = np.zeros((0, 3), dtype=np.int64)
         self._walk_ends: np.ndarray = np.zeros(0, dtype=np.int64)
         self._walk_orders: Permutations | None = None
@@ -169,19 +222,57 @@ class DocumentStream:
 
     @property
     def size(self) -> int:
-        """Documents of this dataset in this shard (one epoch)."""
+        """Documents of one cycle: the shard's share of the dataset, or with a rotating
+        stream the whole dataset."""
         self._setup()
         return self._size
 
+    def _rotates(self) -> bool:
+        """Whether the dataset holds fewer tokens than a line per shard (the same answer in
+        every shard: a function of the data and the config). Files listed at ``_BYTES_PER_TOKEN``
+        bytes a token or more are too large to be measured: they never rotate."""
+        if not self.line_tokens or self.n_shards == 1:
+            return False
+        budget = self.n_shards * self.line_tokens
+        if int(np.sum(self.access.files.sizes)) >= budget * _BYTES_PER_TOKEN:
+            return False
+        return self.access.kept_tokens(self.decoration) < budget
+
     def _setup(self) -> None:
-        if self._fragments is not None:
+        if self._rows is not None:
             return
-        n_files = self.access.num_files
-        counts = np.full(n_files, -1, dtype=np.int64)
-        for f in shard_files(n_files, self.n_shards, self.shard):
-            counts[f] = self.access.doc_count(f)
-        self._fragments = shard_fragments(counts, self.n_shards, self.shard)
-        self._size = int((self._fragments[:, 2] - self._fragments[:, 1]).sum())
+        n_files, n_shards = self.access.num_files, self.n_shards
+        self.rotating = self._rotates()
+        if self.rotating:
+            counts = np.array([self.access.doc_count(f) for f in range(n_files)], dtype=np.int64)
+            rows, owner = all_fragments(counts, n_shards)
+            if self.order == "random":
+                portions = permute(
+                    np.arange(n_shards),
+                    n_shards,
+                    derive_key(self.seed, self.access.name, "portions"),
+                )
+            else:
+                portions = np.arange(n_shards)
+            at = int(np.flatnonzero(portions == self.shard)[0])
+            portions = portions[(at + np.arange(n_shards)) % n_shards]  # epoch 0: own portion
+            per_portion = np.bincount(owner, minlength=n_shards)
+            first_row = np.concatenate([[0], np.cumsum(per_portion)])
+            picked = [np.arange(first_row[q], first_row[q + 1]) for q in portions]
+            self._rows = rows[np.concatenate(picked)] if picked else rows[:0]
+            self._row_epoch = np.repeat(np.arange(n_shards), per_portion[portions])
+            self._cycle_len = n_shards
+        else:
+            counts = np.full(n_files, -1, dtype=np.int64)
+            for f in shard_files(n_files, n_shards, self.shard):
+                counts[f] = self.access.doc_count(f)
+            self._rows = shard_fragments(counts, n_shards, self.shard)
+            self._row_epoch = np.zeros(len(self._rows), dtype=np.int64)
+            self._cycle_len = 1
+        sizes = self._rows[:, 2] - self._rows[:, 1]
+        per_epoch = np.bincount(self._row_epoch, weights=sizes, minlength=self._cycle_len)
+        self._epoch_starts = np.concatenate([[0], np.cumsum(per_epoch)]).astype(np.int64)
+        self._size = int(self._epoch_starts[-1])
         if self._size == 0:
             raise EmptyDatasetError(
                 f"dataset {self.access.name!r} gives no document to logical shard {self.shard} "
@@ -191,39 +282,66 @@ class DocumentStream:
         if self._saved_size >= 0 and self._saved_size != self._size:
             raise StateMismatchError(
                 f"size: the state was saved with {self._saved_size} documents of dataset "
-                f"{self.access.name!r} in logical shard {self.shard}, the data now gives "
+                f"{self.access.name!r} in logical shard {self.shard}'s cycle, the data now gives "
                 f"{self._size}"
             )
-        if self.pos >= self._size:
+        j = self.epoch % self._cycle_len
+        held = int(self._epoch_starts[j + 1] - self._epoch_starts[j])
+        if self.pos >= held and self.pos > 0:
             raise StateMismatchError(
-                f"pos: saved position {self.pos} is past the {self._size} documents of dataset "
-                f"{self.access.name!r} in logical shard {self.shard}"
+                f"pos: saved position {self.pos} is past the {held} documents of dataset "
+                f"{self.access.name!r} in logical shard {self.shard}, epoch {self.epoch}"
             )
-        self._ahead = self.epoch * self._size + self.pos
+        # Start of an empty epoch (a rotating shard's own portion may be empty): the walk
+        # goes on at the next epoch that holds documents.
+        self.epoch, self.pos = self._local(self._global(self.epoch, self.pos))
+        self._ahead = self._global(self.epoch, self.pos)
 
-    def _walk_for(self, epoch: int) -> None:
-        """The epoch's fragment order, and each fragment's document order."""
-        if epoch == self._walk_epoch:
+    def _global(self, epoch: int, pos: int) -> int:
+        """Walk position counted from the stream's start."""
+        cycle, j = divmod(epoch, self._cycle_len)
+        return cycle * self._size + int(self._epoch_starts[j]) + pos
+
+    def _local(self, position: int) -> tuple[int, int]:
+        """``(epoch, pos)`` of a walk position counted from the stream's start."""
+        cycle, rest = divmod(position, self._size)
+        starts = self._epoch_starts[: self._cycle_len]
+        j = int(np.searchsorted(starts, rest, side="right")) - 1
+        return cycle * self._cycle_len + j, rest - int(starts[j])
+
+    def _walk_for(self, cycle: int) -> None:
+        """The cycle's fragment order, and each fragment's document order."""
+        if cycle == self._walk_cycle:
             return
-        frags = self._fragments
-        assert frags is not None, "set up before walking"
+        rows = self._rows
+        assert rows is not None, "set up before walking"
         name = self.access.name
-        order = permute(
-            np.arange(len(frags)), len(frags), derive_key(self.seed, name, self.shard, epoch)
-        )
-        self._walk = frags[order]
-        sizes = self._walk[:, 2] - self._walk[:, 1]
-        self._walk_ends = np.cumsum(sizes)
-        keys = [derive_key(self.seed, name, self.shard, epoch, int(f)) for f in self._walk[:, 0]]
-        self._walk_orders = Permutations(sizes, keys)
-        self._walk_epoch = epoch
+        if self.order == "sequential":
+            self._walk, self._walk_orders = rows, None
+        elif self.rotating:
+            self._walk = rows
+            key = derive_key(self.seed, name, self.shard, "cycle", cycle)
+            self._walk_orders = Permutations(
+                rows[:, 2] - rows[:, 1], hash_values(key, 0, len(rows))
+            )
+        else:
+            order = permute(
+                np.arange(len(rows)), len(rows), derive_key(self.seed, name, self.shard, cycle)
+            )
+            self._walk = rows[order]
+            keys = [
+                derive_key(self.seed, name, self.shard, cycle, int(f)) for f in self._walk[:, 0]
+            ]
+            self._walk_orders = Permutations(self._walk[:, 2] - self._walk[:, 1], keys)
+        self._walk_ends = np.cumsum(self._walk[:, 2] - self._walk[:, 1])
+        self._walk_cycle = cycle
 
     def prefetch_upcoming(self) -> None:
         """Tell the file source which file the next read opens, so that a remote root can
         start downloading it now (streams opened together then download in parallel)."""
         self._setup()
-        epoch, pos = divmod(self._ahead, self._size)
-        self._walk_for(epoch)
+        cycle, pos = divmod(self._ahead, self._size)
+        self._walk_for(cycle)
         fragment = int(np.searchsorted(self._walk_ends, pos, side="right"))
         self.access.prefetch(int(self._walk[fragment, 0]))
 
@@ -232,11 +350,11 @@ class DocumentStream:
     def read_ahead(self) -> DocBlock:
         """The next block of kept documents after the read-ahead cursor (never empty).
 
-        A block covers a few fragments (files) of the walk at most, so a stream keeps only
-        a few files open at a time however small its fragments are.
+        A block covers a few files of the walk at most, so a stream keeps only a few files
+        open at a time however small its fragments are.
 
         Raises:
-            EmptyDatasetError: A whole epoch of the shard passed without a usable document.
+            EmptyDatasetError: A whole cycle of the shard passed without a usable document.
         """
         self._setup()
         passed = 0
@@ -253,21 +371,24 @@ class DocumentStream:
                 )
 
     def _read_block(self) -> tuple[DocBlock, int]:
-        epoch, pos = divmod(self._ahead, self._size)
-        self._walk_for(epoch)
+        cycle, pos = divmod(self._ahead, self._size)
+        self._walk_for(cycle)
         ends = self._walk_ends
         first = int(np.searchsorted(ends, pos, side="right"))
-        last = min(first + _MAX_FRAGMENTS, len(ends)) - 1
+        near = self._walk[first : first + self._block_docs, 0]
+        switches = np.flatnonzero(np.diff(near))
+        # At most _MAX_FRAGMENTS files per block (a row never holds fewer than one document).
+        enough = len(switches) >= _MAX_FRAGMENTS
+        last = first + (int(switches[_MAX_FRAGMENTS - 1]) if enough else len(near) - 1)
         stop = min(pos + self._block_docs, int(ends[last]))
         positions = np.arange(pos, stop, dtype=np.int64)
         frag = np.searchsorted(ends, positions, side="right")
         local = positions - (ends - (self._walk[:, 2] - self._walk[:, 1]))[frag]
         orders = self._walk_orders
-        assert orders is not None, "walk computed above"
-        docs = self._walk[frag, 1] + orders.apply(local, frag)
+        docs = self._walk[frag, 1] + (local if orders is None else orders.apply(local, frag))
         files = self._walk[frag, 0]
         parts = []
-        cuts = np.flatnonzero(np.diff(frag)) + 1
+        cuts = np.flatnonzero(np.diff(files)) + 1
         for run in np.split(np.arange(len(positions)), cuts):
             file = int(files[run[0]])
             lengths, lead, trail, starts = self.access.measure(file, docs[run], self.decoration)
@@ -286,22 +407,22 @@ class DocumentStream:
 
     def commit(self, last_gpos: int, used: int) -> None:
         """Mark documents up to walk position ``last_gpos`` as consumed, ``used`` of them kept."""
-        current = self.epoch * self._size + self.pos
+        current = self._global(self.epoch, self.pos)
         nxt = last_gpos + 1
         self.skipped += nxt - current - used
         self.docs += used
-        self.epoch, self.pos = divmod(nxt, self._size)
+        self.epoch, self.pos = self._local(nxt)
 
     def rewind(self) -> None:
         """Drop read-ahead: the next ``read_ahead`` starts at the consumed position."""
-        if self._fragments is not None:
-            self._ahead = self.epoch * self._size + self.pos
+        if self._rows is not None:
+            self._ahead = self._global(self.epoch, self.pos)
         self._block_docs = _FIRST_BLOCK
 
     # -- state ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        size = self._size if self._fragments is not None else self._saved_size
+        size = self._size if self._rows is not None else self._saved_size
         return {
             "epoch": self.epoch,
             "pos": self.pos,

@@ -234,6 +234,7 @@ class TokenShareMixer(Stage):
             "eos": None if decoration is None else decoration.eos,
             "strip": [] if decoration is None else sorted(decoration.strip),
             "min_length": None if decoration is None else decoration.min_length,
+            "document_order": getattr(self.streams[0], "order", None) if self.streams else None,
         }
 
     def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:

@@ -1,0 +1,43 @@
+"""Shard chains built from a config, as the loader builds them, for stage-level tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from support import accesses
+
+from fmsdata.config import LoaderConfig
+from fmsdata.pipeline import ShardRecipe, build_pipeline
+from fmsdata.stages.base import DOC, DS, FILE, START, Stage
+from fmsdata.synthetic import CorpusInfo
+
+
+def recipe(info: CorpusInfo, **fields: Any) -> ShardRecipe:
+    config = LoaderConfig(data_path=info.root, **fields)
+    return ShardRecipe.from_config(config, [a.name for a in accesses(info, config.datasets)])
+
+
+def chain(info: CorpusInfo, rec: ShardRecipe, shard: int) -> Stage:
+    """Logical shard ``shard``'s default chain (its own reader cache)."""
+    return build_pipeline(shard, rec, accesses(info, list(rec.names))).top
+
+
+def document_starts(info: CorpusInfo, rec: ShardRecipe, line: Any) -> list[tuple[str, str, int]]:
+    """``(dataset, file path, document)`` of each document that starts in ``line``."""
+    acc = {a.name: a for a in accesses(info, list(rec.names))}
+    out = []
+    for span in line.tolist():
+        if span[START] == 0:
+            name = rec.names[span[DS]]
+            out.append((name, acc[name].path(span[FILE]), span[DOC]))
+    return out
+
+
+def writer_order(info: CorpusInfo, name: str) -> list[tuple[str, str, int]]:
+    """The dataset's documents in the order the writer wrote them (files in order)."""
+    return [
+        (name, path, d)
+        for path, (firsts, _) in info.files.items()
+        if path.split("/")[0] == name
+        for d in range(len(firsts))
+    ]
