@@ -11,7 +11,10 @@ shards, about 10,000 buffered lines, EOS per document):
 - ``short``: log-normal lengths, median 150, mean 300 tokens;
 - ``doc60``: documents of about 60 tokens;
 - ``mix``: three datasets, ``long`` and ``short`` documents plus a small one (2% of the
-  tokens) upweighted to 20% of the mix, so it cycles through many epochs.
+  tokens) upweighted to 20% of the mix, so it cycles through many epochs;
+- ``smallmix``: 1,024 logical shards, ``short`` documents mixed 1:1 with a small dataset of
+  1,100 documents of about 60 tokens (at full size), each shard's share of it far below a
+  line: it rotates its portions over the shards' epochs (README "Document order").
 
 Per corpus: tokens/s in process and with each worker count asked for, each as a ratio to
 the bare read taken just before it; the amortized cost per document; the main process's
@@ -79,7 +82,13 @@ CORPORA: dict[str, tuple[dict[str, tuple[int, float, float, int]], list[float]]]
         },
         [0.4, 0.4, 0.2],
     ),
+    "smallmix": (
+        {"web": (32, 300, spread(150, 300), 3120), "small": (1, 60, 0.4, 1100)},
+        [0.5, 0.5],
+    ),
 }
+# Logical shards per corpus where not SHARDS.
+CORPUS_SHARDS = {"smallmix": 1024}
 
 
 def ensure_corpus(root: str, name: str, scale: float) -> dict[str, Any]:
@@ -183,7 +192,7 @@ def measure_corpus(
         weights=weights,
         seq_length=SEQ,
         batch_size=BATCH,
-        logical_shards=SHARDS,
+        logical_shards=CORPUS_SHARDS.get(name, SHARDS),
         shuffle_window=WINDOW,
         eos_token=2,
     )

@@ -1,4 +1,4 @@
-"""The documents of one dataset inside one logical shard, in a seeded walk per epoch.
+"""The documents of one dataset inside one logical shard: a seeded walk per epoch, or stored order.
 
 A dataset's files are cut into ``L`` fragments each; laid end to end (file by file), the
 ``F * L`` fragments are dealt to the ``L`` logical shards in contiguous runs of ``F``. A
@@ -7,6 +7,26 @@ document counts of those files only. Each epoch the shard walks its fragments in
 random order, and the documents inside each fragment in another keyed order: position
 ``p`` of the walk maps to a document by arithmetic, so nothing is materialized and the
 state is two integers.
+
+``order="sequential"`` (config ``document_order``) drops both permutations: a shard reads
+its fragments in file order and their documents in stored order, so with one logical shard
+the stream is the files' own order of documents, and with several the shards' stretches,
+concatenated in shard order, are that order (fragments are dealt in contiguous runs).
+
+**Small datasets rotate.** When a dataset holds fewer (kept, decorated) tokens than
+``n_shards`` lines, a shard's own portion is smaller than a line and the plain walk would
+repeat its few documents inside one line. Such a stream reads, in epoch ``e``, the portion
+of shard ``order[(at + e) % n_shards]``, where ``order`` is a keyed permutation of the
+shards (identity when sequential) and ``order[at]`` is the shard itself, so epoch 0 is its
+own portion; a *cycle* of ``n_shards`` epochs is walked as one (portions in that order,
+each document order keyed by shard and cycle). Why the guarantees hold: for each ``e``
+the map from shards to portions is a bijection, so every pass over all shards (epoch ``e``
+of each) covers every document exactly once (G4); any ``n_shards`` consecutive epochs of a
+shard read every portion once, so a document repeats inside a line only once the shard has
+read the whole dataset; whether a dataset rotates, the portions and the walk depend only on
+(data, config, seed, dataset, shard, epoch), never on rank, world size or worker (G2), and
+the state is still ``(epoch, pos)`` (G1, G3). Datasets listed at 16 bytes per token of that
+budget or more are not measured and never rotate.
 
 The stream is read ahead in vectorized blocks and *committed* as the packer uses
 documents, so ``state_dict`` always describes consumed documents only.
