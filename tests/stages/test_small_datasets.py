@@ -99,7 +99,7 @@ def test_passes_cover_every_document_once_for_any_shape(n_shards, files, docs, o
         assert passes[0] == [(path, d) for _, path, d in writer_order(info, "s")]
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(
     before=st.sampled_from([1, 2, 4, 8]),
     after=st.sampled_from([1, 2, 4, 8]),
