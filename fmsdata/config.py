@@ -53,6 +53,9 @@ def _to_number(field: str, value: Any, kind: type) -> Any:
     return number
 
 
+_SPECIAL_TOKENS = ("bos_token", "eos_token", "bol_token", "eol_token", "pad_token")
+
+
 def _optional_token(field: str, value: Any) -> int | None:
     if value is None:
         return None
@@ -141,6 +144,15 @@ class LoaderConfig:
         vocab_size: When set, a token id at or above it is an error naming the file.
         return_position_ids: Add ``position_ids`` restarting at each document.
         return_cu_seqlens: Add ``cu_seqlens`` and ``max_seqlen`` for varlen attention.
+        return_document_ids: Add ``document_ids``: per input token, the id of its source
+            document (``dataset << 56 | file << 32 | doc``, -1 on padding; see
+            ``fmsdata.stages.outputs``), for document masks.
+        fim_training: Fill-in-the-middle on every line (``fmsdata.stages.fim``), with
+            fms-fsdp's field names: each document piece of at least ``fim_min_length``
+            tokens becomes PSM with probability ``psm_rate`` or SPM with ``spm_rate``.
+        psm_rate, spm_rate: Probabilities (summing to at most 1) of the two FIM layouts.
+        fim_pre, fim_mid, fim_suf: FIM sentinel token ids; None inserts no token there.
+        fim_min_length: Document pieces shorter than this stay as they are.
         batch_format: ``"dict"`` (named tensors) or ``"tuple"``: the same tensors in the
             batch's key order, ``(input_ids, labels, ...)`` (a preprocess's keys sorted),
             for loops written ``for input, label in loader``; a batch of one tensor is
@@ -199,6 +211,14 @@ class LoaderConfig:
     vocab_size: int | None = None
     return_position_ids: bool = False
     return_cu_seqlens: bool = False
+    return_document_ids: bool = False
+    fim_training: bool = False
+    psm_rate: float = 0.0
+    spm_rate: float = 0.0
+    fim_pre: int | None = None
+    fim_mid: int | None = None
+    fim_suf: int | None = None
+    fim_min_length: int = 2
     batch_format: str = "dict"
     open_files: int | None = None
     checkpoint_dir: str | None = None
@@ -238,6 +258,7 @@ class LoaderConfig:
 
         for name in ("bos_token", "eos_token", "bol_token", "eol_token", "pad_token"):
             set_(self, name, _optional_token(name, getattr(self, name)))
+        self._check_fim()
         positive = ("seq_length", "batch_size", "logical_shards", "prefetch_factor")
         for name in positive:
             value = _to_number(name, getattr(self, name), int)
@@ -272,7 +293,7 @@ class LoaderConfig:
             if vocab < 1:
                 raise ConfigError(f"vocab_size must be positive or None, got {self.vocab_size!r}")
             set_(self, "vocab_size", vocab)
-            for name in ("bos_token", "eos_token", "bol_token", "eol_token", "pad_token"):
+            for name in (*_SPECIAL_TOKENS, "fim_pre", "fim_mid", "fim_suf"):
                 token = getattr(self, name)
                 if token is not None and token >= vocab:
                     raise ConfigError(f"{name}={token} is outside vocab_size={vocab}")
@@ -327,12 +348,32 @@ class LoaderConfig:
             "pin_memory",
             "return_position_ids",
             "return_cu_seqlens",
+            "return_document_ids",
+            "fim_training",
             "allow_mix_change",
             "strict",
             "anonymous",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    def _check_fim(self) -> None:
+        set_ = object.__setattr__
+        for name in ("fim_pre", "fim_mid", "fim_suf"):
+            set_(self, name, _optional_token(name, getattr(self, name)))
+        for name in ("psm_rate", "spm_rate"):
+            rate = _to_number(name, getattr(self, name), float)
+            if not 0.0 <= rate <= 1.0:
+                raise ConfigError(f"{name} must be a probability in [0, 1], got {rate!r}")
+            set_(self, name, rate)
+        if self.psm_rate + self.spm_rate > 1.0:
+            raise ConfigError(
+                f"psm_rate + spm_rate must be at most 1, got {self.psm_rate} + {self.spm_rate}"
+            )
+        least = _to_number("fim_min_length", self.fim_min_length, int)
+        if least < 0:
+            raise ConfigError(f"fim_min_length must be a non-negative integer, got {least!r}")
+        set_(self, "fim_min_length", least)
 
     def _check_remote(self) -> None:
         for name in ("endpoint_url", "aws_profile"):

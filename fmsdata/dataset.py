@@ -38,7 +38,12 @@ from fmsdata.remote.cache import FileSource, file_source
 from fmsdata.remote.storage import Storage
 from fmsdata.stages.base import SPAN_WIDTH, Stage
 from fmsdata.stages.materialize import LineWriter
-from fmsdata.stages.outputs import row_segment_lengths
+from fmsdata.stages.outputs import (
+    TokenLine,
+    document_ids_of,
+    piece_segment_lengths,
+    span_pieces,
+)
 from fmsdata.topology import RowDealer, Topology, owned_shards, worker_shards
 from fmsdata.transport import WorkerItem, item_batch_counts
 
@@ -328,11 +333,14 @@ class RankLineDataset(IterableDataset):
                 "a document holds a token id of 2**31 or more, or a negative one; set vocab_size "
                 "to find which file"
             )
+        has_bol, has_eol = config.bol_token is not None, config.eol_token is not None
+        token_lines: list[TokenLine] | None = None
         if any(p.token_stages for p in touched.values()):
             # In the order each shard emitted its lines: token stages' state is per line.
+            token_lines = [TokenLine.of(spans, has_bol, has_eol) for spans in lines]
             for i, pipeline in enumerate(pipelines):
                 if pipeline.token_stages:
-                    content[i] = pipeline.apply_tokens(tokens[i], int(content[i]))
+                    content[i] = pipeline.apply_tokens(tokens[i], int(content[i]), token_lines[i])
         # Taken after the token-level stages saw this item's lines.
         lights = {}
         ops: list[tuple[int, int]] = []
@@ -342,11 +350,21 @@ class RankLineDataset(IterableDataset):
             shard_ops, shard_pushed = pipeline.drain_journal()
             ops.extend((sid, op) for op in shard_ops)
             pushed.extend(shard_pushed)
-        segments = segment_counts = None
-        if config.return_position_ids or config.return_cu_seqlens:
-            has_bol, has_eol = config.bol_token is not None, config.eol_token is not None
-            segments, segment_counts = row_segment_lengths(
-                lines, has_bol, has_eol, content, config.seq_length
+        segments = segment_counts = segment_ids = None
+        want_ids = config.return_document_ids
+        if config.return_position_ids or config.return_cu_seqlens or want_ids:
+            ids = None
+            if token_lines is None:  # the pieces are the spans
+                lengths, counts = span_pieces(lines, has_bol, has_eol)
+                if want_ids:
+                    ids = document_ids_of(np.concatenate(lines)) if lines else lengths[:0]
+            else:
+                lengths = np.concatenate([line.pieces for line in token_lines])
+                counts = np.array([len(line.pieces) for line in token_lines], dtype=np.int64)
+                if want_ids:
+                    ids = np.concatenate([line.ids for line in token_lines])
+            segments, segment_counts, segment_ids = piece_segment_lengths(
+                lengths, counts, content, config.seq_length, ids
             )
         samples = None
         token_tensor = None if slot is not None else torch.from_numpy(tokens)
@@ -364,6 +382,7 @@ class RankLineDataset(IterableDataset):
             content=content,
             segments=segments,
             segment_counts=segment_counts,
+            segment_ids=segment_ids,
             samples=samples,
             lights=lights,
             ops=np.asarray(ops, dtype=np.int64).reshape(-1, 2),

@@ -257,6 +257,7 @@ class FmsDataLoader(DataLoader):
             config.return_position_ids,
             config.return_cu_seqlens,
             config.pin_memory,
+            config.return_document_ids,
         )
 
     def _consume(

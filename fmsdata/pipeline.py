@@ -27,13 +27,16 @@ from fmsdata.permute import derive_key
 from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.base import SpanStage, Stage, TokenStage, check_keys, layout, walk
 from fmsdata.stages.documents import Decoration, DocumentStream
+from fmsdata.stages.fim import FillInMiddle
 from fmsdata.stages.mixing import TokenShareMixer
+from fmsdata.stages.outputs import TokenLine
 from fmsdata.stages.packing import LinePacker
 from fmsdata.stages.shuffle import ShuffleBuffer
 
 __all__ = [
     "Shard",
     "ShardRecipe",
+    "FimSettings",
     "ShardPipeline",
     "StageFactory",
     "default_stages",
@@ -55,6 +58,7 @@ class ShardRecipe:
     packing: str
     window: int
     document_order: str = "random"
+    fim: FimSettings | None = None
 
     @staticmethod
     def from_config(config: LoaderConfig, names: Sequence[str]) -> ShardRecipe:
@@ -73,6 +77,33 @@ class ShardRecipe:
             packing=config.packing,
             window=0 if config.document_order == "sequential" else config.shuffle_window,
             document_order=config.document_order,
+            fim=FimSettings.from_config(config) if config.fim_training else None,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class FimSettings:
+    """The config's fill-in-the-middle fields (``fim_training`` on), as the stage takes them."""
+
+    psm_rate: float
+    spm_rate: float
+    pre: int | None
+    mid: int | None
+    suf: int | None
+    min_length: int
+    frame: tuple[int, ...]
+
+    @staticmethod
+    def from_config(config: LoaderConfig) -> FimSettings:
+        delimiters = (config.bol_token, config.bos_token, config.eos_token, config.eol_token)
+        return FimSettings(
+            psm_rate=config.psm_rate,
+            spm_rate=config.spm_rate,
+            pre=config.fim_pre,
+            mid=config.fim_mid,
+            suf=config.fim_suf,
+            min_length=config.fim_min_length,
+            frame=tuple(t for t in delimiters if t is not None),
         )
 
 
@@ -144,13 +175,33 @@ class Shard:
         """Lines shuffled in a window of ``shuffle_window`` lines."""
         return ShuffleBuffer(source, self.recipe.window, self.key("shuffle"))
 
+    def fim(self, source: Stage, settings: FimSettings | None = None) -> FillInMiddle:
+        """Fill-in-the-middle on every line (the config's ``fim_*`` fields unless given),
+        its randomness keyed by (seed, this shard, line)."""
+        s = settings or self.recipe.fim
+        if s is None:
+            raise ConfigError("Shard.fim needs FIM settings: set fim_training or pass them")
+        return FillInMiddle(
+            source,
+            self.key("fim"),
+            s.psm_rate,
+            s.spm_rate,
+            s.pre,
+            s.mid,
+            s.suf,
+            s.min_length,
+            s.frame,
+        )
+
 
 StageFactory = Callable[[Shard], Stage]
 
 
 def default_stages(shard: Shard) -> Stage:
-    """documents -> mix -> pack -> shuffle: the chain a loader runs unless told otherwise."""
-    return shard.shuffle(shard.pack(shard.documents()))
+    """documents -> mix -> pack -> shuffle (-> fill-in-the-middle with ``fim_training``):
+    the chain a loader runs unless told otherwise."""
+    top = shard.shuffle(shard.pack(shard.documents()))
+    return shard.fim(top) if shard.recipe.fim is not None else top
 
 
 class ShardPipeline:
@@ -197,10 +248,22 @@ class ShardPipeline:
         self.emitted += 1
         return line
 
-    def apply_tokens(self, row: np.ndarray, content: int) -> int:
-        """Run the token-level stages over one materialized line (in place)."""
+    def apply_tokens(self, row: np.ndarray, content: int, line: TokenLine) -> int:
+        """Run the token-level stages over one materialized line (in place); ``line``'s
+        pieces follow what they did."""
         for stage in self.token_stages:
-            content = int(stage.apply(row, content))
+            content = int(stage.apply(row, content, line))
+            if not 0 <= content <= len(row) or int(line.pieces.sum()) != content:
+                raise ConfigError(
+                    f"token stage {stage.name} returned content {content} for a line of "
+                    f"{len(row)} tokens whose pieces sum to {int(line.pieces.sum())}: they "
+                    "must agree (set line.pieces and line.ids when moving tokens)"
+                )
+            if len(line.pieces) != len(line.ids):
+                raise ConfigError(
+                    f"token stage {stage.name} left {len(line.pieces)} pieces but "
+                    f"{len(line.ids)} document ids"
+                )
         return content
 
     def state_dict(self) -> dict[str, Any]:
@@ -273,8 +336,10 @@ def open_shard(
             raise ConfigError("replaying token-level stages needs the line writer")
         row = np.empty((1, writer.line_length), dtype=np.int32)
         for _ in range(advance):
-            content = writer.write([next(pipeline)], row)
-            pipeline.apply_tokens(row[0], int(content[0]))
+            spans = next(pipeline)
+            content = writer.write([spans], row)
+            line = TokenLine.of(spans, writer.bol is not None, writer.eol is not None)
+            pipeline.apply_tokens(row[0], int(content[0]), line)
     else:
         for _ in range(advance):
             next(pipeline)

@@ -43,6 +43,7 @@ class WorkerItem:
         content: [R] non-pad tokens per line.
         segments: Flat document-piece lengths of every row (None unless requested).
         segment_counts: [R] pieces per row.
+        segment_ids: Document id of each piece in ``segments`` (None unless requested).
         samples: Custom preprocess outputs, each [R, ...] (None on the built-in path).
         row_shards: [R] logical shard of each row.
         lights: ``{shard id: light state}`` at the end of the item, for the shards advanced.
@@ -59,6 +60,7 @@ class WorkerItem:
     content: np.ndarray
     segments: np.ndarray | None
     segment_counts: np.ndarray | None
+    segment_ids: np.ndarray | None
     samples: dict[str, torch.Tensor] | None
     lights: dict[int, dict[str, Any]]
     ops: np.ndarray
@@ -97,6 +99,7 @@ def assemble_batch(
     want_position_ids: bool,
     want_cu_seqlens: bool,
     pin_memory: bool,
+    want_document_ids: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Batch ``k`` of the given items (one per worker) in canonical row order.
 
@@ -135,7 +138,7 @@ def assemble_batch(
     for row in np.flatnonzero(content <= seq).tolist():
         labels_np[row, max(int(content[row]) - 1, 0) :] = IGNORE_INDEX
     batch = {"input_ids": input_ids, "labels": labels}
-    if want_position_ids or want_cu_seqlens:
+    if want_position_ids or want_cu_seqlens or want_document_ids:
         segments = _row_segments(spans, batch_size)
         lengths = np.concatenate(segments)
         if want_position_ids:
@@ -147,6 +150,10 @@ def assemble_batch(
             np.cumsum(lengths, out=cu[1:])
             batch["cu_seqlens"] = torch.from_numpy(cu)
             batch["max_seqlen"] = torch.tensor(int(lengths.max()))
+        if want_document_ids:
+            ids = np.concatenate(_row_segments(spans, batch_size, "segment_ids"))
+            flat_ids = np.repeat(ids, lengths)
+            batch["document_ids"] = torch.from_numpy(flat_ids.reshape(batch_size, seq))
         if pinned:
             batch.update(_pin({k: v for k, v in batch.items() if k not in ("input_ids", "labels")}))
     return batch
@@ -166,10 +173,13 @@ def _gather(
     return out
 
 
-def _row_segments(spans: list[tuple[WorkerItem, int, int]], batch_size: int) -> list[np.ndarray]:
+def _row_segments(
+    spans: list[tuple[WorkerItem, int, int]], batch_size: int, field: str = "segments"
+) -> list[np.ndarray]:
+    """Per row of the batch, its pieces' lengths (or, with ``field="segment_ids"``, ids)."""
     per_row: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * batch_size
     for item, a, b in spans:
-        counts, segments = item.segment_counts, item.segments
+        counts, segments = item.segment_counts, getattr(item, field)
         assert counts is not None and segments is not None, "segments requested"
         first = int(counts[:a].sum())
         bounds = np.cumsum(counts[a:b]) + first

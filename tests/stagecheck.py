@@ -6,6 +6,9 @@ follows with the uninterrupted run, span for span (spans name the tokens exactly
 is token for token). ``check_stage_rescale`` runs every logical shard's chain as ranks of
 one world size would, saves, re-deals the shards over another world size and checks the
 global steps that follow equal those of the uninterrupted run.
+
+Token-level stages are checked through ``TokenLines``: the chain's lines materialized and
+run through its token stages, compared token for token (and piece for piece).
 """
 
 from __future__ import annotations
@@ -14,14 +17,55 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from fmsdata.stages.base import SAVED_SPAN_WIDTH, Stage
+from fmsdata.stages.base import SAVED_SPAN_WIDTH, Stage, TokenStage
+from fmsdata.stages.materialize import LineWriter
+from fmsdata.stages.outputs import TokenLine
 from fmsdata.statefile import state_from_bytes, state_to_bytes
 from fmsdata.topology import RowDealer, owned_shards
 
 
-def line_key(line: np.ndarray) -> tuple[int, ...]:
-    """A line by the saved span columns (document facts may be unknown after a resume)."""
+def line_key(line: np.ndarray | tuple) -> tuple[int, ...]:
+    """A line by the saved span columns (document facts may be unknown after a resume);
+    a ``TokenLines`` line is its own key."""
+    if isinstance(line, tuple):
+        return line
     return tuple(np.asarray(line)[:, :SAVED_SPAN_WIDTH].reshape(-1).tolist())
+
+
+class TokenLines(Stage):
+    """A chain whose top is token-level, as lines of tokens: each line of its span-level
+    part is materialized by ``writer`` and run through its token stages, in order (as a
+    worker does). ``__next__`` gives ``(tokens..., pieces..., ids...)`` of the line."""
+
+    def __init__(self, top: Stage, writer: LineWriter):
+        self.top = top
+        self.writer = writer
+        stages = []
+        lines = top
+        while isinstance(lines, TokenStage):
+            stages.append(lines)
+            lines = lines.source
+        self.lines = lines
+        self.stages = stages[::-1]
+
+    def children(self) -> dict[str, Stage]:
+        return {"source": self.top}
+
+    def __next__(self) -> tuple:
+        spans = next(self.lines)
+        row = np.zeros((1, self.writer.line_length), dtype=np.int32)
+        content = int(self.writer.write([spans], row)[0])
+        line = TokenLine.of(spans, self.writer.bol is not None, self.writer.eol is not None)
+        for stage in self.stages:
+            content = stage.apply(row[0], content, line)
+        assert int(line.pieces.sum()) == content
+        return (
+            *row[0, :content].tolist(),
+            -1,
+            *line.pieces.tolist(),
+            -1,
+            *line.ids.tolist(),
+        )
 
 
 def lines(stage: Stage, n: int) -> list[tuple[int, ...]]:

@@ -63,7 +63,7 @@ class Rotate(TokenStage):
         super().__init__(source)
         self.lines = 0
 
-    def apply(self, tokens, content):
+    def apply(self, tokens, content, line):
         tokens[:content] = np.roll(tokens[:content], self.lines % 5)
         self.lines += 1
         return content

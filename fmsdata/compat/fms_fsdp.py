@@ -178,11 +178,6 @@ def loader_config(
 
 
 def _config(values: dict[str, Any], postprocess: tuple[Callable[..., Any], ...]) -> LoaderConfig:
-    if values["fim_training"]:
-        raise ConfigError(
-            "fim_training=True: fill-in-the-middle is not supported by fmsdata yet; "
-            "set fim_training=False"
-        )
     file_type = _FMS_FILE_TYPES.get(values["file_type"], values["file_type"])
     specials = [values[name] for name in ("bos_token", "eos_token", "bol_token", "eol_token")]
     strip = _int_list("strip_tokens", values["strip_tokens"])
@@ -214,6 +209,13 @@ def _config(values: dict[str, Any], postprocess: tuple[Callable[..., Any], ...])
         checkpoint_dir=os.path.join(save_path, LOADER_CHECKPOINTS),
         checkpoint_every=max(0, _int("checkpoint_interval", values["checkpoint_interval"])),
         checkpoint_keep=0,  # fms-fsdp keeps every loader checkpoint
+        # Fill-in-the-middle as the mamba-fim branch does it, keyed by (seed, shard, line).
+        fim_training=values["fim_training"],
+        psm_rate=values["psm_rate"],
+        spm_rate=values["spm_rate"],
+        fim_pre=values["fim_pre"],
+        fim_mid=values["fim_mid"],
+        fim_suf=values["fim_suf"],
     )
 
 
@@ -236,7 +238,7 @@ def get_data_loader(
         fmsdata) that also saves itself every ``checkpoint_interval`` steps.
 
     Raises:
-        ConfigError: An unknown field, ``fim_training``, or an invalid value.
+        ConfigError: An unknown field or an invalid value.
         StateMismatchError: ``resuming_dataset`` with no loader checkpoint to resume, or
             one saved with a config that changes the data stream.
     """

@@ -9,10 +9,13 @@ dataset mixed by token share (``TokenShareMixer``, the document source), packed 
   ``[pieces, SPAN_WIDTH]`` (``fmsdata.stages.base``), read from ``self.source``, before
   any token is read. Filter, reorder, hold back or repeat lines here; keep the spans'
   columns as they are.
-- **Token-level** (``TokenStage``): ``apply(tokens, content)`` changes one materialized
-  line in place (int32, ``seq_length + 1`` tokens, ``content`` of them before padding)
-  and returns the new content count; called once per line in the order the shard emits
-  them, so its state is exact per line. It goes on top of the span-level part.
+- **Token-level** (``TokenStage``): ``apply(tokens, content, line)`` changes one
+  materialized line in place (int32, ``seq_length + 1`` tokens, ``content`` of them
+  before padding) and returns the new content count; ``line`` (a ``TokenLine``) holds
+  the line's spans and the length and document id of each document piece, which a stage
+  moving tokens between documents updates. Called once per line in the order the shard
+  emits them, so its state is exact per line. It goes on top of the span-level part.
+  Built in: ``FillInMiddle`` (``fim_training``) and ``DocumentFilter``.
 
 Below the lines, the packer reads a *document source*: ``read_ahead()`` gives the next
 block of documents (``MixedDocs``, never empty), ``commit(n)`` marks the first ``n`` read
@@ -66,7 +69,10 @@ checker every stage's tests run.
 
 from fmsdata.stages.base import DatasetRenumbering, SpanStage, Stage, TokenStage, layout, walk
 from fmsdata.stages.documents import Decoration, DocumentStream
+from fmsdata.stages.filter import DocumentFilter, DocumentTransform
+from fmsdata.stages.fim import FillInMiddle
 from fmsdata.stages.mixing import TokenShareMixer
+from fmsdata.stages.outputs import TokenLine
 from fmsdata.stages.packing import LinePacker
 from fmsdata.stages.shuffle import ShuffleBuffer
 
@@ -82,4 +88,8 @@ __all__ = [
     "TokenShareMixer",
     "LinePacker",
     "ShuffleBuffer",
+    "TokenLine",
+    "FillInMiddle",
+    "DocumentTransform",
+    "DocumentFilter",
 ]

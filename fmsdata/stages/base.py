@@ -212,18 +212,22 @@ class SpanStage(Stage):
 class TokenStage(Stage):
     """A token-level stage: changes each materialized line of its shard, in order.
 
-    ``apply(tokens, content)`` gets one line (int32 array of ``line_length`` tokens,
-    ``content`` of them before the padding), changes it in place, and returns the new
-    content count. It is called once per line, in the order its shard emits lines, so
-    its state (``own_state``) is exact per line; a resume replays the lines after the
-    last saved state through it. Its ``source`` is the chain it follows (a ``SpanStage``
-    or another ``TokenStage``).
+    ``apply(tokens, content, line)`` gets one line (int32 array of ``line_length`` tokens,
+    ``content`` of them before the padding, and its ``TokenLine``: the spans it was
+    packed from, the token count and document id of each document piece), changes the
+    tokens in place, and returns the new content count. A stage that moves, adds or
+    drops tokens sets ``line.pieces`` (summing to the new content) and ``line.ids`` anew:
+    ``position_ids``, ``cu_seqlens`` and ``document_ids`` are built from them, after
+    every token stage ran. It is called once per line, in the order its shard emits
+    lines, so its state (``own_state``) is exact per line; a resume replays the lines
+    after the last saved state through it. Its ``source`` is the chain it follows (a
+    ``SpanStage`` or another ``TokenStage``).
     """
 
     def __init__(self, source: Stage):
         self.source = source
 
-    def apply(self, tokens: np.ndarray, content: int) -> int:
+    def apply(self, tokens: np.ndarray, content: int, line: Any) -> int:
         raise NotImplementedError
 
 

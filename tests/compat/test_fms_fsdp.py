@@ -221,11 +221,22 @@ def test_unknown_fields_are_errors_and_foreign_ones_are_ignored(tmp_path):
         get_data_loader(cfg, 0, 1)
 
 
-def test_fim_fields_are_accepted_and_fim_training_is_not_yet_supported(tmp_path):
+def test_fim_fields_map_to_the_fim_stage(tmp_path):
     info = bamba_root(tmp_path)
-    loader_config(bamba_config(info, tmp_path, psm_rate=0.5, spm_rate=0.5, fim_pre=7))
-    with pytest.raises(ConfigError, match="fim_training=True: fill-in-the-middle"):
-        get_data_loader(bamba_config(info, tmp_path, fim_training=True), 0, 1)
+    config = loader_config(bamba_config(info, tmp_path, psm_rate=0.5, spm_rate=0.5, fim_pre=7))
+    assert not config.fim_training  # fms-fsdp's default: the rates alone change nothing
+    cfg = bamba_config(info, tmp_path, fim_training=True, psm_rate=0.5, spm_rate=0.5, fim_pre=7)
+    config = loader_config(cfg)
+    assert (config.fim_training, config.psm_rate, config.spm_rate) == (True, 0.5, 0.5)
+    assert (config.fim_pre, config.fim_mid, config.fim_suf) == (7, 2, 3)
+    plain = [b for _, b in zip(range(3), get_data_loader(bamba_config(info, tmp_path), 0, 1))]
+    cfg.fim_mid, cfg.fim_suf = 11, 12  # ids the corpus and its delimiters do not use
+    fim = [b for _, b in zip(range(3), get_data_loader(cfg, 0, 1))]
+    assert all(torch.isin(x, torch.tensor([7, 11, 12])).any() for x, _ in fim)
+    for (x, _), (y, _) in zip(plain, fim):
+        assert x.shape == y.shape
+    with pytest.raises(ConfigError, match="psm_rate \\+ spm_rate must be at most 1"):
+        loader_config(bamba_config(info, tmp_path, fim_training=True, psm_rate=0.8, spm_rate=0.8))
 
 
 def test_postprocess_steps_apply_in_order_and_decide_the_line_length(tmp_path):
