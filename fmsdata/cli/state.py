@@ -158,6 +158,7 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for name, t in totals.items()
     }
     return {
+        "stage_counts": stage_counts(states),
         "version": first["version"],
         "world_size": first["world_size"],
         "steps": first["steps"],
@@ -204,6 +205,30 @@ def settle_states(states: Sequence[dict[str, Any]], config: str) -> list[dict[st
     loader = build_dataloader(config, rank=0, world_size=1)
     loader.load_state_dict(list(states))
     return [loader.snapshot(settle=True)]
+
+
+def stage_counts(states: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per stage that keeps a ``counts`` mapping in its own state (token-level filters and
+    transforms, fill-in-the-middle), those counts summed over every logical shard."""
+    out: dict[str, dict[str, int]] = {}
+    for stage in states[0]["fingerprint"].get("stages") or []:
+        path = stage.get("path")
+        if path is None:
+            continue
+        name = str(stage.get("stage", "?")).rsplit(".", 1)[-1]
+        if path:
+            name += " at " + "/".join(path)
+        for state in states:
+            for entry in state["shards"]:
+                node = entry["state"]["stages"] if entry["state"] else None
+                for key in path:
+                    node = node.get(key) if isinstance(node, dict) else None
+                counts = node.get("counts") if isinstance(node, dict) else None
+                if isinstance(counts, dict):
+                    total = out.setdefault(name, {})
+                    for key, value in counts.items():
+                        total[str(key)] = total.get(str(key), 0) + int(value)
+    return out
 
 
 def _fraction(value: float | None) -> str:
@@ -272,6 +297,8 @@ def run_show(args: argparse.Namespace) -> int:
                 f"{'':5} (+{row['advance']} line(s) emitted after this recorded position, "
                 "not in these counts)"
             )
+    for name, counts in summary["stage_counts"].items():
+        print(f"\n{name}: " + ", ".join(f"{key} {value:,}" for key, value in counts.items()))
     if args.plot is not None:
         print(f"\nplot written to {args.plot}")
     return 0

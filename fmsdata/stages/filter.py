@@ -17,7 +17,8 @@ unchanged, so G4 holds for what is read); what is *delivered* is what was read m
 this stage dropped, and its state counts that exactly (``pieces``, ``dropped_pieces``,
 ``dropped_tokens``: tokens of dropped pieces, ``trimmed_tokens``: tokens a transform took
 out of kept pieces or that fell off a line's end, ``added_tokens``: tokens a transform
-added). ``fmsdata state show`` prints these counts.
+added), kept under ``counts`` in its own state: ``fmsdata state show`` prints the
+``counts`` of every stage that keeps them, summed over the logical shards.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.errors import ConfigError
+from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.stages.base import Stage, TokenStage
 from fmsdata.stages.outputs import TokenLine
 
@@ -66,10 +67,13 @@ class DocumentTransform(TokenStage):
         return {"fn": self.label, "pad": self.pad}
 
     def own_state(self) -> dict[str, Any]:
-        return dict(self.counts)
+        return {"counts": dict(self.counts)}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
-        self.counts = {k: int(state[k]) for k in COUNTS}
+        counts = state["counts"]
+        if not isinstance(counts, dict) or set(counts) != set(COUNTS):
+            raise StateMismatchError(f"{self.name}: counts must have the keys {COUNTS}")
+        self.counts = {k: int(counts[k]) for k in COUNTS}
 
     def _piece(self, piece: np.ndarray, document_id: int) -> np.ndarray | None:
         out = self.fn(piece, document_id)

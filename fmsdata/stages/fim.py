@@ -13,7 +13,8 @@ or, with probability ``spm_rate``, SPM::
 
 and otherwise stays as it is. A sentinel id of None inserts no token. The sentinels make
 the line longer: what no longer fits is dropped from the line's end (counted in the
-state as ``overflow``).
+state's ``counts`` as ``overflow``, beside the ``psm`` and ``spm`` pieces written;
+``fmsdata state show`` prints them).
 
 fms-fsdp seeds this randomness by rank, so its lines change with the world size. Here a
 line's draws come from a generator keyed by (seed, logical shard, index of the line in
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from fmsdata.errors import StateMismatchError
 from fmsdata.stages.base import Stage, TokenStage
 from fmsdata.stages.outputs import TokenLine
 
@@ -86,13 +88,16 @@ class FillInMiddle(TokenStage):
         }
 
     def own_state(self) -> dict[str, Any]:
-        return {"lines": self.lines, "psm": self.psm, "spm": self.spm, "overflow": self.overflow}
+        counts = {"psm": self.psm, "spm": self.spm, "overflow": self.overflow}
+        return {"lines": self.lines, "counts": counts}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
+        counts = state["counts"]
+        if not isinstance(counts, dict) or set(counts) != {"psm", "spm", "overflow"}:
+            raise StateMismatchError(f"{self.name}: counts must have psm, spm and overflow")
         self.lines = int(state["lines"])
-        self.psm = int(state["psm"])
-        self.spm = int(state["spm"])
-        self.overflow = int(state["overflow"])
+        self.psm, self.spm = int(counts["psm"]), int(counts["spm"])
+        self.overflow = int(counts["overflow"])
 
     def _sentinel(self, token: int | None) -> list[np.ndarray]:
         return [] if token is None else [np.array([token], dtype=np.int32)]
