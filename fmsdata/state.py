@@ -51,6 +51,7 @@ from fmsdata.transport import WorkerItem
 
 __all__ = [
     "STATE_VERSION",
+    "DELIVERY_KEYS",
     "META_KEY",
     "pack_state",
     "unpack_state",
@@ -608,7 +609,7 @@ def shard_counts(
     "delivered_docs"}}``. Lines emitted after the state (``advance``) are not in it.
     """
     names = list(fingerprint["datasets"])
-    counts = {name: dict.fromkeys(_COUNT_KEYS, 0) for name in names}
+    counts = {name: dict.fromkeys(DELIVERY_KEYS, 0) for name in names}
     if shard_state is None:
         return counts
     mixer = stage_state(shard_state, fingerprint, "mixer")
@@ -650,7 +651,8 @@ def shard_counts(
     return counts
 
 
-_COUNT_KEYS = (
+# The per-dataset counts of ``shard_counts`` (delivered = taken - buffered - unsent).
+DELIVERY_KEYS = (
     "taken_tokens",
     "taken_docs",
     "buffered_tokens",

@@ -100,7 +100,7 @@ def _is_loader_key(key: str) -> bool:
 def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per dataset and per logical shard: epoch, position, documents, tokens, skips; and
     what was delivered (``fmsdata.state.shard_counts``)."""
-    from fmsdata.state import shard_counts, stage_state
+    from fmsdata.state import DELIVERY_KEYS, shard_counts, stage_state
 
     first = states[0]
     fingerprint = first["fingerprint"]
@@ -109,7 +109,7 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     totals: dict[str, dict[str, float]] = {
         name: {"docs": 0, "tokens": 0, "skipped": 0, "passes": 0.0, "size": 0} for name in names
     }
-    delivered = {name: dict.fromkeys(_DELIVERY_KEYS, 0) for name in names}
+    delivered = {name: dict.fromkeys(DELIVERY_KEYS, 0) for name in names}
     lines = pending = 0
     for state in states:
         for entry in sorted(state["shards"], key=lambda e: e["id"]):
@@ -141,7 +141,7 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 total = totals[name]
                 for key in ("docs", "tokens", "skipped"):
                     total[key] += info[key]
-                for key in _DELIVERY_KEYS:
+                for key in DELIVERY_KEYS:
                     delivered[name][key] += counts[name][key]
                 if size > 0:
                     total["passes"] += info["epoch"] * size + info["pos"]
@@ -151,7 +151,7 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         name: {
             "docs": t["docs"],
             "tokens": t["tokens"],
-            **{key: delivered[name][key] for key in _DELIVERY_KEYS},
+            **{key: delivered[name][key] for key in DELIVERY_KEYS},
             "skipped_docs": t["skipped"],
             "epochs_done": t["passes"] / t["size"] if t["size"] else None,
         }
@@ -171,18 +171,6 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "datasets": datasets,
         "shards": shards,
     }
-
-
-_DELIVERY_KEYS = (
-    "taken_tokens",
-    "taken_docs",
-    "buffered_tokens",
-    "buffered_docs",
-    "unsent_tokens",
-    "unsent_docs",
-    "delivered_tokens",
-    "delivered_docs",
-)
 
 
 def _emitted(shard_state: Any, fingerprint: dict[str, Any]) -> int:
