@@ -249,3 +249,20 @@ def check_exactly_once_per_epoch(
                 sorted(set(per_doc)),
             )
             assert int((per_doc_arr == epoch + 1).sum()) == pos, (name, sid, pos)
+
+
+def run_torchrun(script: str, ranks: int, args: Sequence[str], cwd: str, timeout: int) -> str:
+    """Run ``script`` under ``torchrun --nproc_per_node ranks`` (one thread per rank);
+    its stdout, or a failed assertion showing the tails of both streams."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(
+        [*command, script, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from support import run_torchrun
 
 from fmsdata.synthetic import write_corpus
 
@@ -17,19 +18,7 @@ EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "train_fsdp.
 
 
 def torchrun(ranks, *args, cwd):
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(ranks),
-        EXAMPLE,
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
+    return run_torchrun(EXAMPLE, ranks, args, cwd, timeout=600)
 
 
 def hashes(path):

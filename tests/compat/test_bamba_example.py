@@ -4,10 +4,9 @@ on 1 rank with resuming_dataset."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from support import run_torchrun
 
 from fmsdata.handlers import ArrowDocHandler
 from fmsdata.indexing import index_root
@@ -18,19 +17,8 @@ DATASETS = "lang=en/dataset=commoncrawl,lang=de/dataset=wikipedia"
 
 
 def torchrun(ranks, cwd, **flags):
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(ranks),
-        EXAMPLE,
-        *(part for name, value in flags.items() for part in (f"--{name}", str(value))),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
+    args = [part for name, value in flags.items() for part in (f"--{name}", str(value))]
+    return run_torchrun(EXAMPLE, ranks, args, cwd, timeout=300)
 
 
 def global_steps(log, ranks):
