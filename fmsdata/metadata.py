@@ -14,11 +14,22 @@ from typing import Any
 
 from fmsdata.errors import ConfigError
 
-__all__ = ["METADATA_FILE", "read_metadata", "special_token_ids", "vocab_size", "SPECIAL_NAMES"]
+__all__ = [
+    "EOS_NAMES",
+    "METADATA_FILE",
+    "read_metadata",
+    "special_token_ids",
+    "vocab_size",
+    "SPECIAL_NAMES",
+]
 
 METADATA_FILE = "metadata.json"
 
 # Role -> the names tokenizers give that token (bundled, Llama, GPT-2, BERT, T5 styles).
+# The names tokenizers give their end-of-document token, most common first: how a root's
+# metadata (or ``fmsdata tokenize``) finds the EOS id when none is given.
+EOS_NAMES = ("<|eos|>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "[EOS]")
+
 SPECIAL_NAMES = {
     "bos": ("<|bos|>", "<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]"),
     "eos": ("<|eos|>", "</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[EOS]", "[SEP]"),

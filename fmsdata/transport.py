@@ -135,8 +135,8 @@ def assemble_batch(
         inputs_np[where] = rows[:, :-1]
         labels_np[where] = rows[:, 1:]
         content[where] = item.content[a:b]
-    for row in np.flatnonzero(content <= seq).tolist():
-        labels_np[row, max(int(content[row]) - 1, 0) :] = IGNORE_INDEX
+    if (content <= seq).any():  # padded rows: no loss from the last content token on
+        labels_np[np.arange(seq)[None, :] >= np.maximum(content - 1, 0)[:, None]] = IGNORE_INDEX
     batch = {"input_ids": input_ids, "labels": labels}
     if want_position_ids or want_cu_seqlens or want_document_ids:
         segments = _row_segments(spans, batch_size)

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from fmsdata.errors import ConfigError
+from fmsdata.metadata import EOS_NAMES
 from fmsdata.remote.storage import Storage
 
 __all__ = [
@@ -34,7 +35,6 @@ __all__ = [
 DATA_DIR_ENV = "FMSDATA_DATA_DIR"
 METADATA_FILES = ("metadata.json", "metadata.yaml", "metadata.yml")
 # Special tokens taken as the end of document, in order of preference.
-EOS_NAMES = ("<|eos|>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "[EOS]")
 # tokenize's format names -> the file_type reading them.
 FORMAT_FILE_TYPES = {
     "arrow": "arrow",

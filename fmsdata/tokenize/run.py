@@ -28,6 +28,7 @@ from fmsdata.errors import ConfigError
 from fmsdata.extras import require
 from fmsdata.handlers.text import TextTokenizer
 from fmsdata.indexing import write_counts
+from fmsdata.metadata import EOS_NAMES
 from fmsdata.tokenize.inputs import InputFile, find_inputs
 from fmsdata.tokenize.plan import (
     EOS_FORMATS,
@@ -115,9 +116,6 @@ def run_tokenize(
         result.tokens = sum(r["tokens"] for r in records)
         result.bad_records = _merge_bad(records)
     return result
-
-
-EOS_NAMES = ("<|eos|>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "[EOS]")
 
 
 def _eos_token(spec: TokenizeSpec) -> int | None:
