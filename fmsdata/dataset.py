@@ -157,7 +157,7 @@ class RankLineDataset(IterableDataset):
         names = tuple(names)
         if names != self.drain_datasets:
             self.drain_datasets = names
-            self._catalog = None
+            self._catalog = self.data_fingerprint = None  # catalog() checks a set one
             self._layout = None
             self.data_fingerprint = self.catalog().fingerprint()
 
