@@ -9,13 +9,17 @@ Figures:
 - loader, first pass: seconds to the first batch of a fresh loader (empty cache), and
   tokens/s over its first batches, start-up and downloads included;
 - loader, steady: tokens/s after a warmup (the files are cached by then);
-- download: MB/s of ``fmsdata download`` with 1 and with 8 jobs.
+- download: MB/s of ``fmsdata download`` with 1 and with 8 jobs;
+- cache trim: the bookkeeping a download into a cache of 10,000 files costs, a full rescan
+  of the folder (what every download paid before the running total) beside the running
+  total, under the limit and at it (one eviction per download); no S3 involved.
 
 Loopback moto is a single Python process on the same two cores, so absolute S3 rates say
 little; the ratios to local disk and between job counts are what to read.
 
     python benchmarks/remote.py            # 2 x 16 shards of ~0.5 M tokens
     python benchmarks/remote.py --quick    # 2 x 8 shards
+    python benchmarks/remote.py --trim-only  # only the cache trim figures (a few seconds)
 
 Prints a table and writes ``benchmarks/results/remote.json``.
 """
@@ -43,6 +47,7 @@ from fmsdata.handlers import ArrowDocHandler  # noqa: E402
 from fmsdata.indexing import index_root  # noqa: E402
 from fmsdata.remote.mirror import plan_mirror, run_mirror  # noqa: E402
 from fmsdata.remote.storage import Storage  # noqa: E402
+from fmsdata.remote.usage import CacheUsage  # noqa: E402
 
 SEQ = 4096
 BATCH = 8
@@ -92,6 +97,46 @@ def download(endpoint: str, dest: str, jobs: int) -> float:
     return result.transferred_bytes / result.seconds
 
 
+def trim_cost(folder: str, files: int = 10_000, downloads: int = 500) -> dict[str, float]:
+    """Seconds per download of cache bookkeeping with ``files`` cached (1 KB each, in 10
+    folders): a full rescan, and the running total's ``added`` + ``trim`` under the limit
+    and at it."""
+
+    def write(path: str) -> None:
+        with open(path, "wb") as out:
+            out.write(b"x" * 1000)
+
+    for i in range(files):
+        os.makedirs(os.path.join(folder, f"d{i % 10}"), exist_ok=True)
+        write(os.path.join(folder, f"d{i % 10}", f"f{i}.bin"))
+    usage = CacheUsage(folder, 1 << 40, rescan_bytes=1 << 40, rescan_seconds=1e9)
+    start = time.perf_counter()
+    for _ in range(5):
+        usage.rescan()
+    results = {"full rescan": (time.perf_counter() - start) / 5}
+    for case, limit in (("running total, under the limit", 1 << 40), ("at the limit", None)):
+        new = [os.path.join(folder, f"d{i % 10}", f"{case[:2]}{i}.bin") for i in range(downloads)]
+        usage.rescan()
+        usage.limit_bytes = limit if limit is not None else usage.total
+        for path in new:
+            write(path)
+        start = time.perf_counter()
+        for path in new:
+            usage.added(path)
+            usage.trim(keep=path)
+        results[case] = (time.perf_counter() - start) / downloads
+    return results
+
+
+def print_trim(trim: dict[str, float], files: int) -> None:
+    print(
+        f"\n{'cache trim, ' + str(files) + ' files cached':32} {'per download':>12} {'ratio':>10}"
+    )
+    base = trim["full rescan"]
+    for name, seconds in trim.items():
+        print(f"{name:32} {seconds * 1e6:10.0f} us {base / seconds:10.0f}x")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -99,7 +144,14 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer shards and batches")
     parser.add_argument("--latency", type=float, default=0.03, help="seconds added per GET")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "remote.json"))
+    parser.add_argument("--trim-only", action="store_true", help="only the cache trim figures")
     args = parser.parse_args()
+    trim_files = 10_000
+    with tempfile.TemporaryDirectory(prefix="fmsdata-trim-") as folder:
+        trim = trim_cost(folder, trim_files)
+    print_trim(trim, trim_files)
+    if args.trim_only:
+        return 0
     files, docs = (8, 700) if args.quick else (16, 700)
     first, warmup, batches = (100, 100, 1000) if args.quick else (300, 200, 3000)
 
@@ -164,6 +216,9 @@ def main() -> int:
         for jobs in (1, 8):
             value = results[f"download {label}, {jobs} job(s)"]
             print(f"{label + f', {jobs} job(s)':32} {value / 1e6:12.1f} {value / base:10.2f}")
+    print_trim(trim, trim_files)
+    results.update({f"trim {name}, s per download": value for name, value in trim.items()})
+    results["trim files cached"] = trim_files
     write_results(args.out, results)
     return 0
 

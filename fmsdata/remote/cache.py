@@ -10,6 +10,8 @@ worker and rank on the machine:
 - a file in use is pinned with a shared ``flock`` on an open descriptor; eviction takes
   an exclusive lock without waiting, so it never removes a file some reader holds;
 - beyond ``limit_bytes`` the least recently used unpinned files go (use touches mtime);
+  each process keeps a running total of the cache instead of walking it per download
+  (``usage.CacheUsage``, which states how far several processes may overshoot);
 - ``prefetch`` downloads the next file of a stream on a background thread, so the
   stream finds it local when it gets there.
 """
@@ -28,14 +30,12 @@ from typing import Protocol
 
 from fmsdata.remote.retry import retrying
 from fmsdata.remote.storage import Storage, is_local
-from fmsdata.remote.transfer import PARTIAL_SUFFIX, fetch, object_info
+from fmsdata.remote.transfer import fetch, object_info
+from fmsdata.remote.usage import LOCK_SUFFIX, CacheUsage
 
 __all__ = ["FileSource", "LocalFiles", "RemoteFiles", "file_source"]
 
 logger = logging.getLogger(__name__)
-
-_LOCK_SUFFIX = ".fmsdata-lock"
-_STALE_PARTIAL_S = 3600.0
 
 
 class FileSource(Protocol):
@@ -91,6 +91,9 @@ class RemoteFiles:
         limit_bytes: Size the cache is trimmed to (files in use always stay).
         companions: Other files a shard needs beside it (root-relative), fetched with it.
         prefetch_threads: Background downloads at a time in this process.
+        rescan_bytes: Bytes this process downloads between walks of the cache folder (to
+            learn the other processes' downloads); default ``limit_bytes // 64``.
+        rescan_seconds: Longest time between such walks.
     """
 
     downloads = True
@@ -103,10 +106,11 @@ class RemoteFiles:
         limit_bytes: int,
         companions: Callable[[str], list[str]] = lambda relative: [],
         prefetch_threads: int = 4,
+        rescan_bytes: int | None = None,
+        rescan_seconds: float = 60.0,
     ):
         self.root = root.rstrip("/")
         self.storage = storage
-        self.cache_root = cache_dir
         key = hashlib.blake2b(self.root.encode(), digest_size=10).hexdigest()
         self.folder = os.path.join(cache_dir, key)
         self.limit_bytes = limit_bytes
@@ -116,6 +120,9 @@ class RemoteFiles:
         self._lock = threading.Lock()
         self._pending: dict[str, concurrent.futures.Future[str]] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        if rescan_bytes is None:
+            rescan_bytes = max(1, limit_bytes // 64)
+        self.usage = CacheUsage(cache_dir, limit_bytes, rescan_bytes, rescan_seconds)
 
     # -- paths and downloads ---------------------------------------------------------
 
@@ -129,12 +136,13 @@ class RemoteFiles:
         if os.path.exists(target):
             return target, False
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(target + _LOCK_SUFFIX, "a") as lock:
+        with open(target + LOCK_SUFFIX, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 if os.path.exists(target):
                     return target, False
                 self._download(relative, target)
+                self.usage.added(target)
                 return target, True
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
@@ -191,7 +199,7 @@ class RemoteFiles:
             else:
                 self._pins[relative] = (fd, 1)
         if downloaded:
-            self._trim(keep=target)
+            self.usage.trim(keep=target)
 
     def release(self, relative: str) -> None:
         for name in (relative, *self.companions(relative)):
@@ -224,7 +232,7 @@ class RemoteFiles:
                 self._ensure(name)
             target, downloaded = self._ensure(relative)
             if downloaded:
-                self._trim(keep=target)
+                self.usage.trim(keep=target)
             return target
         except Exception as err:  # the reader's own fetch retries and raises it
             logger.debug("prefetch of %s/%s failed: %s", self.root, relative, err)
@@ -238,63 +246,6 @@ class RemoteFiles:
             pins, self._pins = self._pins, {}
         for fd, _ in pins.values():
             os.close(fd)
-
-    # -- eviction --------------------------------------------------------------------
-
-    def _trim(self, keep: str) -> None:
-        """Remove least recently used files (of every root) until under the limit, but not
-        ``keep`` (just fetched) nor any file a reader holds."""
-        files = []
-        total = 0
-        now = time.time()
-        for folder, _, names in os.walk(self.cache_root):
-            for name in names:
-                path = os.path.join(folder, name)
-                try:
-                    stat = os.stat(path)
-                except FileNotFoundError:
-                    continue
-                if name.endswith(_LOCK_SUFFIX):
-                    continue
-                if name.endswith(PARTIAL_SUFFIX):
-                    if now - stat.st_mtime > _STALE_PARTIAL_S:
-                        _remove_if_unlocked(path)
-                    continue
-                files.append((stat.st_mtime, stat.st_size, path))
-                total += stat.st_size
-        if total <= self.limit_bytes:
-            return
-        for _, size, path in sorted(files):
-            if path != keep and _remove_if_unlocked(path):
-                total -= size
-                if total <= self.limit_bytes:
-                    return
-        logger.warning(
-            "fmsdata cache %s holds %d bytes in use, over its %d byte limit",
-            self.cache_root,
-            total,
-            self.limit_bytes,
-        )
-
-
-def _remove_if_unlocked(path: str) -> bool:
-    """Delete ``path`` unless a reader holds a lock on it."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    try:
-        os.remove(path)
-        return True
-    except FileNotFoundError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def file_source(
