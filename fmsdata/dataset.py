@@ -36,7 +36,7 @@ from fmsdata.pipeline import (
 )
 from fmsdata.remote.cache import FileSource, file_source
 from fmsdata.remote.storage import Storage
-from fmsdata.stages.base import SPAN_WIDTH, Stage
+from fmsdata.stages.base import SAVED_SPAN_WIDTH, Stage
 from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.outputs import (
     TokenLine,
@@ -50,6 +50,7 @@ from fmsdata.transport import WorkerItem, item_batch_counts
 __all__ = ["RankLineDataset", "Preprocess", "Start"]
 
 logger = logging.getLogger(__name__)
+_INT32_MAX = 2**31 - 1
 
 # Resident bytes of mapped shard files (over what was file-backed before reading) at which
 # a worker gives their pages back. Streams walk documents in random order inside their
@@ -249,7 +250,7 @@ class RankLineDataset(IterableDataset):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         config = self.config
-        mine = set(worker_shards(len(self.shard_ids), worker, num_workers))
+        mine = set(worker_shards(len(self.shard_ids), worker, num_workers, config.batch_size))
         context = self.shard_context(len(mine))
         readers = context.readers
         writer = self._writer(context)
@@ -386,7 +387,7 @@ class RankLineDataset(IterableDataset):
             samples=samples,
             lights=lights,
             ops=np.asarray(ops, dtype=np.int64).reshape(-1, 2),
-            pushed=np.concatenate(pushed) if pushed else np.zeros((0, SPAN_WIDTH), dtype=np.int64),
+            pushed=journal_spans(pushed),
             pushed_offsets=pushed_offsets,
         )
 
@@ -409,3 +410,13 @@ class RankLineDataset(IterableDataset):
             raise ConfigError(
                 f"preprocess outputs must have the same shape for every line: {err}"
             ) from None
+
+
+def journal_spans(pushed: list[np.ndarray]) -> np.ndarray:
+    """The lines pushed into journaled shuffle buffers, as the main process keeps them: the
+    saved columns only (it rebuilds nothing from the others), int32 where they fit, so that
+    each worker item carries a third of the bytes."""
+    if not pushed:
+        return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int32)
+    spans = np.concatenate(pushed)[:, :SAVED_SPAN_WIDTH]
+    return spans.astype(np.int32) if int(spans.max()) <= _INT32_MAX else spans.copy()

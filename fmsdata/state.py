@@ -43,7 +43,13 @@ import torch
 from fmsdata.config import LoaderConfig
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers.base import FileHandler
-from fmsdata.stages.base import DatasetRenumbering, Stage, held_spans, renumber_state
+from fmsdata.stages.base import (
+    SAVED_SPAN_WIDTH,
+    DatasetRenumbering,
+    Stage,
+    held_spans,
+    renumber_state,
+)
 from fmsdata.stages.shuffle import BUFFER_KEY, apply_journal, pack_lines, unpack_lines
 from fmsdata.statecheck import fail, join, need_count, need_int, need_keys, need_list, need_mapping
 from fmsdata.statefile import state_from_bytes, state_to_bytes
@@ -527,7 +533,9 @@ class ConsumedState:
                     raise StateMismatchError(
                         f"shard state {'.'.join(self.buffer_path)} holds no {BUFFER_KEY!r}"
                     )
-                self._buffers[sid] = unpack_lines(node.pop(BUFFER_KEY))
+                # The saved columns only, as workers send pushed lines (``journal_spans``).
+                lines = unpack_lines(node.pop(BUFFER_KEY))
+                self._buffers[sid] = [line[:, :SAVED_SPAN_WIDTH] for line in lines]
             self._light[sid] = copy.deepcopy(state)
 
     def consume_batch(self, item: WorkerItem, batch: int) -> None:

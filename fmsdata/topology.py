@@ -1,7 +1,10 @@
 """Who owns what: logical shards per rank, per worker, and batch rows per shard.
 
 A rank owns a contiguous run of logical shards, as even as ``L`` and ``W`` allow; its
-DataLoader workers split those shards round-robin. Rows of each batch are dealt to the
+DataLoader workers split those shards in runs of ``batch_size`` consecutive shards when the
+runs divide evenly among them (then each batch of a level deal is made by one worker, and
+the main process copies it in one piece), else round-robin. Which worker makes a line never
+changes the line. Rows of each batch are dealt to the
 rank's shards by a fixed rule — the shard that has emitted the fewest lines, lowest id
 first — which is plain round-robin whenever the shards are level, and levels them again
 after a rescale. Every worker evaluates the rule for all the rank's shards, so batches are
@@ -60,9 +63,21 @@ def owned_shards(rank: int, world_size: int, n_shards: int) -> range:
     return range(rank * n_shards // world_size, (rank + 1) * n_shards // world_size)
 
 
-def worker_shards(n_local: int, worker: int, num_workers: int) -> range:
-    """Rank-local shard indices handled by one DataLoader worker."""
-    return range(worker, n_local, num_workers)
+def worker_shards(
+    n_local: int, worker: int, num_workers: int, batch_size: int | None = None
+) -> list[int]:
+    """Rank-local shard indices handled by one DataLoader worker.
+
+    With ``batch_size`` given and the rank's shards falling into runs of ``batch_size``
+    that divide evenly among the workers, worker ``w`` takes runs ``w, w + W, ...``: a
+    round-robin deal from a run boundary then takes a whole batch from one worker. Otherwise
+    (or after a rescale leaves the deal off a boundary, until it levels) batches mix workers'
+    rows, which the main process gathers; either way every worker holds as many shards.
+    """
+    if batch_size and n_local % batch_size == 0 and (n_local // batch_size) % num_workers == 0:
+        runs = range(worker, n_local // batch_size, num_workers)
+        return [run * batch_size + i for run in runs for i in range(batch_size)]
+    return list(range(worker, n_local, num_workers))
 
 
 class RowDealer:

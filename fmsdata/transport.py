@@ -131,7 +131,8 @@ def assemble_batch(
         if b == a:
             continue
         rows = values[a:b].numpy() if isinstance(values, torch.Tensor) else values[a:b]
-        where = slice(None) if single else item.rows[a:b]
+        # A worker's rows come in row order: all of a batch's rows are a plain slice copy.
+        where = slice(None) if single or b - a == batch_size else item.rows[a:b]
         inputs_np[where] = rows[:, :-1]
         labels_np[where] = rows[:, 1:]
         content[where] = item.content[a:b]

@@ -95,3 +95,18 @@ def test_resume_in_a_fresh_process(tmp_path):
         config, str(tmp_path / "state.fms"), 16, str(tmp_path / "out.pt")
     )
     assert_same_batches(reference[9:], resumed)
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_batches_made_whole_by_one_worker_are_the_same_batches(tmp_path, workers):
+    """8 shards in runs of batch_size 2: each worker makes whole batches (the main process
+    copies them in one piece); the batches and a resume into a mixed split are unchanged."""
+    info = corpus(tmp_path)
+    config = every_stage(info, logical_shards=8, batch_size=2)
+    reference = take(build_dataloader({**config, "num_workers": 0}), 40)
+    assert_same_batches(reference, take(build_dataloader({**config, "num_workers": workers}), 40))
+    head = build_dataloader({**config, "num_workers": workers})
+    take(head, 13)
+    resumed = build_dataloader({**config, "num_workers": 3})  # 4 runs over 3: round-robin
+    resumed.load_state_dict(roundtrip(head.snapshot()))
+    assert_same_batches(reference[13:], take(resumed, 27))

@@ -113,3 +113,26 @@ def test_row_dealer_follows_the_fewest_emitted_rule(counts, batch, rounds):
             want = min(range(len(expected)), key=lambda i: (expected[i], i))
             assert row == want
             expected[want] += 1
+
+
+@given(
+    n_local=st.integers(1, 40),
+    workers=st.integers(1, 8),
+    batch=st.integers(1, 12),
+    rounds=st.integers(1, 20),
+)
+def test_workers_split_the_shards_evenly_and_level_batches_whole_when_runs_divide(
+    n_local, workers, batch, rounds
+):
+    from fmsdata.topology import RowDealer, worker_shards
+
+    split = [worker_shards(n_local, w, workers, batch) for w in range(workers)]
+    assert sorted(s for part in split for s in part) == list(range(n_local))
+    assert max(map(len, split)) - min(map(len, split)) <= 1
+    owner = {s: w for w, part in enumerate(split) for s in part}
+    whole = n_local % batch == 0 and (n_local // batch) % workers == 0
+    dealer = RowDealer([0] * n_local)
+    for _ in range(rounds):
+        makers = {owner[s] for s in dealer.deal(batch)}
+        if whole:
+            assert len(makers) == 1  # the main process copies the batch in one piece

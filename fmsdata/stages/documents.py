@@ -54,10 +54,15 @@ __all__ = [
 ]
 
 STATE_KEYS = ("epoch", "pos", "docs", "skipped", "size")
-# Read-ahead starts small (a fast first batch) and grows fourfold; a block spans at most this many
-# fragments, so a stream holds few files open whatever the fragment size.
+# Read-ahead starts small (a fast first batch) and grows fourfold up to _MAX_BLOCK documents,
+# or more for short documents: up to _BLOCK_TOKENS tokens (each block costs a fixed number of
+# vectorized steps, which short documents would otherwise pay per handful of lines), never
+# past _MAX_BLOCK_SHORT. A block spans at most _MAX_FRAGMENTS fragments, so a stream holds
+# few files open whatever the fragment size. Block sizes never change which documents come.
 _FIRST_BLOCK = 16
 _MAX_BLOCK = 1024
+_BLOCK_TOKENS = 1 << 20
+_MAX_BLOCK_SHORT = 8192
 _MAX_FRAGMENTS = 8
 # A dataset whose files list at least this many bytes per token of the rotation budget is
 # not measured (no format stores a token in fewer bytes on average); see ``_rotates``.
@@ -382,7 +387,9 @@ class DocumentStream:
             block, walked = self._read_block()
             passed += walked
             if len(block):
-                self._block_docs = min(self._block_docs * 4, _MAX_BLOCK)
+                most = _BLOCK_TOKENS * len(block) // max(1, int(block.dlen.sum()))
+                most = min(max(most, _MAX_BLOCK), _MAX_BLOCK_SHORT)
+                self._block_docs = min(self._block_docs * 4, most)
                 return block
             if passed >= self._size:
                 raise EmptyDatasetError(

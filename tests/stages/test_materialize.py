@@ -22,8 +22,9 @@ STRIP = 9
 ONE = WeightSchedule.constant([1.0])
 
 
-def stripped_corpus(root: str, seed: int) -> CorpusInfo:
-    """Documents that sometimes already start or end with token 9 (to be stripped)."""
+def stripped_corpus(root: str, seed: int, dtypes=(np.uint32, np.uint32)) -> CorpusInfo:
+    """Documents that sometimes already start or end with token 9 (to be stripped); file
+    ``f`` stores its tokens as ``dtypes[f]``."""
     rng = np.random.default_rng(seed)
     files = {}
     next_token = 16
@@ -39,7 +40,7 @@ def stripped_corpus(root: str, seed: int) -> CorpusInfo:
                 doc = np.concatenate([doc, [STRIP]])
             docs.append(doc)
         os.makedirs(os.path.join(root, "a"), exist_ok=True)
-        write_arrow_docs(os.path.join(root, "a", f"s{f}.arrow"), docs)
+        write_arrow_docs(os.path.join(root, "a", f"s{f}.arrow"), docs, dtype=dtypes[f])
         files[f"a/s{f}.arrow"] = (None, None)
     return CorpusInfo(root, {"a": (16, next_token)}, {"a": 60}, files)
 
@@ -75,13 +76,16 @@ def reference_line(spans, path_of, deco, line_length, bol, eol, pad):
     pad_mode=st.booleans(),
     seq=st.integers(8, 90),
     seed=st.integers(0, 30),
+    # Each copy path: same-width files (uint32/int32) by a same-width view, narrower ones
+    # widened, 64-bit ones checked one span at a time; two files, so one write takes two.
+    dtypes=st.tuples(*[st.sampled_from([np.uint32, np.int32, np.uint16, np.int64])] * 2),
     slice_min=st.sampled_from([1, 6, 256]),
 )
 def test_written_lines_match_a_document_by_document_reference(
-    bos, eos, bol, eol, strip, pad_mode, seq, seed, slice_min
+    bos, eos, bol, eol, strip, pad_mode, seq, seed, dtypes, slice_min
 ):
     root = tempfile.mkdtemp()
-    info = stripped_corpus(root, seed)
+    info = stripped_corpus(root, seed, dtypes)
     acc = accesses(info)
     deco = Decoration(bos=bos, eos=eos, strip=frozenset({STRIP}) if strip else frozenset())
     line_length = seq + 1
