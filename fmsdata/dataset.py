@@ -307,23 +307,24 @@ class RankLineDataset(IterableDataset):
         slot: int | None,
     ) -> WorkerItem:
         config = self.config
-        lines: list[np.ndarray] = []
         rows: list[int] = []
-        row_shards: list[int] = []
+        row_locals: list[int] = []
         offsets = [0]
-        touched: dict[int, ShardPipeline] = {}
-        pipelines: list[ShardPipeline] = []
         for _ in range(n_batches):
             for row, local in enumerate(dealer.deal(config.batch_size)):
                 if local in mine:
-                    sid = self.shard_ids[local]
-                    pipeline = shard(local)
-                    lines.append(next(pipeline))
-                    pipelines.append(pipeline)
                     rows.append(row)
-                    row_shards.append(sid)
-                    touched[sid] = pipeline
+                    row_locals.append(local)
             offsets.append(len(rows))
+        # Each shard's lines of the whole item in one pull, then laid out in row order.
+        wanted: dict[int, int] = {}
+        for local in row_locals:
+            wanted[local] = wanted.get(local, 0) + 1
+        pulled = {local: iter(shard(local).take(n)) for local, n in wanted.items()}
+        lines = [next(pulled[local]) for local in row_locals]
+        row_shards = [self.shard_ids[local] for local in row_locals]
+        pipelines = [shard(local) for local in row_locals]
+        touched = {self.shard_ids[local]: shard(local) for local in wanted}
         if ring is not None and slot is not None:
             tokens = ring[slot, : len(lines)]
         else:

@@ -196,6 +196,8 @@ class Shard:
 
 StageFactory = Callable[[Shard], Stage]
 
+_REPLAY_CHUNK = 4096  # lines pulled at a time when a shard fast-forwards at span level
+
 
 def default_stages(shard: Shard) -> Stage:
     """documents -> mix -> pack -> shuffle (-> fill-in-the-middle with ``fim_training``):
@@ -247,6 +249,12 @@ class ShardPipeline:
         line = next(self.lines)
         self.emitted += 1
         return line
+
+    def take(self, n: int) -> list[np.ndarray]:
+        """The next ``n`` lines at once (as ``n`` calls of ``next``)."""
+        lines = self.lines.take(n)
+        self.emitted += n
+        return lines
 
     def apply_tokens(self, row: np.ndarray, content: int, line: TokenLine) -> int:
         """Run the token-level stages over one materialized line (in place); ``line``'s
@@ -341,6 +349,6 @@ def open_shard(
             line = TokenLine.of(spans, writer.bol is not None, writer.eol is not None)
             pipeline.apply_tokens(row[0], int(content[0]), line)
     else:
-        for _ in range(advance):
-            next(pipeline)
+        for done in range(0, advance, _REPLAY_CHUNK):
+            pipeline.take(min(_REPLAY_CHUNK, advance - done))
     return pipeline

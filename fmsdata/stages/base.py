@@ -208,6 +208,11 @@ class SpanStage(Stage):
     def __next__(self) -> np.ndarray:
         raise NotImplementedError
 
+    def take(self, n: int) -> list[np.ndarray]:
+        """The next ``n`` lines: exactly what ``n`` calls of ``__next__`` give. Workers pull a
+        shard's lines of a whole item at once; a stage may override this to do it faster."""
+        return [next(self) for _ in range(n)]
+
 
 class TokenStage(Stage):
     """A token-level stage: changes each materialized line of its shard, in order.

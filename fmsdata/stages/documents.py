@@ -324,11 +324,15 @@ class DocumentStream:
 
     def _global(self, epoch: int, pos: int) -> int:
         """Walk position counted from the stream's start."""
+        if self._cycle_len == 1:
+            return epoch * self._size + pos
         cycle, j = divmod(epoch, self._cycle_len)
         return cycle * self._size + int(self._epoch_starts[j]) + pos
 
     def _local(self, position: int) -> tuple[int, int]:
         """``(epoch, pos)`` of a walk position counted from the stream's start."""
+        if self._cycle_len == 1:
+            return divmod(position, self._size)
         cycle, rest = divmod(position, self._size)
         starts = self._epoch_starts[: self._cycle_len]
         j = int(np.searchsorted(starts, rest, side="right")) - 1

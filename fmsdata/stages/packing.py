@@ -97,6 +97,20 @@ class LinePacker(SpanStage):
         self._uncommitted += plan.started[j]
         return plan.spans[plan.bounds[j] : plan.bounds[j + 1]]
 
+    def take(self, n: int) -> list[np.ndarray]:
+        lines: list[np.ndarray] = []
+        while len(lines) < n:
+            plan = self._plan
+            while plan is None or not plan.remaining:
+                plan = self._plan_more()
+            j = plan.next_line
+            k = min(n - len(lines), plan.remaining)
+            bounds, spans = plan.bounds, plan.spans
+            lines.extend(spans[bounds[i] : bounds[i + 1]] for i in range(j, j + k))
+            self._uncommitted += sum(plan.started[j : j + k])
+            plan.next_line = j + k
+        return lines
+
     @property
     def carry(self) -> np.ndarray | None:
         """The unused rest of the document split by the last line handed out, if any."""

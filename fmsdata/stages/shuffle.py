@@ -69,26 +69,39 @@ class ShuffleBuffer(SpanStage):
         self._hash_start = 0
 
     def __next__(self) -> np.ndarray:
+        return self.take(1)[0]
+
+    def take(self, n: int) -> list[np.ndarray]:
         if self.window <= 1:
-            self.emitted += 1
-            return next(self.source)
-        buffer = self.buffer
-        for _ in range(2):
-            if len(buffer) < self.window:
-                line = next(self.source)
+            self.emitted += n
+            return self.source.take(n)
+        # How many lines the n steps push (up to two per step while below the window): the
+        # source's lines do not depend on the slots taken, so they are pulled in one call.
+        size, pushes, window = len(self.buffer), [], self.window
+        for _ in range(n):
+            push = min(2, max(window - size, 0))
+            pushes.append(push)
+            size += push - 1
+        incoming = iter(self.source.take(sum(pushes)))
+        buffer, out = self.buffer, []
+        ops, pushed = (self._ops, self._pushed) if self.journaled else (None, None)
+        for push in pushes:
+            for _ in range(push):
+                line = next(incoming)
                 buffer.append(line)
-                if self.journaled:
-                    self._ops.append(PUSH)
-                    self._pushed.append(line)
-        at = self.emitted - self._hash_start
-        if not 0 <= at < len(self._hashes):
-            self._hash_start, at = self.emitted, 0
-            self._hashes = hash_values(self.key, self.emitted, _HASH_BLOCK)
-        slot = self._hashes[at] % len(buffer)
-        if self.journaled:
-            self._ops.append(slot)
-        self.emitted += 1
-        return _take(buffer, slot)
+                if ops is not None:
+                    ops.append(PUSH)
+                    pushed.append(line)
+            at = self.emitted - self._hash_start
+            if not 0 <= at < len(self._hashes):
+                self._hash_start, at = self.emitted, 0
+                self._hashes = hash_values(self.key, self.emitted, _HASH_BLOCK)
+            slot = self._hashes[at] % len(buffer)
+            if ops is not None:
+                ops.append(slot)
+            self.emitted += 1
+            out.append(_take(buffer, slot))
+        return out
 
     def drain_journal(self) -> tuple[list[int], list[np.ndarray]]:
         """Buffer changes since the last call: ``(ops, pushed lines)``."""
@@ -145,11 +158,14 @@ def apply_journal(
     buffer: list[np.ndarray], ops: Iterable[int], pushed: Iterator[np.ndarray]
 ) -> None:
     """Replay buffer changes recorded by ``ShuffleBuffer`` onto a copy of its buffer."""
+    append, pop = buffer.append, buffer.pop
     for op in ops:
         if op == PUSH:
-            buffer.append(next(pushed))
-        else:
-            _take(buffer, op)
+            append(next(pushed))
+        else:  # _take, inlined: this runs in the main process for every line
+            last = pop()
+            if op < len(buffer):
+                buffer[op] = last
 
 
 def pack_lines(lines: list[np.ndarray]) -> dict[str, np.ndarray]:
