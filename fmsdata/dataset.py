@@ -74,7 +74,8 @@ class Start:
         advance: Per logical shard, lines consumed after that state (replayed on start).
         emitted: Lines consumed from each of the rank's shards, in shard order (where the
             row dealing continues).
-        rings: Shared-memory token rings, one per worker (None: tokens travel in items).
+        rings: Token rings, one per worker (shared memory), or one slot reused in process
+            (None: tokens travel in items).
     """
 
     states: Mapping[int, Any] = dataclasses.field(default_factory=dict)
@@ -279,7 +280,7 @@ class RankLineDataset(IterableDataset):
         dealer = RowDealer(list(emitted))
         counts = item_batch_counts(config.batch_size, config.line_length)
         ring = None
-        if start.rings is not None and info is not None and self.preprocess is None:
+        if start.rings is not None and self.preprocess is None:
             ring = start.rings[worker].numpy()
         # File-backed memory before any shard is read (libraries, the ring): not ours to give back.
         baseline = resident_file_bytes() or 0
