@@ -17,7 +17,10 @@ shards, about 10,000 buffered lines, EOS per document):
   line: it rotates its portions over the shards' epochs (README "Document order").
 
 Per corpus: tokens/s in process and with each worker count asked for, each as a ratio to
-the bare read taken just before it; the amortized cost per document; the main process's
+the bare read taken just before it, and to a *shuffled* bare read of the same files (each
+file's documents gathered in a random order through a prebuilt index: the memory cost of
+reading documents shuffled, before any loader logic — the ceiling for any loader that
+shuffles documents); the amortized cost per document; the main process's
 CPU time per delivered token (batch assembly, pinning, state bookkeeping), scaled to a
 share of one core at 100 M tokens/s; state size and save time at about 10,000 buffered
 lines. Prints a table, writes ``benchmarks/results/throughput.json`` and a chart of the
@@ -141,6 +144,40 @@ def bare_read(root: str, seconds: float) -> float:
     return tokens / (time.perf_counter() - start)
 
 
+def shuffled_read(root: str, seconds: float, seed: int = 0) -> float:
+    """Tokens/s of reading each file's documents in a random order: every token gathered
+    through an index of its position built beforehand (not timed), into int64. No loader
+    logic at all: the memory cost of reading shuffled documents, which a sequential bare read
+    does not pay (each document starts at a random place, so its first cache lines and page
+    miss). One file at a time, so kinder to the TLB than a loader interleaving shards."""
+    handler = ArrowDocHandler()
+    rng = np.random.default_rng(seed)
+    paths = sorted(
+        os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".arrow")
+    )
+    tokens, spent = 0, 0.0
+    while spent < seconds:
+        for path in paths:
+            reader = handler.open(path)
+            n = handler.num_docs(reader)
+            handler.doc_lengths(reader, np.arange(n))  # locates every document
+            flat, starts, lengths = handler.token_buffer(reader)
+            order = rng.permutation(n)
+            order = order[lengths[order] > 0]
+            firsts, lengths = starts[order], lengths[order]
+            heads = np.cumsum(lengths) - lengths
+            positions = np.arange(int(lengths.sum()), dtype=np.int64)
+            positions += np.repeat(firsts - heads, lengths)
+            start = time.perf_counter()
+            torch.from_numpy(flat[positions].astype(np.int64))
+            spent += time.perf_counter() - start
+            tokens += len(positions)
+            handler.close(reader)
+            if spent > seconds:
+                break
+    return tokens / spent
+
+
 def pipeline_rate(config: dict[str, Any], batches: int) -> dict[str, float]:
     """Steady tokens/s of a loader, and the main process's CPU seconds per token."""
     loader = build_dataloader(config)
@@ -206,9 +243,12 @@ def measure_corpus(
     for _ in range(repeat):
         for key, overrides in settings:
             bare = bare_read(root, seconds)
+            shuffled = shuffled_read(root, seconds)
             figures = pipeline_rate({**base, **overrides}, batches)
             figures["bare_tokens_per_s"] = bare
             figures["ratio"] = figures["tokens_per_s"] / bare
+            figures["shuffled_tokens_per_s"] = shuffled
+            figures["ratio_to_shuffled"] = figures["tokens_per_s"] / shuffled
             runs.setdefault(key, []).append(figures)
     out: dict[str, Any] = {"rows": {}}
     for key, figures in runs.items():
@@ -223,7 +263,7 @@ def measure_corpus(
 def print_table(results: dict[str, Any]) -> None:
     head = (
         f"{'corpus':8} {'row':22} {'bare M/s':>9} {'M tok/s':>8} {'ratio':>6} "
-        f"{'us/doc':>7} {'main ns/tok':>11} {'core@100M':>9}"
+        f"{'shuf M/s':>8} {'vs shuf':>7} {'us/doc':>7} {'main ns/tok':>11} {'core@100M':>9}"
     )
     print("\n" + head)
     print("-" * len(head))
@@ -235,7 +275,9 @@ def print_table(results: dict[str, Any]) -> None:
             main = row["main_cpu_s_per_token"]
             print(
                 f"{name:8} {key:22} {row['bare_tokens_per_s'] / 1e6:9.0f} {rate / 1e6:8.1f} "
-                f"{row['ratio']:6.2f} {per_doc:7.2f} {main * 1e9:11.2f} {main * 1e8:9.0%}"
+                f"{row['ratio']:6.2f} {row['shuffled_tokens_per_s'] / 1e6:8.0f} "
+                f"{row['ratio_to_shuffled']:7.2f} {per_doc:7.2f} {main * 1e9:11.2f} "
+                f"{main * 1e8:9.0%}"
             )
         state = corpus["state"]
         print(
@@ -266,6 +308,22 @@ def chart(results: dict[str, Any], path: str) -> None:
             width,
             label=key.replace("_", " "),
         )
+    ceiling = [
+        statistics.median(
+            row["shuffled_tokens_per_s"] / row["bare_tokens_per_s"]
+            for row in results["corpora"][n]["rows"].values()
+        )
+        for n in names
+    ]
+    ax.scatter(
+        range(len(names)),
+        ceiling,
+        marker="_",
+        s=900,
+        color="black",
+        zorder=3,
+        label="shuffled bare read",
+    )
     ax.axhline(0.5, color="grey", linestyle="--", linewidth=0.8)
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("tokens/s / bare memmap read")

@@ -81,6 +81,7 @@ class LineWriter:
         self.pad = pad
         self.vocab_size = vocab_size
         self.slice_min = _SLICE_MIN
+        self._first_file: np.ndarray | None = None  # each dataset's first dense file number
 
     def fingerprint(self) -> dict[str, Any]:
         """What the rows depend on besides the spans, as stage fingerprints give it (the
@@ -163,9 +164,8 @@ class LineWriter:
         per file in one vectorized operation: index arrays for source and destination,
         built with ``np.repeat``/``cumsum``.
         """
-        keys, group = np.unique(spans[:, DS] * (1 << 40) + spans[:, FILE], return_inverse=True)
-        group = group.reshape(-1)
-        sources = [self._source(key >> 40, key & ((1 << 40) - 1)) for key in keys.tolist()]
+        keys, group = self._files(spans)
+        sources = [self._source(*key) for key in keys]
         # Copies between equal dtypes are plain memcpy: int32 rows take uint32 tokens through
         # a same-width view (ids of 2**31 and above then read as negative; the caller checks).
         views = {flat_out.dtype: flat_out, np.dtype(np.uint32): flat_out.view(np.uint32)}
@@ -197,6 +197,21 @@ class LineWriter:
             n = int(n_copy[i])
             piece = self._slow_piece(spans[i], sources[group[i]], int(first[i]), n)
             flat_out[int(dst[i]) : int(dst[i]) + n] = piece
+
+    def _files(self, spans: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
+        """The ``(dataset, file)`` pairs the spans read, and each span's index into them:
+        files numbered densely across datasets, so grouping is a bincount, not a sort."""
+        if self._first_file is None:
+            counts = [access.num_files for access in self.accesses]
+            self._first_file = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        first = self._first_file
+        global_file = first[spans[:, DS]] + spans[:, FILE]
+        used = np.flatnonzero(np.bincount(global_file, minlength=int(first[-1])))
+        number = np.zeros(int(first[-1]), dtype=np.int64)
+        number[used] = np.arange(len(used))
+        ds = np.searchsorted(first, used, side="right") - 1
+        keys = list(zip(ds.tolist(), (used - first[ds]).tolist()))
+        return keys, number[global_file]
 
     def _slow_piece(self, span: np.ndarray, source: tuple, first: int, n: int) -> np.ndarray:
         """A span's tokens through the handler: formats without a flat token buffer, and
