@@ -31,6 +31,7 @@ from fmsdata.stages.fim import FillInMiddle
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.outputs import TokenLine
 from fmsdata.stages.packing import LinePacker
+from fmsdata.stages.savedlines import DocumentLengths
 from fmsdata.stages.shuffle import ShuffleBuffer
 
 __all__ = [
@@ -315,8 +316,13 @@ class ShardPipeline:
 def build_pipeline(
     shard: int, recipe: ShardRecipe, accesses: Sequence, factory: StageFactory | None = None
 ) -> ShardPipeline:
-    """A fresh chain of one logical shard (load a state into it to resume)."""
-    return ShardPipeline((factory or default_stages)(Shard(shard, recipe, accesses)))
+    """A fresh chain of one logical shard (load a state into it to resume). Its shuffle
+    buffers find the lengths of restored lines' documents in ``accesses``."""
+    pipeline = ShardPipeline((factory or default_stages)(Shard(shard, recipe, accesses)))
+    for _, stage in walk(pipeline.top):
+        if isinstance(stage, ShuffleBuffer) and stage.documents is None:
+            stage.documents = DocumentLengths(accesses, recipe.decoration)
+    return pipeline
 
 
 def open_shard(

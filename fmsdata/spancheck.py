@@ -1,7 +1,8 @@
 """Saved spans checked against the data before a resume runs.
 
 A shard state holds spans ``(dataset, file, doc, start, length)``: buffered lines, a
-packer's carry. A damaged or foreign state can name a dataset the state does not list, a
+packer's carry (length 0: to the end of the document, ``fmsdata.stages.savedlines``).
+A damaged or foreign state can name a dataset the state does not list, a
 file past a dataset's files, a document past a file's documents, or tokens past a
 document's end. Each would fail deep inside a worker (an ``IndexError``) or, worse, make
 a line of other tokens. Here every span is checked against the files themselves, with the
@@ -46,12 +47,14 @@ def check_saved_spans(
 
     def refuse(i: int, message: str) -> StateMismatchError:
         return fail(
-            where, f"saved span {spans[i].tolist()} (dataset, file, doc, start, length) {message}"
+            where,
+            f"saved span {spans[i].tolist()} (dataset, file, doc, start, length; length 0: "
+            f"to the end) {message}",
         )
 
-    negative = np.flatnonzero((spans < 0).any(axis=1) | (spans[:, LENGTH] < 1))
+    negative = np.flatnonzero((spans < 0).any(axis=1))
     if len(negative):
-        raise refuse(int(negative[0]), "holds a negative field or an empty piece")
+        raise refuse(int(negative[0]), "holds a negative field")
     outside = np.flatnonzero(spans[:, DS] >= len(space))
     if len(outside):
         raise refuse(
@@ -85,7 +88,9 @@ def check_saved_spans(
             unique, inverse = np.unique(docs, return_inverse=True)
             lengths, lead, trail, _ = access.measure(file, unique, decoration)
             dlen = (lengths - lead - trail + decoration.extra)[inverse]
-            long = in_file[spans[in_file, START] + spans[in_file, LENGTH] > dlen]
+            starts, ends = spans[in_file, START], spans[in_file, LENGTH]
+            ends = np.where(ends == 0, dlen, starts + ends)  # length 0: to the end
+            long = in_file[(ends > dlen) | (starts >= dlen)]
             if len(long):
                 i = int(long[0])
                 raise refuse(

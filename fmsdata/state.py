@@ -2,7 +2,7 @@
 
 A rank's state, as ``FmsDataLoader.snapshot()`` gives it, is plain nested data::
 
-    {"version": 2,
+    {"version": 3,
      "fingerprint": {"data": ..., "seed": ..., "seq_length": ..., ...},
      "rank": r, "world_size": W, "steps": batches consumed,
      "skips": [[step, n], ...] (batches skipped over, and where),
@@ -44,14 +44,25 @@ from fmsdata.config import LoaderConfig
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.stages.base import (
-    SAVED_SPAN_WIDTH,
+    LENGTH,
+    START,
     DatasetRenumbering,
     Stage,
     held_spans,
     renumber_state,
 )
-from fmsdata.stages.shuffle import BUFFER_KEY, apply_journal, pack_lines, unpack_lines
-from fmsdata.statecheck import fail, join, need_count, need_int, need_keys, need_list, need_mapping
+from fmsdata.stages.savedlines import SavedLines, pack_lines, unpack_lines
+from fmsdata.stages.shuffle import BUFFER_KEY, apply_journal
+from fmsdata.statecheck import (
+    fail,
+    join,
+    need_count,
+    need_int,
+    need_keys,
+    need_list,
+    need_mapping,
+    within,
+)
 from fmsdata.statefile import state_from_bytes, state_to_bytes
 from fmsdata.transport import WorkerItem
 
@@ -74,7 +85,9 @@ __all__ = [
 ]
 
 # 2: shard states are {"emitted", "stages"} with the fingerprint recording the chain.
-STATE_VERSION = 2
+# 3: shuffle buffers in narrow columns, spans to a document's end without their length
+#    (``fmsdata.stages.savedlines``).
+STATE_VERSION = 3
 TOP_KEYS = (
     "version",
     "fingerprint",
@@ -87,7 +100,6 @@ TOP_KEYS = (
 )
 META_KEY = "fmsdata_meta"
 SHARD_PREFIX = "fmsdata_shard_"
-_INT32_MAX = 2**31 - 1
 
 # Config fields of the mix (what ``allow_mix_change`` lets differ; a resume replays the
 # lines drawn with the old ones). Every other setting that shapes the lines is a stage's
@@ -465,17 +477,6 @@ def _at(state: Any, path: Sequence[str], buffer: bool = True) -> Any:
     return node
 
 
-def _compact(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Packed buffer lines in the form that saves smallest and fastest: int32 where the
-    values fit (readers widen them again) and spans column by column."""
-    spans, offsets = packed["spans"], packed["offsets"]
-    if len(spans) and int(spans.max()) <= _INT32_MAX and int(spans.min()) >= 0:
-        spans = np.asfortranarray(spans, dtype=np.int32)
-    if int(offsets[-1]) <= _INT32_MAX:
-        offsets = offsets.astype(np.int32)
-    return {"spans": spans, "offsets": offsets}
-
-
 def _lines(spans: np.ndarray, offsets: np.ndarray) -> Iterator[np.ndarray]:
     for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
         yield spans[a:b]
@@ -485,7 +486,8 @@ class ConsumedState:
     """Per-shard pipeline state as of the last batch handed to the caller.
 
     Each shard is described by a state it passed through (``light`` + the journaled
-    shuffle buffer, kept here as lines) and the number of lines it emitted since
+    shuffle buffer, kept here as lines: span arrays, or ints for lines of the buffer it
+    was resumed with, still in their saved form) and the number of lines it emitted since
     (``advance``); a shard's state moves forward when a worker item that advanced it has
     been consumed completely.
 
@@ -511,7 +513,8 @@ class ConsumedState:
         self.skips = [[int(at), int(n)] for at, n in skips]
         self.buffer_path = None if buffer_path is None else tuple(buffer_path)
         self._light: dict[int, dict[str, Any] | None] = {}
-        self._buffers: dict[int, list[np.ndarray]] = {}
+        self._buffers: dict[int, list[np.ndarray | int]] = {}
+        self._saved: dict[int, SavedLines] = {}  # the buffer each shard resumed with
         self._advance: dict[int, int] = {}
         self._replayed: dict[int, int] = {}  # see workers_start
         for sid in self.shard_ids:
@@ -533,9 +536,10 @@ class ConsumedState:
                     raise StateMismatchError(
                         f"shard state {'.'.join(self.buffer_path)} holds no {BUFFER_KEY!r}"
                     )
-                # The saved columns only, as workers send pushed lines (``journal_spans``).
-                lines = unpack_lines(node.pop(BUFFER_KEY))
-                self._buffers[sid] = [line[:, :SAVED_SPAN_WIDTH] for line in lines]
+                with within(".".join((*self.buffer_path, BUFFER_KEY))):
+                    saved = unpack_lines(node.pop(BUFFER_KEY))
+                self._saved[sid] = saved
+                self._buffers[sid] = list(range(len(saved)))
             self._light[sid] = copy.deepcopy(state)
 
     def consume_batch(self, item: WorkerItem, batch: int) -> None:
@@ -590,7 +594,7 @@ class ConsumedState:
         for key in self.buffer_path:
             node[key] = dict(node[key])
             node = node[key]
-        node[BUFFER_KEY] = _compact(pack_lines(self._buffers[sid]))
+        node[BUFFER_KEY] = pack_lines(self._buffers[sid], self._saved.get(sid))
         return state
 
     def shard_states(self) -> dict[int, Any]:
@@ -625,24 +629,31 @@ def shard_counts(
         counts[name]["taken_tokens"] = int(mixer["tokens"].get(name, 0))
         source = mixer["sources"].get(name)
         counts[name]["taken_docs"] = int(source["docs"]) if source else 0
-    held: list[tuple[str, np.ndarray]] = []
+    held: list[tuple[str, list[int]]] = []
     if _has_role(fingerprint, "shuffle"):
         shuffle = stage_state(shard_state, fingerprint, "shuffle")
-        for line in unpack_lines(shuffle[BUFFER_KEY]):
-            held.extend(("buffered", span[:5]) for span in np.asarray(line).tolist())
+        saved = unpack_lines(shuffle[BUFFER_KEY])
+        # Buffered spans to a document's end have no length here: the lines' counts do.
+        for ds, tokens in enumerate(saved.tokens.sum(axis=0).tolist()):
+            name = span_datasets[ds]
+            if name in counts:
+                counts[name]["buffered_tokens"] += int(tokens)
+        held.extend(("buffered", span) for span in saved.held().tolist())
     if _has_role(fingerprint, "packer"):
         carry = stage_state(shard_state, fingerprint, "packer")["carry"]
         if len(carry):
-            held.append(("unsent", list(carry)[:5]))
+            span = [int(v) for v in list(carry)[:5]]
+            held.append(("unsent", span))
+            name = span_datasets[span[0]]
+            if name in counts:
+                counts[name]["unsent_tokens"] += span[LENGTH]
     # A document is delivered once all its pieces were: one with a piece held is not
     # (unsent if its rest is the carry, else buffered). The same document held twice
     # (from two epochs) shows as a start held twice.
     pieces: dict[tuple[int, int, int], list[tuple[str, int]]] = {}
-    for where, (ds, file, doc, start, length) in held:
-        name = span_datasets[int(ds)]
-        if name in counts:
-            counts[name][f"{where}_tokens"] += int(length)
-        pieces.setdefault((int(ds), int(file), int(doc)), []).append((where, int(start)))
+    for where, span in held:
+        ds, file, doc = span[:3]
+        pieces.setdefault((ds, file, doc), []).append((where, span[START]))
     for (ds, _, _), held_pieces in pieces.items():
         name = span_datasets[ds]
         if name in counts:

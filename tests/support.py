@@ -16,6 +16,7 @@ from fmsdata import build_dataloader
 from fmsdata.catalog import discover
 from fmsdata.handlers import ArrowDocHandler
 from fmsdata.stages.base import held_spans
+from fmsdata.stages.savedlines import unpack_lines
 from fmsdata.state import stage_state
 from fmsdata.statefile import load_state, save_state, state_from_bytes, state_to_bytes
 from fmsdata.synthetic import CorpusInfo, write_corpus
@@ -153,10 +154,11 @@ class Ledger:
         np.add.at(self.counts, tokens - self.first, 1)
 
     def span_tokens(self, ds: int, file: int, doc: int, start: int, length: int) -> np.ndarray:
+        """The corpus tokens of a saved span (length 0: to the end of the document)."""
         firsts, lengths = self.info.files[self.paths[ds][file]]
         size = int(lengths[doc])
         lo = max(start - self.has_bos, 0)
-        hi = min(start + length - self.has_bos, size)
+        hi = size if length == 0 else min(start + length - self.has_bos, size)
         return np.arange(int(firsts[doc]) + lo, int(firsts[doc]) + max(hi, lo), dtype=np.int64)
 
     def add_state(self, state: dict[str, Any], chain: Any = None) -> None:
@@ -170,7 +172,7 @@ class Ledger:
                     self.add_tokens(self.span_tokens(*row))
                 continue
             shuffle = stage_state(entry["state"], state["fingerprint"], "shuffle")
-            for row in np.asarray(shuffle["buffer"]["spans"]).tolist():
+            for row in unpack_lines(shuffle["buffer"]).held().tolist():
                 self.add_tokens(self.span_tokens(*row))
             carry = stage_state(entry["state"], state["fingerprint"], "packer")["carry"]
             if carry:

@@ -65,6 +65,15 @@ def _buffer(state):
     return _find(_shard(state), "buffer")["buffer"]
 
 
+def _set_span(state, column, row, value):
+    """Set one saved span field of the first shard's buffer (its column widened to int64:
+    saved columns are as narrow as their values)."""
+    buffer = _buffer(state)
+    values = np.asarray(buffer[column], dtype=np.int64).copy()
+    values[row] = value
+    buffer[column] = values
+
+
 def _mixer(state):
     return _find(_shard(state), "tokens")
 
@@ -109,25 +118,31 @@ CASES = {
     ),
     "negative steps": (lambda s: s.update(steps=-1), r"^steps: must be at least 0, got -1"),
     "span file past the dataset's files": (
-        lambda s: _buffer(s)["spans"].__setitem__((0, 1), 99),
-        r"^shards\[0\]\.state: saved span \[\d+, 99, .*names file 99 of dataset '\w', which "
-        r"has \d file",
+        lambda s: _set_span(s, "file", 0, 99),
+        r"^shards\[0\]\.state\.stages\.buffer\.file\[0\]: span \[\d+, 99, .*names a file past "
+        r"the \d of its dataset",
     ),
     "span dataset past the dataset list": (
-        lambda s: _buffer(s)["spans"].__setitem__((0, 0), 7),
-        r"^shards\[0\]\.state: saved span \[7, .*names dataset 7; the state lists 2",
+        lambda s: _set_span(s, "ds", 0, 7),
+        r"^shards\[0\]\.state\.stages\.buffer\.ds\[0\]: names dataset 7, past the 2",
     ),
     "span document past the file": (
-        lambda s: _buffer(s)["spans"].__setitem__((0, 2), 5000),
-        r"names document 5000 of .*, which holds 24",
+        lambda s: _set_span(s, "doc", 0, 5000),
+        r"buffer\.doc\[0\]: span \[\d+, \d+, 5000, .* which holds 24",
     ),
     "span start past the document": (
-        lambda s: _buffer(s)["spans"].__setitem__((0, 3), 5000),
-        r"^shards\[0\]\.state: saved span .* ends past its document",
+        lambda s: _set_span(s, "start", 0, 5000),
+        r"^shards\[0\]\.state\.stages\.buffer\.start\[0\]: span .* ends past its document",
     ),
     "negative span field": (
-        lambda s: _buffer(s)["spans"].__setitem__((1, 2), -4),
-        r"buffer\.spans\[1\]\[2\]: must be at least 0, got -4",
+        lambda s: _set_span(s, "doc", 1, -4),
+        r"buffer\.doc\[1\]: must be at least 0, got -4",
+    ),
+    "buffer saved by an older fmsdata": (
+        lambda s: _find(_shard(s), "buffer").update(
+            buffer={"spans": np.zeros((2, 5), dtype=np.int64), "offsets": np.array([0, 2])}
+        ),
+        r"^shards\[0\]\.state\.stages\.buffer: keys missing .* unexpected \['spans'\]",
     ),
     "carry of strings": (
         lambda s: _carry(s).update(carry=["x"] * 5),
@@ -158,7 +173,7 @@ def test_damage_is_named_before_anything_runs(saved, case):
 def test_the_carry_exists_in_the_fixture(saved):
     _, state, _ = saved
     assert any(_find(e["state"]["stages"], "carry")["carry"] for e in state["shards"])
-    assert len(_buffer(state)["spans"]) > 1
+    assert len(_buffer(state)["doc"]) > 1
 
 
 # -- every leaf of a real state, damaged in every way --------------------------------------
@@ -195,6 +210,9 @@ def _apply(state, path, damage):
     key = path[-1]
     value = parent[key]
     if isinstance(parent, np.ndarray):
+        # Saved arrays are as narrow as their values: widen before damaging one.
+        parent = parent.astype(np.int64)
+        _get(state, path[:-2])[path[-2]] = parent
         if damage == "negative":
             parent[key] = -1 - int(value)
         elif damage == "huge":
@@ -238,7 +256,7 @@ def _names(path):
     last = keys[-1] if keys else "shards"
     if path[0] == "fingerprint" and len(path) > 1:
         return (last, path[1], path[1].rstrip("s"))  # a field is compared as a whole
-    if last in ("spans", "offsets", "carry"):
+    if last in ("offsets", "carry", "tokens", "ds", "file", "doc", "start", "length"):
         return (last, "span")
     return (last,)
 

@@ -100,8 +100,14 @@ def _is_loader_key(key: str) -> bool:
 def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per dataset and per logical shard: epoch, position, documents, tokens, skips; and
     what was delivered (``fmsdata.state.shard_counts``)."""
-    from fmsdata.state import DELIVERY_KEYS, shard_counts, stage_state
+    from fmsdata.state import DELIVERY_KEYS, STATE_VERSION, shard_counts, stage_state
 
+    for state in states:
+        if state.get("version") != STATE_VERSION:
+            raise StateMismatchError(
+                f"the state has version={state.get('version')!r}; this fmsdata reads "
+                f"version={STATE_VERSION} (read it with the fmsdata that wrote it)"
+            )
     first = states[0]
     fingerprint = first["fingerprint"]
     names = list(fingerprint["datasets"])

@@ -153,7 +153,8 @@ class Stage(IterableDataset):
 
     def held_spans(self, own: dict[str, Any]) -> np.ndarray:
         """The spans this stage's own saved state holds (``[n, SAVED_SPAN_WIDTH]``): lines
-        or pieces it took from its input and has not handed out."""
+        or pieces it took from its input and has not handed out. A length of 0 stands for
+        "to the end of the document" (how a shuffle buffer saves most spans)."""
         return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int64)
 
     # -- generic -------------------------------------------------------------------------
@@ -259,7 +260,8 @@ def renumber_state(stage: Stage, state: dict[str, Any], change: DatasetRenumberi
 
 
 def held_spans(stage: Stage, state: dict[str, Any]) -> np.ndarray:
-    """Every span saved anywhere in a chain state (``[n, SAVED_SPAN_WIDTH]``)."""
+    """Every span saved anywhere in a chain state (``[n, SAVED_SPAN_WIDTH]``; length 0:
+    to the end of the document)."""
     children = stage.children()
     own = np.asarray(stage.held_spans({k: v for k, v in state.items() if k not in children}))
     parts = [own.reshape(-1, SAVED_SPAN_WIDTH).astype(np.int64)]

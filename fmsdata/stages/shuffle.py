@@ -3,7 +3,9 @@
 The buffer fills two lines per step until it holds ``window`` lines, then one per step;
 each step hands out the line at a stateless pseudo-random slot (a hash of the shard key
 and the step count), so the only randomness state is the step count. Lines are spans,
-so the saved buffer is a few integers per line however long the lines are.
+so the saved buffer is a few integers per line however long the lines are (and fewer
+still in its saved form, ``fmsdata.stages.savedlines``: a resume measures the documents'
+lengths again from the files, ``documents``).
 
 Every change to the buffer of the chain's *journaled* shuffle buffer (the first in the
 chain, see ``fmsdata.pipeline``) is also recorded in a journal — an op list where ``-1`` means
@@ -22,16 +24,17 @@ import numpy as np
 
 from fmsdata.errors import StateMismatchError
 from fmsdata.permute import hash_values
-from fmsdata.stages.base import (
-    LENGTH,
-    SAVED_SPAN_WIDTH,
-    DatasetRenumbering,
-    SpanStage,
-    restore_spans,
+from fmsdata.stages.base import LENGTH, DatasetRenumbering, SpanStage
+from fmsdata.stages.savedlines import (
+    DocumentLengths,
+    journal_lines,
+    pack_lines,
+    resolve,
+    unpack_lines,
 )
-from fmsdata.statecheck import need_count, need_keys, within
+from fmsdata.statecheck import need_count, within
 
-__all__ = ["ShuffleBuffer", "PUSH", "BUFFER_KEY", "pack_lines", "unpack_lines", "apply_journal"]
+__all__ = ["ShuffleBuffer", "PUSH", "BUFFER_KEY", "apply_journal"]
 
 BUFFER_KEY = "buffer"  # where a shuffle buffer's own state keeps its lines
 
@@ -42,20 +45,31 @@ _HASH_BLOCK = 256  # shuffle hashes are computed this many emissions at a time
 class ShuffleBuffer(SpanStage):
     """Hands out packed lines in a window-local random order.
 
-    State keys: ``emitted`` (lines handed out), ``buffer`` (``{"spans", "offsets"}``, see
-    ``pack_lines``) and ``source`` (packer state).
+    State keys: ``emitted`` (lines handed out), ``buffer`` (the lines in their saved form,
+    ``fmsdata.stages.savedlines``) and ``source`` (packer state).
 
     Args:
         source: The lines to shuffle (a span stage).
         window: Lines held at most; 0 or 1 passes lines through in order.
         key: Shuffle key (derived from seed and logical shard).
+        documents: Where restored lines find their documents' lengths; a shard's
+            pipeline (``fmsdata.pipeline.build_pipeline``) sets it on every shuffle
+            buffer of its chain. Without it lines are saved with every length.
     """
 
     role = "shuffle"
 
-    def __init__(self, source: SpanStage, window: int, key: int):
+    def __init__(
+        self,
+        source: SpanStage,
+        window: int,
+        key: int,
+        documents: DocumentLengths | None = None,
+    ):
         super().__init__(source)
         self.window = window
+        self.documents = documents
+        self._open = False  # some restored span has no length (its dataset is not here)
         # Set by the shard pipeline on the one buffer whose changes travel as a journal;
         # ``light`` leaves the buffer out of the state while the pipeline takes a light one.
         self.journaled = False
@@ -101,23 +115,36 @@ class ShuffleBuffer(SpanStage):
                 ops.append(slot)
             self.emitted += 1
             out.append(_take(buffer, slot))
+        if self._open and not all(line[:, LENGTH].all() for line in out):
+            raise self._unmeasured()
         return out
 
+    def _unmeasured(self) -> StateMismatchError:
+        return StateMismatchError(
+            "shuffle buffer: a restored line runs to the end of a document whose length is "
+            "not known here (its dataset has no files in this chain, or the chain was not "
+            "built by fmsdata.pipeline.build_pipeline)"
+        )
+
     def drain_journal(self) -> tuple[list[int], list[np.ndarray]]:
-        """Buffer changes since the last call: ``(ops, pushed lines)``."""
-        journal = (self._ops, self._pushed)
+        """Buffer changes since the last call: ``(ops, pushed lines)``, the lines marked
+        where a span runs to the end of its document (``savedlines.journal_lines``)."""
+        ops, pushed = self._ops, self._pushed
         self._ops, self._pushed = [], []
-        return journal
+        return ops, journal_lines(pushed) if self.documents is not None else pushed
 
     def own_state(self) -> dict[str, Any]:
         if self.light:
             return {"emitted": self.emitted}
-        return {"emitted": self.emitted, BUFFER_KEY: pack_lines(self.buffer)}
+        if self._open:
+            raise self._unmeasured()
+        packed = pack_lines(self.buffer, to_end=self.documents is not None)
+        return {"emitted": self.emitted, BUFFER_KEY: packed}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
         self.emitted = need_count(state["emitted"], "emitted")
         with within(BUFFER_KEY):
-            self.buffer = unpack_lines(state[BUFFER_KEY])
+            self.buffer, self._open = resolve(unpack_lines(state[BUFFER_KEY]), self.documents)
         if len(self.buffer) > max(self.window, 0):
             raise StateMismatchError(
                 f"shuffle buffer state holds {len(self.buffer)} lines, more than "
@@ -129,24 +156,16 @@ class ShuffleBuffer(SpanStage):
         return {"window": self.window}
 
     def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
-        buffer = dict(own[BUFFER_KEY])
-        buffer["spans"] = change.spans(buffer["spans"], "shuffle buffer")
-        return {**own, BUFFER_KEY: buffer}
+        saved = unpack_lines(own[BUFFER_KEY])
+        moved = saved.renumbered(change.spans(saved.held(), "shuffle buffer"), change.number)
+        return {**own, BUFFER_KEY: pack_lines(range(len(moved)), moved)}
 
     def held_spans(self, own: dict[str, Any]) -> np.ndarray:
-        return np.asarray(own[BUFFER_KEY]["spans"], dtype=np.int64)
+        with within(BUFFER_KEY):
+            return unpack_lines(own[BUFFER_KEY]).held()
 
 
-def _int_array(value: Any, path: str) -> np.ndarray:
-    array = np.asarray(value)
-    if array.dtype.kind not in "iu":
-        if array.size == 0 and array.dtype.kind == "f":  # an empty list read back from JSON
-            return array.astype(np.int64)
-        raise StateMismatchError(f"{path}: expected integers, got {array.dtype} {value!r:.80}")
-    return array.astype(np.int64)
-
-
-def _take(buffer: list[np.ndarray], slot: int) -> np.ndarray:
+def _take(buffer: list[Any], slot: int) -> Any:
     line = buffer[slot]
     last = buffer.pop()
     if slot < len(buffer):
@@ -154,10 +173,9 @@ def _take(buffer: list[np.ndarray], slot: int) -> np.ndarray:
     return line
 
 
-def apply_journal(
-    buffer: list[np.ndarray], ops: Iterable[int], pushed: Iterator[np.ndarray]
-) -> None:
-    """Replay buffer changes recorded by ``ShuffleBuffer`` onto a copy of its buffer."""
+def apply_journal(buffer: list[Any], ops: Iterable[int], pushed: Iterator[np.ndarray]) -> None:
+    """Replay buffer changes recorded by ``ShuffleBuffer`` onto a copy of its buffer (whose
+    lines may be anything: the replay only moves them)."""
     append, pop = buffer.append, buffer.pop
     for op in ops:
         if op == PUSH:
@@ -166,43 +184,3 @@ def apply_journal(
             last = pop()
             if op < len(buffer):
                 buffer[op] = last
-
-
-def pack_lines(lines: list[np.ndarray]) -> dict[str, np.ndarray]:
-    """Lines of spans as two flat arrays: ``spans`` [n, 5] and ``offsets`` [lines + 1]."""
-    lengths = np.fromiter((len(line) for line in lines), dtype=np.int64, count=len(lines))
-    offsets = np.zeros(len(lines) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if not lines:
-        return {"spans": np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int64), "offsets": offsets}
-    return {"spans": np.concatenate(lines)[:, :SAVED_SPAN_WIDTH].copy(), "offsets": offsets}
-
-
-def unpack_lines(packed: dict[str, Any]) -> list[np.ndarray]:
-    """Inverse of ``pack_lines``, validating shapes and values (paths relative to the
-    buffer: ``spans[4][1]``, ``offsets``)."""
-    need_keys(packed, "", ("spans", "offsets"))
-    spans, offsets = (_int_array(packed[key], key) for key in ("spans", "offsets"))
-    if spans.ndim != 2 or spans.shape[1] != SAVED_SPAN_WIDTH:
-        raise StateMismatchError(
-            f"spans: must have shape [n, {SAVED_SPAN_WIDTH}], got {spans.shape}"
-        )
-    if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != len(spans):
-        raise StateMismatchError(
-            f"offsets: do not match the {len(spans)} spans they index: {offsets.tolist()[:20]}"
-        )
-    if np.any(np.diff(offsets) <= 0):
-        raise StateMismatchError(
-            f"offsets: must be strictly increasing (no empty line), got {offsets.tolist()[:20]}"
-        )
-    low = np.zeros(SAVED_SPAN_WIDTH, dtype=np.int64)
-    low[LENGTH] = 1  # a piece holds at least one token
-    bad = np.argwhere(spans < low)
-    if len(bad):
-        row, col = (int(v) for v in bad[0])
-        raise StateMismatchError(
-            f"spans[{row}][{col}]: must be at least {int(low[col])}, got {int(spans[row, col])} "
-            f"(span {spans[row].tolist()})"
-        )
-    spans = restore_spans(spans)
-    return [spans[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]

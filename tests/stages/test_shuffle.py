@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 from stagecheck import check_stage_resume
 
 from fmsdata.stages.base import SPAN_WIDTH, SpanStage
-from fmsdata.stages.shuffle import ShuffleBuffer, apply_journal, pack_lines, unpack_lines
+from fmsdata.stages.shuffle import ShuffleBuffer, apply_journal
 
 
 class Counter(SpanStage):
@@ -76,17 +76,3 @@ def test_resume_and_journal_replay(window, stop):
 @given(window=st.integers(0, 30))
 def test_shuffle_resumes_exactly(window):
     check_stage_resume(lambda: ShuffleBuffer(Counter(), window, 9), 120, (0, 1, 29, 77, 119))
-
-
-def test_pack_lines_keeps_saved_columns_only():
-    lines = [
-        np.arange(2 * SPAN_WIDTH).reshape(2, SPAN_WIDTH) + 1,
-        np.ones((1, SPAN_WIDTH), dtype=np.int64),
-    ]
-    packed = pack_lines(lines)
-    assert packed["spans"].shape == (3, 5)
-    assert packed["offsets"].tolist() == [0, 2, 3]
-    restored = unpack_lines(packed)
-    assert [len(x) for x in restored] == [2, 1]
-    assert np.array_equal(restored[0][:, :5], lines[0][:, :5])
-    assert (restored[0][:, 5:] == -1).all()

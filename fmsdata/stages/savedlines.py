@@ -1,0 +1,347 @@
+"""Buffered lines in their saved form: narrow columns, documents' ends left to the index.
+
+A shuffle buffer holds thousands of packed lines per rank, and saved as five integers per
+span they are most of a loader state. Yet most spans of a packed line run to the end of
+their document (every piece of a hard-packed line but its last: whole documents, and the
+rest of the document the previous line split), and a document's length is in the files'
+index. So the saved form leaves those lengths out — ``length`` 0 means "to the end of the
+document" — and a resume finds them again from the files (``DocumentLengths``), as the
+line writer finds a restored span's document facts. Each line also keeps how many tokens
+it holds of each dataset (``tokens``): what ``fmsdata state show`` counts without the
+data, and what a resume checks the lengths it finds against, so a span never silently
+means other tokens than it did when saved.
+
+The saved form (each array of the narrowest unsigned integer type its values fit; readers
+take any integer type)::
+
+    {"offsets": [lines + 1] line bounds into the span columns,
+     "ds", "file", "doc", "start", "length": [spans] span columns (length 0: to the end),
+     "tokens": [lines, datasets] tokens each line holds of each dataset}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fmsdata.errors import StateMismatchError
+from fmsdata.stages.base import (
+    BASE,
+    DLEN,
+    DOC,
+    DS,
+    FILE,
+    LENGTH,
+    SAVED_SPAN_WIDTH,
+    SPAN_WIDTH,
+    START,
+    restore_spans,
+)
+from fmsdata.statecheck import fail, need_keys
+
+__all__ = [
+    "SavedLines",
+    "DocumentLengths",
+    "pack_lines",
+    "journal_lines",
+    "unpack_lines",
+    "resolve",
+    "COLUMNS",
+    "KEYS",
+]
+
+COLUMNS = ("ds", "file", "doc", "start", "length")  # in span column order
+KEYS = ("offsets", *COLUMNS, "tokens")
+_NARROW = (np.uint8, np.uint16, np.uint32)
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedLines:
+    """A saved buffer read back: spans whose ``length`` is 0 where a span runs to the end
+    of its document, line bounds, and each line's tokens per dataset.
+
+    Attributes:
+        spans: ``[n, SAVED_SPAN_WIDTH]`` int64.
+        offsets: ``[lines + 1]`` int64 bounds of each line's spans.
+        tokens: ``[lines, datasets]`` int64.
+    """
+
+    spans: np.ndarray
+    offsets: np.ndarray
+    tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def line(self, i: int) -> np.ndarray:
+        return self.spans[self.offsets[i] : self.offsets[i + 1]]
+
+    def held(self) -> np.ndarray:
+        """A copy of the spans (length 0: to the end)."""
+        return self.spans.copy()
+
+    def renumbered(self, spans: np.ndarray, number: np.ndarray) -> SavedLines:
+        """These lines with the saved ``spans`` given (datasets renumbered already) and the
+        token counts moved to the datasets' new numbers ``number`` (-1: gone)."""
+        width = int(number.max()) + 1 if number.size else 0
+        tokens = np.zeros((len(self), width), dtype=np.int64)
+        for old in range(min(self.tokens.shape[1], len(number))):
+            if number[old] >= 0:
+                tokens[:, number[old]] += self.tokens[:, old]
+        return SavedLines(spans, self.offsets, tokens)
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    top = int(values.max()) if values.size else 0
+    for dtype in _NARROW:
+        if top <= np.iinfo(dtype).max:
+            return values.astype(dtype)
+    return values.astype(np.uint64)
+
+
+def pack_lines(
+    lines: Sequence[np.ndarray | int], saved: SavedLines | None = None, to_end: bool = True
+) -> dict[str, np.ndarray]:
+    """Lines of spans in their saved form (see the module docstring).
+
+    Args:
+        lines: Each a span array, or an int: that line of ``saved`` (a buffer read back and
+            not yet measured, whose lengths and token counts are carried over). A span
+            array has the runtime columns (a span whose ``dlen`` is ``start + length`` runs
+            to the end) or the saved ones as the journal carries them (``journal_lines``:
+            a negative length runs to the end).
+        saved: The lines the ints refer to.
+        to_end: Leave out the lengths of spans known to run to the end of their document.
+            Off for a buffer that could not find them again.
+    """
+    parts: list[np.ndarray] = []
+    restored: list[int] = []  # lines carried over from ``saved``
+    carried: list[np.ndarray] = []  # their token counts
+    if saved is None:
+        parts = list(lines)  # type: ignore[arg-type]
+    else:
+        for line in lines:
+            if not isinstance(line, np.ndarray):
+                restored.append(len(parts))
+                carried.append(saved.tokens[line])
+                line = saved.line(line)
+            parts.append(line)
+    if len({part.shape[1] for part in parts}) > 1:
+        parts = [part[:, :SAVED_SPAN_WIDTH] for part in parts]
+    n_lines = len(parts)
+    counts = np.fromiter(map(len, parts), dtype=np.int64, count=n_lines)
+    offsets = np.zeros(n_lines + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    spans = np.concatenate(parts) if n_lines else np.zeros((0, SPAN_WIDTH), dtype=np.int64)
+    # Column by column from here (one transposing copy: the rest reads memory in order).
+    columns = list(np.ascontiguousarray(spans[:, : DLEN + 1].T))
+    start, length, ds = columns[START], columns[LENGTH], columns[DS]
+    # A span to the end: read back as such (length 0), marked so by the journal (negative)
+    # or known to end where its document does (an unknown dlen, -1, never equals
+    # start + length).
+    known_end = length <= 0
+    if to_end and len(columns) > DLEN:
+        known_end |= start + length == columns[DLEN]
+    width = max([int(ds.max()) + 1 if len(spans) else 0, *(len(c) for c in carried)])
+    line = np.repeat(np.arange(n_lines), counts)
+    tokens = np.bincount(line * width + ds, weights=np.abs(length), minlength=n_lines * width)
+    tokens = tokens.astype(np.int64).reshape(n_lines, width)
+    for row, counted in zip(restored, carried):
+        tokens[row] = 0
+        tokens[row, : len(counted)] = counted
+    columns[LENGTH] = np.where(known_end, 0, length)
+    packed = {"offsets": _narrow(offsets)}
+    for key, values in zip(COLUMNS, columns):
+        packed[key] = _narrow(values)
+    packed["tokens"] = np.asfortranarray(_narrow(tokens))
+    return packed
+
+
+def journal_lines(lines: list[np.ndarray]) -> list[np.ndarray]:
+    """Lines pushed into a buffer as its journal carries them to the main process, which
+    keeps their saved columns only: a span known (its ``dlen``) to run to the end of its
+    document has its length negated, so the main process can save it without it."""
+    if not lines:
+        return lines
+    spans = np.concatenate(lines)
+    end = spans[:, START] + spans[:, LENGTH] == spans[:, DLEN]
+    spans[end, LENGTH] = -spans[end, LENGTH]
+    return np.split(spans, np.cumsum([len(line) for line in lines[:-1]]))
+
+
+def _int_array(value: Any, path: str, ndim: int) -> np.ndarray:
+    array = np.asarray(value) if not isinstance(value, (dict, str)) else np.asarray(None)
+    if array.dtype.kind not in "iu":
+        if array.size == 0 and array.dtype.kind == "f":  # an empty list read back from JSON
+            array = array.astype(np.int64)
+        else:
+            raise fail(path, f"expected integers, got {array.dtype} {value!r:.80}")
+    if array.ndim != ndim:
+        raise fail(path, f"must be a {ndim}-d array, got shape {array.shape}")
+    if array.dtype == np.uint64 and array.size and int(array.max()) >= 2**63:
+        raise fail(path, f"value {int(array.max())} is out of range")
+    array = array.astype(np.int64)
+    negative = np.argwhere(array < 0)
+    if len(negative):
+        index = "".join(f"[{int(i)}]" for i in negative[0])
+        raise fail(f"{path}{index}", f"must be at least 0, got {int(array[tuple(negative[0])])}")
+    return array
+
+
+def unpack_lines(packed: Any) -> SavedLines:
+    """Read a saved buffer back strictly: every array's type, shape and values, the line
+    bounds, and each line's token counts against its spans (paths relative to the
+    buffer: ``doc[4]``, ``tokens[2][1]``).
+
+    Raises:
+        StateMismatchError: Naming the field, the index and the value.
+    """
+    need_keys(packed, "", KEYS)
+    columns = [_int_array(packed[key], key, 1) for key in COLUMNS]
+    offsets = _int_array(packed["offsets"], "offsets", 1)
+    tokens = _int_array(packed["tokens"], "tokens", 2)
+    n = len(columns[0])
+    for key, column in zip(COLUMNS, columns):
+        if len(column) != n:
+            raise fail(key, f"holds {len(column)} spans, {COLUMNS[0]} holds {n}")
+    if offsets.size < 1 or offsets[0] != 0 or offsets[-1] != n:
+        raise fail("offsets", f"do not bound the {n} spans: {offsets.tolist()[:20]}")
+    if np.any(np.diff(offsets) <= 0):
+        raise fail(
+            "offsets", f"must be strictly increasing (no empty line): {offsets.tolist()[:20]}"
+        )
+    n_lines = len(offsets) - 1
+    width = tokens.shape[1]
+    if len(tokens) != n_lines:
+        raise fail("tokens", f"holds {len(tokens)} lines, offsets bound {n_lines}")
+    ds, length = columns[DS], columns[LENGTH]
+    past = np.flatnonzero(ds >= width)
+    if len(past):
+        i = int(past[0])
+        raise fail(f"ds[{i}]", f"names dataset {int(ds[i])}, past the {width} that tokens counts")
+    line = np.repeat(np.arange(n_lines), np.diff(offsets))
+    cell = line * width + ds
+    known = np.bincount(cell, weights=length, minlength=n_lines * width).reshape(tokens.shape)
+    ends = np.bincount(cell, weights=length == 0, minlength=n_lines * width).reshape(tokens.shape)
+    bad = np.argwhere(np.where(ends > 0, tokens < known + ends, tokens != known))
+    if len(bad):
+        row, col = (int(v) for v in bad[0])
+        raise fail(
+            f"tokens[{row}][{col}]",
+            f"line {row} holds {int(known[row, col])} tokens of dataset {col} in spans of known "
+            f"length and {int(ends[row, col])} span(s) to the end of a document (a token "
+            f"each at least), which cannot make {int(tokens[row, col])}",
+        )
+    return SavedLines(np.stack(columns, axis=1).reshape(n, SAVED_SPAN_WIDTH), offsets, tokens)
+
+
+class DocumentLengths:
+    """Document facts from the files, for spans read back from a saved state: ``dlen``
+    and ``base`` of every span, and the length of those that run to the end.
+
+    Args:
+        accesses: The datasets' files, indexed by a span's dataset field.
+        decoration: How documents are decorated (their lengths counted).
+    """
+
+    def __init__(self, accesses: Sequence[Any], decoration: Any):
+        self.accesses = accesses
+        self.decoration = decoration
+
+    def fill(self, spans: np.ndarray) -> np.ndarray:
+        """Fill in ``spans`` (runtime layout, in place) from the files; raise
+        StateMismatchError (path ``ds``/``file``/``doc``/``start``/``length`` with the span
+        index) for a span that does not fit them.
+
+        Returns:
+            The mask of spans left to the end without a length: their dataset has no
+            files here.
+        """
+        ds = spans[:, DS]
+        here = ds < len(self.accesses)
+        decoration = self.decoration
+        given = spans[:, :SAVED_SPAN_WIDTH].copy()
+
+        def refuse(field: str, i: int, message: str) -> StateMismatchError:
+            return fail(
+                f"{field}[{i}]",
+                f"span {given[i].tolist()} (dataset, file, doc, start, length; length 0: to "
+                f"the end) {message}",
+            )
+
+        for d in np.unique(ds[here]).tolist():
+            access = self.accesses[d]
+            rows = np.flatnonzero(ds == d)
+            files = spans[rows, FILE]
+            past = rows[files >= access.num_files]
+            if len(past):
+                raise refuse(
+                    "file", int(past[0]), f"names a file past the {access.num_files} of its dataset"
+                )
+            for file in np.unique(files).tolist():
+                in_file = rows[files == file]
+                docs = spans[in_file, DOC]
+                count = access.doc_count(file)
+                beyond = in_file[docs >= count]
+                if len(beyond):
+                    raise refuse(
+                        "doc",
+                        int(beyond[0]),
+                        f"names a document of {access.path(file)}, which holds {count}",
+                    )
+                unique, inverse = np.unique(docs, return_inverse=True)
+                lengths, lead, trail, starts = access.measure(file, unique, decoration)
+                spans[in_file, DLEN] = (lengths - lead - trail + decoration.extra)[inverse]
+                spans[in_file, BASE] = -1 if starts is None else (starts + lead)[inverse]
+        to_end = here & (spans[:, LENGTH] == 0)
+        spans[to_end, LENGTH] = spans[to_end, DLEN] - spans[to_end, START]
+        outside = np.flatnonzero(
+            here & ((spans[:, LENGTH] < 1) | (spans[:, START] + spans[:, LENGTH] > spans[:, DLEN]))
+        )
+        if len(outside):
+            i = int(outside[0])
+            raise refuse(
+                "start",
+                i,
+                f"ends past its document, which has {int(spans[i, DLEN])} tokens with BOS/EOS",
+            )
+        return ~here & (spans[:, LENGTH] == 0)
+
+
+def resolve(saved: SavedLines, documents: DocumentLengths | None) -> tuple[list[np.ndarray], bool]:
+    """The lines of ``saved`` as runtime span arrays, measured from the files: every
+    span's document facts, and the length of those that run to the end of their document;
+    each line's token counts checked against what was saved.
+
+    Returns:
+        The lines, and whether some spans were left to the end without a length (their
+        dataset has no files here, or no ``documents`` were given): a line holding one
+        cannot be materialized.
+
+    Raises:
+        StateMismatchError: A span does not fit the files, or a line's tokens differ from
+            its saved counts (paths relative to the buffer).
+    """
+    spans = restore_spans(saved.spans)
+    open_ = (spans[:, LENGTH] == 0) if documents is None else documents.fill(spans)
+    n_lines, width = saved.tokens.shape
+    line = np.repeat(np.arange(n_lines), np.diff(saved.offsets))
+    found = np.bincount(
+        line * width + spans[:, DS], weights=spans[:, LENGTH], minlength=n_lines * width
+    ).reshape(n_lines, width)
+    measured = np.ones(n_lines, dtype=bool)
+    measured[line[open_]] = False
+    bad = np.argwhere((found != saved.tokens) & measured[:, None])
+    if len(bad):
+        row, col = (int(v) for v in bad[0])
+        raise fail(
+            f"tokens[{row}][{col}]",
+            f"line {row} holds {int(found[row, col])} tokens of dataset {col} by its documents' "
+            f"lengths in the files, but {int(saved.tokens[row, col])} when it was saved (the "
+            "documents' decoration changed since?)",
+        )
+    bounds = saved.offsets.tolist()
+    return [spans[a:b] for a, b in zip(bounds[:-1], bounds[1:])], bool(open_.any())
