@@ -55,7 +55,7 @@ __all__ = [
 
 COLUMNS = ("ds", "file", "doc", "start", "length")  # in span column order
 KEYS = ("offsets", *COLUMNS, "tokens")
-_NARROW = (np.uint8, np.uint16, np.uint32)
+_NARROW = ((np.uint8, 2**8 - 1), (np.uint16, 2**16 - 1), (np.uint32, 2**32 - 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +95,15 @@ class SavedLines:
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
-    top = int(values.max()) if values.size else 0
-    for dtype in _NARROW:
-        if top <= np.iinfo(dtype).max:
+    """``values`` in the narrowest unsigned type that holds them (int64 if one is negative,
+    which a reader then refuses by name)."""
+    if not values.size:
+        return values.astype(np.uint8)
+    if int(values.min()) < 0:
+        return values.astype(np.int64)
+    top = int(values.max())
+    for dtype, most in _NARROW:
+        if top <= most:
             return values.astype(dtype)
     return values.astype(np.uint64)
 

@@ -280,3 +280,10 @@ def test_lines_of_a_dataset_not_here_stay_open():
     assert open_
     assert lines[0][0, LENGTH] == 5 and lines[0][1, LENGTH] == 3  # explicit: kept
     assert lines[1][0, START] == 4 and lines[1][0, LENGTH] == 0  # to the end: unknown
+
+
+def test_a_negative_field_is_saved_as_is_and_refused_when_read():
+    packed = pack_lines([np.array([[0, 0, -2, 0, 3, 5, -1]])])
+    assert packed["doc"].dtype == np.int64  # not wrapped around into an unsigned type
+    with pytest.raises(StateMismatchError, match=r"^doc\[0\]: must be at least 0, got -2"):
+        unpack_lines(packed)
