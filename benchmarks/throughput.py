@@ -241,9 +241,9 @@ def measure_corpus(
             (f"{workers[0]}_workers_pinned", {"num_workers": workers[0], "pin_memory": True})
         )
     for _ in range(repeat):
+        shuffled = shuffled_read(root, seconds)  # a property of the files: once per round
         for key, overrides in settings:
             bare = bare_read(root, seconds)
-            shuffled = shuffled_read(root, seconds)
             figures = pipeline_rate({**base, **overrides}, batches)
             figures["bare_tokens_per_s"] = bare
             figures["ratio"] = figures["tokens_per_s"] / bare
