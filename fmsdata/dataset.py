@@ -44,6 +44,7 @@ from fmsdata.stages.outputs import (
     piece_segment_lengths,
     span_pieces,
 )
+from fmsdata.stages.savedlines import mark_document_ends
 from fmsdata.topology import RowDealer, Topology, owned_shards, worker_shards
 from fmsdata.transport import WorkerItem, item_batch_counts
 
@@ -348,9 +349,11 @@ class RankLineDataset(IterableDataset):
         lights = {}
         ops: list[tuple[int, int]] = []
         pushed: list[np.ndarray] = []
+        marked: list[bool] = []  # per pushed line: mark its document ends (journal_spans)
         for sid, pipeline in touched.items():
             lights[sid] = pipeline.light_state()
-            shard_ops, shard_pushed = pipeline.drain_journal()
+            shard_ops, shard_pushed, marks = pipeline.drain_journal()
+            marked.extend([marks] * len(shard_pushed))
             ops.extend((sid, op) for op in shard_ops)
             pushed.extend(shard_pushed)
         segments = segment_counts = segment_ids = None
@@ -389,7 +392,7 @@ class RankLineDataset(IterableDataset):
             samples=samples,
             lights=lights,
             ops=np.asarray(ops, dtype=np.int64).reshape(-1, 2),
-            pushed=journal_spans(pushed),
+            pushed=journal_spans(pushed, marked),
             pushed_offsets=pushed_offsets,
         )
 
@@ -414,11 +417,17 @@ class RankLineDataset(IterableDataset):
             ) from None
 
 
-def journal_spans(pushed: list[np.ndarray]) -> np.ndarray:
+def journal_spans(pushed: list[np.ndarray], marked: list[bool]) -> np.ndarray:
     """The lines pushed into journaled shuffle buffers, as the main process keeps them: the
-    saved columns only (it rebuilds nothing from the others), int32 where they fit, so that
-    each worker item carries a third of the bytes."""
+    saved columns only, a span to the end of its document with its length negated where
+    its line is ``marked`` (``savedlines.journal_lines``, for the whole item in one pass),
+    int32 where they fit, so that each worker item carries a third of the bytes."""
     if not pushed:
         return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int32)
-    spans = np.concatenate(pushed)[:, :SAVED_SPAN_WIDTH]
-    return spans.astype(np.int32) if int(spans.max()) <= _INT32_MAX else spans.copy()
+    spans = np.concatenate(pushed)
+    if any(marked):
+        lengths = np.fromiter((len(line) for line in pushed), dtype=np.int64, count=len(pushed))
+        mark_document_ends(spans, np.repeat(np.asarray(marked, dtype=bool), lengths))
+    spans = spans[:, :SAVED_SPAN_WIDTH]
+    fits = int(spans.max()) <= _INT32_MAX and int(spans.min()) >= -_INT32_MAX
+    return spans.astype(np.int32) if fits else spans.copy()

@@ -299,8 +299,13 @@ class ShardPipeline:
         except StateMismatchError as err:
             raise StateMismatchError(f"{where}: stages: {err}") from None
 
-    def drain_journal(self) -> tuple[list[int], list[np.ndarray]]:
-        return self.journaled.drain_journal() if self.journaled is not None else ([], [])
+    def drain_journal(self) -> tuple[list[int], list[np.ndarray], bool]:
+        """``(ops, pushed lines, whether those lines' document ends are to be marked)`` of
+        the journaled buffer since the last call (``ShuffleBuffer.drain_journal``)."""
+        if self.journaled is None:
+            return [], [], False
+        ops, pushed = self.journaled.drain_journal()
+        return ops, pushed, self.journaled.marks_document_ends
 
     def layout(self) -> list[dict[str, Any]]:
         return layout(self.top)

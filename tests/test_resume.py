@@ -1,5 +1,6 @@
 """G1: exact resume, for every worker count and with every stage on."""
 
+import numpy as np
 import pytest
 from support import (
     BOL,
@@ -110,3 +111,29 @@ def test_batches_made_whole_by_one_worker_are_the_same_batches(tmp_path, workers
     resumed = build_dataloader({**config, "num_workers": 3})  # 4 runs over 3: round-robin
     resumed.load_state_dict(roundtrip(head.snapshot()))
     assert_same_batches(reference[13:], take(resumed, 27))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_main_process_saves_document_ends_as_a_shard_would(tmp_path, workers):
+    """The journal marks spans that run to their document's end for a whole worker item at
+    once; the main process's saved buffers equal each shard's own, saved where it stands."""
+
+    info = corpus(tmp_path)
+    config = every_stage(info, logical_shards=4, batch_size=4, num_workers=workers)
+    loader = build_dataloader(config)
+    take(loader, 17)
+    snapshot = loader.snapshot()
+    fingerprint = snapshot["fingerprint"]
+    reference = build_dataloader({**config, "num_workers": 0})
+    dataset = reference.dataset
+    context = dataset.shard_context(4)
+    ends = 0
+    for entry in snapshot["shards"]:
+        sid, state = entry["id"], entry["state"]
+        mine = stage_state(state, fingerprint, "shuffle")["buffer"]
+        shard = context.open(sid, dataset.stages, state=state, advance=0)
+        again = stage_state(shard.state_dict(), fingerprint, "shuffle")["buffer"]
+        for key in again:
+            assert np.array_equal(np.asarray(mine[key]), np.asarray(again[key])), key
+        ends += int((np.asarray(mine["length"]) == 0).sum())
+    assert ends > 0  # spans to a document's end were saved without their length

@@ -22,6 +22,7 @@ take any integer type)::
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +48,7 @@ __all__ = [
     "DocumentLengths",
     "pack_lines",
     "journal_lines",
+    "mark_document_ends",
     "unpack_lines",
     "resolve",
     "COLUMNS",
@@ -172,10 +174,20 @@ def journal_lines(lines: list[np.ndarray]) -> list[np.ndarray]:
     document has its length negated, so the main process can save it without it."""
     if not lines:
         return lines
-    spans = np.concatenate(lines)
+    spans = mark_document_ends(np.concatenate(lines))
+    bounds = [0, *itertools.accumulate(len(line) for line in lines)]
+    return [spans[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def mark_document_ends(spans: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
+    """``spans`` (a copy the caller owns, full width) with the length of each span known to
+    run to the end of its document negated, among the rows ``where`` (default: all): the
+    journal's form of ``journal_lines`` for a whole worker item in one pass."""
     end = spans[:, START] + spans[:, LENGTH] == spans[:, DLEN]
+    if where is not None:
+        end &= where
     spans[end, LENGTH] = -spans[end, LENGTH]
-    return np.split(spans, np.cumsum([len(line) for line in lines[:-1]]))
+    return spans
 
 
 def _int_array(value: Any, path: str, ndim: int) -> np.ndarray:

@@ -27,7 +27,6 @@ from fmsdata.permute import hash_values
 from fmsdata.stages.base import LENGTH, DatasetRenumbering, SpanStage
 from fmsdata.stages.savedlines import (
     DocumentLengths,
-    journal_lines,
     pack_lines,
     resolve,
     unpack_lines,
@@ -127,11 +126,18 @@ class ShuffleBuffer(SpanStage):
         )
 
     def drain_journal(self) -> tuple[list[int], list[np.ndarray]]:
-        """Buffer changes since the last call: ``(ops, pushed lines)``, the lines marked
-        where a span runs to the end of its document (``savedlines.journal_lines``)."""
+        """Buffer changes since the last call: ``(ops, pushed lines)``, the lines as the
+        buffer holds them; where ``marks_document_ends``, the journal must carry them
+        marked (``savedlines.journal_lines``; a worker marks a whole item at once)."""
         ops, pushed = self._ops, self._pushed
         self._ops, self._pushed = [], []
-        return ops, journal_lines(pushed) if self.documents is not None else pushed
+        return ops, pushed
+
+    @property
+    def marks_document_ends(self) -> bool:
+        """Whether the main process may save this buffer's spans that run to the end of
+        their document without their length (it knows where documents end here)."""
+        return self.documents is not None
 
     def own_state(self) -> dict[str, Any]:
         if self.light:
