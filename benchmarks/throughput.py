@@ -29,6 +29,7 @@ ratios (``benchmarks/throughput.png``, needs matplotlib).
     python benchmarks/throughput.py                      # full run (~1.5 GB of shards)
     python benchmarks/throughput.py --quick              # small corpora, short timings
     python benchmarks/throughput.py --workers 1,2,4,8    # worker scaling (many cores)
+    python benchmarks/throughput.py --prepare            # only write the corpora
 """
 
 from __future__ import annotations
@@ -346,6 +347,9 @@ def main() -> int:
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fmsdata-bench"))
     parser.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
     parser.add_argument("--chart", default=os.path.join(HERE, "throughput.png"))
+    parser.add_argument(
+        "--prepare", action="store_true", help="write the corpora under --data, then stop"
+    )
     args = parser.parse_args()
 
     scale = 0.1 if args.quick else 1.0
@@ -372,10 +376,15 @@ def main() -> int:
     for name in args.corpora.split(","):
         root = os.path.join(args.data, f"{name}-{scale}")
         counts = ensure_corpus(root, name, scale)
+        if args.prepare:
+            continue
         print(f"measuring {name} ({counts['tokens'] / 1e6:.0f} M tokens) ...", flush=True)
         figures = measure_corpus(name, root, workers, batches, seconds, repeat)
         results["corpora"][name] = {"counts": counts, **figures}
         write_results(args.out, results)  # after each corpus: a cut-short run keeps them
+    if args.prepare:
+        os.sync()  # written pages reach the disk before anything is timed
+        return 0
     print_table(results)
     chart(results, args.chart)
     return 0
