@@ -279,7 +279,7 @@ class RankLineDataset(IterableDataset):
                 shard(local)
         emitted = start.emitted if start.emitted is not None else [0] * len(self.shard_ids)
         dealer = RowDealer(list(emitted))
-        counts = item_batch_counts(config.batch_size, config.line_length)
+        counts = item_batch_counts(config.batch_size, config.line_length, num_workers)
         ring = None
         if start.rings is not None and self.preprocess is None:
             ring = start.rings[worker].numpy()
@@ -327,6 +327,8 @@ class RankLineDataset(IterableDataset):
         row_shards = [self.shard_ids[local] for local in row_locals]
         pipelines = [shard(local) for local in row_locals]
         touched = {self.shard_ids[local]: shard(local) for local in wanted}
+        if ring is not None and slot is not None and len(lines) > ring.shape[1]:
+            slot = None  # more rows than a slot holds (see ring_shape): tokens go in the item
         if ring is not None and slot is not None:
             tokens = ring[slot, : len(lines)]
         else:

@@ -176,7 +176,9 @@ class FmsDataLoader(DataLoader):
         self._parts: Any = None
         self._generation = 0  # bumped by load_state_dict(): a running iteration restarts
         self._pending_skip = 0  # skipped batches the running iteration has yet to pass over
-        self._max_item_batches = item_batch_counts(config.batch_size, config.line_length)[-1]
+        self._max_item_batches = item_batch_counts(
+            config.batch_size, config.line_length, max(1, workers)
+        )[-1]
         self.checkpointer = (
             AutoCheckpointer(config.checkpoint_dir, config.checkpoint_every, config.checkpoint_keep)
             if config.checkpoint_dir and config.checkpoint_every
@@ -303,7 +305,13 @@ class FmsDataLoader(DataLoader):
         config = self.config
         rings = None
         if self.num_workers > 0 and dataset.preprocess is None:
-            shape = ring_shape(config.batch_size, config.line_length, config.prefetch_factor)
+            shape = ring_shape(
+                config.batch_size,
+                config.line_length,
+                config.prefetch_factor,
+                self.num_workers,
+                len(dataset.shard_ids),
+            )
             rings = [
                 torch.empty(shape, dtype=torch.int32).share_memory_()
                 for _ in range(self.num_workers)

@@ -68,23 +68,43 @@ class WorkerItem:
     pushed_offsets: np.ndarray
 
 
-def ring_shape(batch_size: int, line_length: int, prefetch_factor: int) -> tuple[int, int, int]:
+def ring_shape(
+    batch_size: int,
+    line_length: int,
+    prefetch_factor: int,
+    num_workers: int = 1,
+    n_local: int | None = None,
+) -> tuple[int, int, int]:
     """(slots, rows, line_length) of one worker's token ring.
 
     A worker can be at most ``prefetch_factor`` items ahead of the item the main process is
-    reading, so that many slots plus one are never overwritten while still in use.
+    reading, so that many slots plus one are never overwritten while still in use. A slot
+    holds the rows a worker makes of one item at full size: its share of the rank's
+    ``n_local`` shards (the larger share where they do not divide evenly) of every row,
+    plus a batch. An item past that (the deal levelling shards after a rescale) sends its
+    tokens inside the item instead.
     """
-    rows = max(item_batch_counts(batch_size, line_length)) * batch_size
+    total = max(item_batch_counts(batch_size, line_length, num_workers)) * batch_size
+    if num_workers > 1 and n_local:
+        share = -(-n_local // num_workers)
+        rows = min(total, -(-total * share // n_local) + batch_size)
+    else:
+        rows = total
     return prefetch_factor + 2, rows, line_length
 
 
-def item_batch_counts(batch_size: int, line_length: int) -> list[int]:
+def item_batch_counts(batch_size: int, line_length: int, num_workers: int = 1) -> list[int]:
     """Batches per item for the first items; the last value repeats forever.
 
     Items start at one batch (a fast first batch) and double up to the size where the
-    per-item cost stops mattering.
+    per-item cost stops mattering: about ``_ITEM_TOKENS`` tokens of each worker's own rows,
+    so with ``num_workers`` workers an item spans that many times more batches (the main
+    process pays a fixed cost per worker item).
     """
-    target = min(_MAX_BATCHES_PER_ITEM, max(1, _ITEM_TOKENS // (batch_size * line_length)))
+    per_batch = batch_size * line_length
+    target = min(
+        _MAX_BATCHES_PER_ITEM * num_workers, max(1, num_workers * _ITEM_TOKENS // per_batch)
+    )
     counts = [1]
     while counts[-1] < target:
         counts.append(min(target, counts[-1] * 2))
