@@ -11,7 +11,7 @@ document lengths measured as the line writer will measure them, before anything 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from fmsdata.errors import StateMismatchError
 from fmsdata.stages.base import DOC, DS, FILE, LENGTH, SAVED_SPAN_WIDTH, START
 from fmsdata.statecheck import fail
 
-__all__ = ["check_saved_spans"]
+__all__ = ["check_saved_spans", "document_facts"]
 
 
 def check_saved_spans(
@@ -66,36 +66,58 @@ def check_saved_spans(
         if access is None:
             continue
         rows = np.flatnonzero(spans[:, DS] == ds)
-        files = spans[rows, FILE]
-        past = rows[files >= access.num_files]
-        if len(past):
+        dlen, _ = document_facts(
+            spans, rows, access, decoration, lambda _field, i, message: refuse(i, message)
+        )
+        starts, ends = spans[rows, START], spans[rows, LENGTH]
+        ends = np.where(ends == 0, dlen, starts + ends)  # length 0: to the end
+        long = np.flatnonzero((ends > dlen) | (starts >= dlen))
+        if len(long):
+            i = int(rows[long[0]])
             raise refuse(
-                int(past[0]),
-                f"names file {spans[past[0], FILE]} of dataset "
-                f"{space[ds]!r}, which has {access.num_files} file(s)",
+                i,
+                f"ends past its document ({access.path(int(spans[i, FILE]))}, document "
+                f"{spans[i, DOC]} has {int(dlen[long[0]])} tokens with BOS/EOS)",
             )
-        for file in np.unique(files).tolist():
-            in_file = rows[files == file]
-            docs = spans[in_file, DOC]
-            count = access.doc_count(file)
-            beyond = in_file[docs >= count]
-            if len(beyond):
-                raise refuse(
-                    int(beyond[0]),
-                    f"names document {spans[beyond[0], DOC]} of "
-                    f"{access.path(file)}, which holds {count}",
-                )
-            unique, inverse = np.unique(docs, return_inverse=True)
-            lengths, lead, trail, _ = access.measure(file, unique, decoration)
-            dlen = (lengths - lead - trail + decoration.extra)[inverse]
-            starts, ends = spans[in_file, START], spans[in_file, LENGTH]
-            ends = np.where(ends == 0, dlen, starts + ends)  # length 0: to the end
-            long = in_file[(ends > dlen) | (starts >= dlen)]
-            if len(long):
-                i = int(long[0])
-                raise refuse(
-                    i,
-                    f"ends past its document ({access.path(file)}, document "
-                    f"{spans[i, DOC]} has {int(dlen[np.flatnonzero(in_file == i)[0]])} "
-                    "tokens with BOS/EOS)",
-                )
+
+
+def document_facts(
+    spans: np.ndarray,
+    rows: np.ndarray,
+    access: Any,
+    decoration: Any,
+    refuse: Callable[[str, int, str], StateMismatchError],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The decorated length and the first kept token in the file's flat buffer (-1: none)
+    of the document each span ``spans[rows]`` names (all of one dataset), measured from
+    its files as the line writer measures them; ``refuse(field, span, message)`` makes the
+    error for a span naming a file past the dataset's (field ``"file"``) or a document past
+    its file's (``"doc"``)."""
+    files = spans[rows, FILE]
+    past = rows[files >= access.num_files]
+    if len(past):
+        i = int(past[0])
+        raise refuse(
+            "file",
+            i,
+            f"names file {spans[i, FILE]}, past the {access.num_files} file(s) of its dataset",
+        )
+    dlen = np.empty(len(rows), dtype=np.int64)
+    base = np.empty(len(rows), dtype=np.int64)
+    for file in np.unique(files).tolist():
+        at = np.flatnonzero(files == file)
+        docs = spans[rows[at], DOC]
+        count = access.doc_count(file)
+        beyond = rows[at][docs >= count]
+        if len(beyond):
+            i = int(beyond[0])
+            raise refuse(
+                "doc",
+                i,
+                f"names document {spans[i, DOC]} of {access.path(file)}, which holds {count}",
+            )
+        unique, inverse = np.unique(docs, return_inverse=True)
+        lengths, lead, trail, starts = access.measure(file, unique, decoration)
+        dlen[at] = (lengths - lead - trail + decoration.extra)[inverse]
+        base[at] = -1 if starts is None else (starts + lead)[inverse]
+    return dlen, base

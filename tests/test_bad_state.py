@@ -119,8 +119,8 @@ CASES = {
     "negative steps": (lambda s: s.update(steps=-1), r"^steps: must be at least 0, got -1"),
     "span file past the dataset's files": (
         lambda s: _set_span(s, "file", 0, 99),
-        r"^shards\[0\]\.state\.stages\.buffer\.file\[0\]: span \[\d+, 99, .*names a file past "
-        r"the \d of its dataset",
+        r"^shards\[0\]\.state\.stages\.buffer\.file\[0\]: span \[\d+, 99, .*names file 99, "
+        r"past the \d file\(s\) of its dataset",
     ),
     "span dataset past the dataset list": (
         lambda s: _set_span(s, "ds", 0, 7),

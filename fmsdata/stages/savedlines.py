@@ -29,12 +29,11 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import StateMismatchError
+from fmsdata.spancheck import document_facts
 from fmsdata.stages.base import (
     BASE,
     DLEN,
-    DOC,
     DS,
-    FILE,
     LENGTH,
     SAVED_SPAN_WIDTH,
     SPAN_WIDTH,
@@ -291,29 +290,10 @@ class DocumentLengths:
             )
 
         for d in np.unique(ds[here]).tolist():
-            access = self.accesses[d]
             rows = np.flatnonzero(ds == d)
-            files = spans[rows, FILE]
-            past = rows[files >= access.num_files]
-            if len(past):
-                raise refuse(
-                    "file", int(past[0]), f"names a file past the {access.num_files} of its dataset"
-                )
-            for file in np.unique(files).tolist():
-                in_file = rows[files == file]
-                docs = spans[in_file, DOC]
-                count = access.doc_count(file)
-                beyond = in_file[docs >= count]
-                if len(beyond):
-                    raise refuse(
-                        "doc",
-                        int(beyond[0]),
-                        f"names a document of {access.path(file)}, which holds {count}",
-                    )
-                unique, inverse = np.unique(docs, return_inverse=True)
-                lengths, lead, trail, starts = access.measure(file, unique, decoration)
-                spans[in_file, DLEN] = (lengths - lead - trail + decoration.extra)[inverse]
-                spans[in_file, BASE] = -1 if starts is None else (starts + lead)[inverse]
+            spans[rows, DLEN], spans[rows, BASE] = document_facts(
+                spans, rows, self.accesses[d], decoration, refuse
+            )
         to_end = here & (spans[:, LENGTH] == 0)
         spans[to_end, LENGTH] = spans[to_end, DLEN] - spans[to_end, START]
         outside = np.flatnonzero(

@@ -242,7 +242,7 @@ UNFIT = {
     "file past the dataset": (
         _with("file", _put(2, 4)),
         CORPUS,
-        r"^file\[2\]: span \[1, 4, 2, 4, 0\] .* names a file past the 2 of its dataset",
+        r"^file\[2\]: span \[1, 4, 2, 4, 0\] .* names file 4, past the 2 file\(s\) of its dataset",
     ),
     "document past the file": (
         _with("doc", _put(0, 9)),
