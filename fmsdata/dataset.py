@@ -75,14 +75,19 @@ class Start:
         advance: Per logical shard, lines consumed after that state (replayed on start).
         emitted: Lines consumed from each of the rank's shards, in shard order (where the
             row dealing continues).
-        rings: Token rings, one per worker (shared memory), or one slot reused in process
-            (None: tokens travel in items).
+        rings: Shared-memory token rings, one per DataLoader worker (None: tokens travel
+            in items).
+        scratch: One token slot that the first iteration in this process started after
+            ``start_at`` takes for itself and writes each item into (the loader's own
+            iteration, which copies every batch out before the next item); any other
+            iteration gets fresh tokens per item.
     """
 
     states: Mapping[int, Any] = dataclasses.field(default_factory=dict)
     advance: Mapping[int, int] = dataclasses.field(default_factory=dict)
     emitted: Sequence[int] | None = None
     rings: Sequence[torch.Tensor] | None = None
+    scratch: torch.Tensor | None = None
 
 
 @dataclasses.dataclass
@@ -140,6 +145,7 @@ class RankLineDataset(IterableDataset):
             owned_shards(topology.rank, topology.world_size, config.logical_shards)
         )
         self.start = Start()
+        self._scratch: torch.Tensor | None = None
         self.drain_datasets: tuple[str, ...] = ()
         self.data_fingerprint: dict[str, str] | None = None
         self._catalog: Catalog | None = None
@@ -153,6 +159,7 @@ class RankLineDataset(IterableDataset):
     def start_at(self, start: Start) -> None:
         """Where the next iteration starts (the loader's consumed position)."""
         self.start = start
+        self._scratch = start.scratch  # claimed by the next iterator made in this process
 
     def drain(self, names: Sequence[str]) -> None:
         """Datasets dropped from the mix whose lines saved buffers still hold: readable
@@ -249,6 +256,12 @@ class RankLineDataset(IterableDataset):
         return ShardContext(readers, accesses, recipe, source)
 
     def __iter__(self) -> Iterator[WorkerItem]:
+        # The scratch slot is claimed here, when the iterator is made (the loader makes its
+        # own right after ``start_at``), not when it first runs.
+        scratch, self._scratch = self._scratch, None
+        return self._items(scratch)
+
+    def _items(self, scratch: torch.Tensor | None) -> Iterator[WorkerItem]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         config = self.config
@@ -281,8 +294,11 @@ class RankLineDataset(IterableDataset):
         dealer = RowDealer(list(emitted))
         counts = item_batch_counts(config.batch_size, config.line_length, num_workers)
         ring = None
-        if start.rings is not None and self.preprocess is None:
-            ring = start.rings[worker].numpy()
+        if self.preprocess is None:
+            if info is not None and start.rings is not None:
+                ring = start.rings[worker].numpy()
+            elif info is None and scratch is not None:
+                ring = scratch.numpy()
         # File-backed memory before any shard is read (libraries, the ring): not ours to give back.
         baseline = resident_file_bytes() or 0
         try:

@@ -316,19 +316,23 @@ class FmsDataLoader(DataLoader):
                 torch.empty(shape, dtype=torch.int32).share_memory_()
                 for _ in range(self.num_workers)
             ]
-        elif dataset.preprocess is None:
+        scratch = None
+        if self.num_workers == 0 and dataset.preprocess is None:
             # In process, every batch of an item is assembled (copied out) before the next
             # item is made: one slot, written again by each item, saves fresh pages per item.
             _, rows, line_length = ring_shape(config.batch_size, config.line_length, 0)
-            rings = [torch.empty((1, rows, line_length), dtype=torch.int32)]
+            scratch = torch.empty((1, rows, line_length), dtype=torch.int32)
         dataset.start_at(
             Start(
                 states=self._consumed.shard_states(),
                 advance=self._consumed.workers_start(),
                 emitted=self._consumed.emitted(),
                 rings=rings,
+                scratch=scratch,
             )
         )
+        if scratch is not None:
+            rings = [scratch]  # where the items' slot numbers point
         self._parts = super().__iter__()
         return self._parts, rings
 

@@ -176,3 +176,21 @@ def test_a_ring_slot_holds_a_workers_rows_of_a_level_deal(batch, line_length, wo
         for w in range(workers):
             mine = set(worker_shards(n_local, w, workers, batch))
             assert sum(s in mine for s in dealt) <= rows
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_iterating_the_dataset_directly_leaves_the_loaders_batches_alone(tmp_path, workers):
+    """The in-process token slot and the workers' rings belong to the loader's own
+    iteration: items read from ``loader.dataset`` directly carry their tokens themselves."""
+    info = corpus(tmp_path)
+    config = every_stage(info, num_workers=workers)
+    reference = take(build_dataloader(config), 12)
+    loader = build_dataloader(config)
+    batches = iter(loader)
+    got = [next(batches) for _ in range(4)]  # mid-item: items grow 1, 2, 4, ... batches
+    direct = iter(loader.dataset)
+    for _ in range(7):
+        item = next(direct)
+        assert item.tokens is not None and item.slot is None
+    got += [next(batches) for _ in range(8)]
+    assert_same_batches(reference, got)

@@ -211,7 +211,8 @@ class SpanStage(Stage):
 
     def take(self, n: int) -> list[np.ndarray]:
         """The next ``n`` lines: exactly what ``n`` calls of ``__next__`` give. Workers pull a
-        shard's lines of a whole item at once; a stage may override this to do it faster."""
+        shard's lines of a whole item at once; a stage may override this to do it faster
+        (the built-in shuffle buffer and packer do, unless a subclass changes ``__next__``)."""
         return [next(self) for _ in range(n)]
 
 

@@ -98,6 +98,8 @@ class LinePacker(SpanStage):
         return plan.spans[plan.bounds[j] : plan.bounds[j + 1]]
 
     def take(self, n: int) -> list[np.ndarray]:
+        if type(self).__next__ is not LinePacker.__next__:
+            return super().take(n)  # a subclass that changed __next__ is taken at its word
         lines: list[np.ndarray] = []
         while len(lines) < n:
             plan = self._plan

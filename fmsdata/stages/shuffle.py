@@ -82,12 +82,17 @@ class ShuffleBuffer(SpanStage):
         self._hash_start = 0
 
     def __next__(self) -> np.ndarray:
-        return self.take(1)[0]
+        return self._take_lines(1)[0]
 
     def take(self, n: int) -> list[np.ndarray]:
+        if type(self).__next__ is not ShuffleBuffer.__next__:
+            return super().take(n)  # a subclass that changed __next__ is taken at its word
+        return self._take_lines(n)
+
+    def _take_lines(self, n: int) -> list[np.ndarray]:
         if self.window <= 1:
             self.emitted += n
-            return self.source.take(n)
+            return _pull(self.source, n)
         # How many lines the n steps push (up to two per step while below the window): the
         # source's lines do not depend on the slots taken, so they are pulled in one call.
         size, pushes, window = len(self.buffer), [], self.window
@@ -95,7 +100,7 @@ class ShuffleBuffer(SpanStage):
             push = min(2, max(window - size, 0))
             pushes.append(push)
             size += push - 1
-        incoming = iter(self.source.take(sum(pushes)))
+        incoming = iter(_pull(self.source, sum(pushes)))
         buffer, out = self.buffer, []
         ops, pushed = (self._ops, self._pushed) if self.journaled else (None, None)
         for push in pushes:
@@ -169,6 +174,13 @@ class ShuffleBuffer(SpanStage):
     def held_spans(self, own: dict[str, Any]) -> np.ndarray:
         with within(BUFFER_KEY):
             return unpack_lines(own[BUFFER_KEY]).held()
+
+
+def _pull(source: Any, n: int) -> list[np.ndarray]:
+    """``n`` lines of ``source``: one ``take`` from a span stage, else one ``next`` each."""
+    if isinstance(source, SpanStage):
+        return source.take(n)
+    return [next(source) for _ in range(n)]
 
 
 def _take(buffer: list[Any], slot: int) -> Any:

@@ -76,3 +76,37 @@ def test_resume_and_journal_replay(window, stop):
 @given(window=st.integers(0, 30))
 def test_shuffle_resumes_exactly(window):
     check_stage_resume(lambda: ShuffleBuffer(Counter(), window, 9), 120, (0, 1, 29, 77, 119))
+
+
+class PlainLines:
+    """A line source written against the bare iterator protocol (no ``SpanStage.take``)."""
+
+    def __init__(self):
+        self.inner = Counter()
+
+    def __next__(self):
+        return next(self.inner)
+
+
+class EveryOtherLine(ShuffleBuffer):
+    """A subclass that changes what one step hands out: its ``__next__`` must be obeyed
+    when lines are taken in bulk too."""
+
+    def __next__(self):
+        super().__next__()
+        return super().__next__()
+
+
+@given(window=st.integers(0, 12), sizes=st.lists(st.integers(1, 9), min_size=1, max_size=8))
+def test_bulk_takes_give_what_next_gives(window, sizes):
+    reference = ShuffleBuffer(Counter(), window, 5)
+    bulk = ShuffleBuffer(Counter(), window, 5)
+    plain = ShuffleBuffer(PlainLines(), window, 5)
+    every = EveryOtherLine(Counter(), window, 5)
+    every_reference = EveryOtherLine(Counter(), window, 5)
+    for n in sizes:
+        want = numbers(reference, n)
+        assert [int(line[0, 2]) for line in bulk.take(n)] == want
+        assert [int(line[0, 2]) for line in plain.take(n)] == want
+        assert [int(x[0, 2]) for x in every.take(n)] == numbers(every_reference, n)
+    assert bulk.emitted == reference.emitted
