@@ -9,6 +9,7 @@ back together in canonical order.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -36,7 +37,7 @@ from fmsdata.pipeline import (
 )
 from fmsdata.remote.cache import FileSource, file_source
 from fmsdata.remote.storage import Storage
-from fmsdata.stages.base import SAVED_SPAN_WIDTH, Stage
+from fmsdata.stages.base import Stage
 from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.outputs import (
     TokenLine,
@@ -44,14 +45,13 @@ from fmsdata.stages.outputs import (
     piece_segment_lengths,
     span_pieces,
 )
-from fmsdata.stages.savedlines import mark_document_ends
+from fmsdata.stages.savedlines import journal_spans
 from fmsdata.topology import RowDealer, Topology, owned_shards, worker_shards
 from fmsdata.transport import WorkerItem, item_batch_counts
 
 __all__ = ["RankLineDataset", "Preprocess", "Start"]
 
 logger = logging.getLogger(__name__)
-_INT32_MAX = 2**31 - 1
 
 # Resident bytes of mapped shard files (over what was file-backed before reading) at which
 # a worker gives their pages back. Streams walk documents in random order inside their
@@ -335,14 +335,13 @@ class RankLineDataset(IterableDataset):
                     row_locals.append(local)
             offsets.append(len(rows))
         # Each shard's lines of the whole item in one pull, then laid out in row order.
-        wanted: dict[int, int] = {}
-        for local in row_locals:
-            wanted[local] = wanted.get(local, 0) + 1
-        pulled = {local: iter(shard(local).take(n)) for local, n in wanted.items()}
+        opened = {local: shard(local) for local in dict.fromkeys(row_locals)}
+        wanted = collections.Counter(row_locals)
+        pulled = {local: iter(p.take(wanted[local])) for local, p in opened.items()}
         lines = [next(pulled[local]) for local in row_locals]
         row_shards = [self.shard_ids[local] for local in row_locals]
-        pipelines = [shard(local) for local in row_locals]
-        touched = {self.shard_ids[local]: shard(local) for local in wanted}
+        pipelines = [opened[local] for local in row_locals]
+        touched = {self.shard_ids[local]: p for local, p in opened.items()}
         if ring is not None and slot is not None and len(lines) > ring.shape[1]:
             slot = None  # more rows than a slot holds (see ring_shape): tokens go in the item
         if ring is not None and slot is not None:
@@ -395,8 +394,7 @@ class RankLineDataset(IterableDataset):
         if self.preprocess is not None:
             samples = self._run_preprocess(self.preprocess, tokens, content)
             token_tensor = None
-        pushed_offsets = np.zeros(len(pushed) + 1, dtype=np.int64)
-        np.cumsum([len(line) for line in pushed], out=pushed_offsets[1:])
+        pushed_spans, pushed_offsets = journal_spans(pushed, marked)
         return WorkerItem(
             offsets=np.asarray(offsets, dtype=np.int64),
             rows=np.asarray(rows, dtype=np.int64),
@@ -410,7 +408,7 @@ class RankLineDataset(IterableDataset):
             samples=samples,
             lights=lights,
             ops=np.asarray(ops, dtype=np.int64).reshape(-1, 2),
-            pushed=journal_spans(pushed, marked),
+            pushed=pushed_spans,
             pushed_offsets=pushed_offsets,
         )
 
@@ -433,19 +431,3 @@ class RankLineDataset(IterableDataset):
             raise ConfigError(
                 f"preprocess outputs must have the same shape for every line: {err}"
             ) from None
-
-
-def journal_spans(pushed: list[np.ndarray], marked: list[bool]) -> np.ndarray:
-    """The lines pushed into journaled shuffle buffers, as the main process keeps them: the
-    saved columns only, a span to the end of its document with its length negated where
-    its line is ``marked`` (``savedlines.journal_lines``, for the whole item in one pass),
-    int32 where they fit, so that each worker item carries a third of the bytes."""
-    if not pushed:
-        return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int32)
-    spans = np.concatenate(pushed)
-    if any(marked):
-        lengths = np.fromiter((len(line) for line in pushed), dtype=np.int64, count=len(pushed))
-        mark_document_ends(spans, np.repeat(np.asarray(marked, dtype=bool), lengths))
-    spans = spans[:, :SAVED_SPAN_WIDTH]
-    fits = int(spans.max()) <= _INT32_MAX and int(spans.min()) >= -_INT32_MAX
-    return spans.astype(np.int32) if fits else spans.copy()

@@ -22,7 +22,6 @@ take any integer type)::
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,8 +45,7 @@ __all__ = [
     "SavedLines",
     "DocumentLengths",
     "pack_lines",
-    "journal_lines",
-    "mark_document_ends",
+    "journal_spans",
     "unpack_lines",
     "resolve",
     "COLUMNS",
@@ -57,6 +55,7 @@ __all__ = [
 COLUMNS = ("ds", "file", "doc", "start", "length")  # in span column order
 KEYS = ("offsets", *COLUMNS, "tokens")
 _NARROW = ((np.uint8, 2**8 - 1), (np.uint16, 2**16 - 1), (np.uint32, 2**32 - 1))
+_INT32_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +117,7 @@ def pack_lines(
         lines: Each a span array, or an int: that line of ``saved`` (a buffer read back and
             not yet measured, whose lengths and token counts are carried over). A span
             array has the runtime columns (a span whose ``dlen`` is ``start + length`` runs
-            to the end) or the saved ones as the journal carries them (``journal_lines``:
+            to the end) or the saved ones as the journal carries them (``journal_spans``:
             a negative length runs to the end).
         saved: The lines the ints refer to.
         to_end: Leave out the lengths of spans known to run to the end of their document.
@@ -167,26 +166,27 @@ def pack_lines(
     return packed
 
 
-def journal_lines(lines: list[np.ndarray]) -> list[np.ndarray]:
-    """Lines pushed into a buffer as its journal carries them to the main process, which
-    keeps their saved columns only: a span known (its ``dlen``) to run to the end of its
-    document has its length negated, so the main process can save it without it."""
+def journal_spans(lines: list[np.ndarray], marked: list[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """Lines pushed into journaled buffers as a worker item carries them to the main
+    process, which keeps their saved columns only: ``(spans, offsets)``, the lines
+    concatenated (int32 where they fit, a third of the runtime bytes) and their bounds.
+    In a line that is ``marked`` (its buffer can find document lengths again), a span known
+    by its ``dlen`` to run to the end of its document has its length negated, so the main
+    process saves it without it (``pack_lines``). One pass for the whole item; the lines
+    themselves, still held by the buffers, are not changed."""
+    offsets = np.zeros(len(lines) + 1, dtype=np.int64)
     if not lines:
-        return lines
-    spans = mark_document_ends(np.concatenate(lines))
-    bounds = [0, *itertools.accumulate(len(line) for line in lines)]
-    return [spans[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-def mark_document_ends(spans: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
-    """``spans`` (a copy the caller owns, full width) with the length of each span known to
-    run to the end of its document negated, among the rows ``where`` (default: all): the
-    journal's form of ``journal_lines`` for a whole worker item in one pass."""
-    end = spans[:, START] + spans[:, LENGTH] == spans[:, DLEN]
-    if where is not None:
-        end &= where
-    spans[end, LENGTH] = -spans[end, LENGTH]
-    return spans
+        return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int32), offsets
+    lengths = np.fromiter((len(line) for line in lines), dtype=np.int64, count=len(lines))
+    np.cumsum(lengths, out=offsets[1:])
+    spans = np.concatenate(lines)
+    if any(marked):
+        end = spans[:, START] + spans[:, LENGTH] == spans[:, DLEN]
+        end &= np.repeat(np.asarray(marked, dtype=bool), lengths)
+        spans[end, LENGTH] = -spans[end, LENGTH]
+    spans = spans[:, :SAVED_SPAN_WIDTH]
+    fits = int(spans.max()) <= _INT32_MAX and int(spans.min()) >= -_INT32_MAX
+    return (spans.astype(np.int32) if fits else spans.copy()), offsets
 
 
 def _int_array(value: Any, path: str, ndim: int) -> np.ndarray:

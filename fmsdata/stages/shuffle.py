@@ -133,7 +133,7 @@ class ShuffleBuffer(SpanStage):
     def drain_journal(self) -> tuple[list[int], list[np.ndarray]]:
         """Buffer changes since the last call: ``(ops, pushed lines)``, the lines as the
         buffer holds them; where ``marks_document_ends``, the journal must carry them
-        marked (``savedlines.journal_lines``; a worker marks a whole item at once)."""
+        marked (``savedlines.journal_spans``, for a whole worker item at once)."""
         ops, pushed = self._ops, self._pushed
         self._ops, self._pushed = [], []
         return ops, pushed

@@ -11,7 +11,7 @@ from fmsdata.stages.documents import Decoration
 from fmsdata.stages.savedlines import (
     COLUMNS,
     DocumentLengths,
-    journal_lines,
+    journal_spans,
     pack_lines,
     resolve,
     unpack_lines,
@@ -129,11 +129,16 @@ def test_lines_through_the_journal_are_saved_as_the_buffer_saves_them(case):
     int32): it saves them as the worker's buffer would, lengths to the end left out."""
     _, lines = case
     before = [line.copy() for line in lines]
-    journal = [line[:, :SAVED_SPAN_WIDTH].astype(np.int32) for line in journal_lines(lines)]
+    spans, offsets = journal_spans(lines, [True] * len(lines))
+    journal = [spans[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    assert spans.dtype == np.int32 and spans.shape[1] == SAVED_SPAN_WIDTH
     assert all(np.array_equal(a, b) for a, b in zip(before, lines))  # the buffer's own: as was
     want, got = pack_lines(lines), pack_lines(journal)
     for key in want:
         assert np.array_equal(got[key], want[key]), key
+    # Lines of a buffer that cannot find lengths again travel unmarked, every length kept.
+    plain, _ = journal_spans(lines, [False] * len(lines))
+    assert (plain[:, LENGTH] > 0).all()
 
 
 @settings(max_examples=30, deadline=None)
