@@ -120,11 +120,6 @@ class ShareTargets:
     shares: np.ndarray
     reached: np.ndarray
 
-    def tokens_at(self, clock: float) -> np.ndarray:
-        """Target tokens of each dataset at ``clock`` (not before the first piece)."""
-        k = max(int(np.searchsorted(self.starts, clock, side="right")) - 1, 0)
-        return self.reached[k] + self.shares[k] * (clock - self.starts[k])
-
     def clock_at(self, d: int, tokens: np.ndarray) -> np.ndarray:
         """For each token count, the first clock at which dataset ``d``'s target exceeds
         it (inf when it never does)."""

@@ -12,15 +12,12 @@ import sys
 import warnings
 from collections.abc import Iterator
 from importlib import resources
-from typing import Any
 
 __all__ = [
     "stdlib_docstrings",
-    "train_bpe",
     "bundled_tokenizer_path",
     "resolve_tokenizer",
     "BUNDLED_TOKENIZERS",
-    "SPECIAL_TOKENS",
 ]
 
 # Modules whose import has side effects or is slow; everything else in the stdlib is read.
@@ -80,27 +77,6 @@ def _docstrings(module: object) -> Iterator[str]:
                 doc = getattr(attr, "__doc__", None)
                 if inspect.isfunction(attr) and isinstance(doc, str):
                     yield doc
-
-
-SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")
-
-
-def train_bpe(texts: list[str], vocab_size: int = 4096) -> Any:
-    """A byte-level BPE tokenizer trained on ``texts`` (``tokenizers``); ids 0, 1, 2 are
-    ``<|bos|>``, ``<|eos|>``, ``<|pad|>``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return tokenizer
 
 
 # Tokenizers shipped in fmsdata/data/, usable by name wherever a tokenizer is asked for.

@@ -102,11 +102,6 @@ class TokenWindowDataset(Dataset):
     def num_files(self) -> int:
         return len(self.files.paths)
 
-    @property
-    def num_windows(self) -> int:
-        """Windows of the whole stream, whatever the split."""
-        return self._windows
-
     # -- splits ------------------------------------------------------------------------------
     def create_split(self, val_size: float | int, seed: int | None = None) -> None:
         """Hold out ``val_size`` windows (a fraction in (0, 1), or a count) for validation.
