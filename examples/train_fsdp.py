@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from fmsdata import build_dataloader
-from fmsdata.checkpoint import LoadPlanner
+from fmsdata.checkpoint import LoadPlanner, SafeFileSystemReader
 from fmsdata.metadata import read_metadata, special_token_ids, vocab_size
 
 
@@ -172,7 +172,14 @@ def load(
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state, "dataloader": loader}
     folder = os.path.join(ckpt_dir, f"step_{step:06d}")
-    dcp.load(state, checkpoint_id=folder, planner=LoadPlanner())
+    # SafeFileSystemReader: the checkpoint's pickles (.metadata, non-tensor entries) are
+    # read through allow-lists, so loading a checkpoint from elsewhere runs nothing.
+    dcp.load(
+        state,
+        checkpoint_id=folder,
+        storage_reader=SafeFileSystemReader(folder),
+        planner=LoadPlanner(),
+    )
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )

@@ -9,7 +9,9 @@ mid-save leaves the previous file whole.
 
 Loading reads only the files holding the logical shards this rank now owns, so it works on
 any world size. For ``torch.distributed.checkpoint``, the loader is a ``Stateful``; load
-with ``LoadPlanner()`` (see ``FmsDataLoader.state_dict``).
+with ``LoadPlanner()`` (see ``FmsDataLoader.state_dict``) and
+``storage_reader=SafeFileSystemReader(path)`` (from ``fmsdata.dcpread``), which loads the
+whole checkpoint without running anything its files hold.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from fmsdata.dcpread import SafeFileSystemReader
 from fmsdata.errors import StateMismatchError
 from fmsdata.state import META_KEY, SHARD_PREFIX
 from fmsdata.statefile import load_state, peek_state, save_state
@@ -41,6 +44,7 @@ __all__ = [
     "latest_checkpoint",
     "step_folders",
     "LoadPlanner",
+    "SafeFileSystemReader",
     "AutoCheckpointer",
 ]
 

@@ -7,6 +7,13 @@ types they hold (``torch.Size``, dtypes, layouts, paths) can be named, and no pe
 are accepted, so a crafted file can only produce an error. The entries themselves are read
 from the storage files at the offsets the metadata gives, each with
 ``torch.load(weights_only=True)`` — again no arbitrary unpickling.
+
+``SafeFileSystemReader`` puts the same rules under ``dcp.load`` itself, as its
+``storage_reader``: the metadata through the allow-list, tensors through torch's own
+``weights_only`` reads, and every non-tensor entry (DCP stores those as ``torch.save``
+bytes, which the default planner loads with ``weights_only=False``) checked with
+``torch.load(weights_only=True)`` first, so a checkpoint someone handed you can be loaded,
+model and optimizer included, without running anything it holds.
 """
 
 from __future__ import annotations
@@ -19,11 +26,19 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import (
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
 
 from fmsdata.errors import StateMismatchError
 
-__all__ = ["read_metadata", "read_tensors", "ALLOWED_GLOBALS"]
+__all__ = ["SafeFileSystemReader", "read_metadata", "read_tensors", "ALLOWED_GLOBALS"]
 
 METADATA_FILE = ".metadata"
 
@@ -82,9 +97,15 @@ def read_metadata(folder: str | os.PathLike[str]) -> Metadata:
     path = os.path.join(os.fspath(folder), METADATA_FILE)
     try:
         with open(path, "rb") as handle:
-            metadata = _MetadataUnpickler(handle).load()
+            return _unpickle_metadata(handle, path)
     except OSError as err:
         raise StateMismatchError(f"{path}: cannot read DCP metadata ({err})") from None
+
+
+def _unpickle_metadata(handle: Any, path: str) -> Metadata:
+    """The ``Metadata`` an open ``.metadata`` stream holds, through the allow-list."""
+    try:
+        metadata = _MetadataUnpickler(handle).load()
     except pickle.UnpicklingError as err:
         raise StateMismatchError(
             f"{path}: refused to read this DCP metadata: {err} "
@@ -99,6 +120,116 @@ def read_metadata(folder: str | os.PathLike[str]) -> Metadata:
             f"{path}: holds a {type(metadata).__name__}, not DCP checkpoint metadata"
         )
     return metadata
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """A DCP ``storage_reader`` for checkpoints you did not write: loading runs nothing.
+
+    ``dcp.load(state, checkpoint_id=path)`` reads with ``FileSystemReader``, which unpickles
+    ``.metadata`` with plain ``pickle`` (a crafted file runs code) and hands non-tensor
+    entries to the planner, whose default ``load_bytes`` uses ``torch.load(weights_only=False)``.
+    Pass ``storage_reader=SafeFileSystemReader(path)`` instead: the metadata goes through the
+    allow-list of DCP's metadata classes, tensors are read as by torch
+    (``weights_only=True``), and each non-tensor entry (optimizer hyperparameters, step
+    counters, user extras) must load with ``torch.load(weights_only=True)``; the planner then
+    gets that entry re-saved from the checked value, never the file's own bytes. It protects
+    the whole load, model and optimizer entries included, whatever planner is used. Types
+    beyond ``weights_only``'s defaults are admitted the torch way,
+    ``torch.serialization.add_safe_globals``.
+
+    The ``.metadata`` is read when the reader is made and when ``dcp.load`` resets it to
+    its ``checkpoint_id``, so a refused one raises ``StateMismatchError`` itself, before any
+    load step.
+
+    Raises:
+        StateMismatchError: The metadata names anything outside DCP's metadata classes or is
+            malformed (from the constructor or ``dcp.load``). A non-tensor entry that is not
+            plain ``weights_only`` data is found while ``dcp.load`` reads data, so torch
+            reports it inside its ``CheckpointException`` (``failures[rank][0]``). Each
+            message names the file (and the entry) and what was refused.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
+        super().__init__(path, *args, **kwargs)
+        self._checked: tuple[str, Metadata] | None = None
+        self._check()
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        super().reset(checkpoint_id)
+        self._check()
+
+    def _check(self) -> None:
+        """Read the checkpoint's ``.metadata`` now, where a refusal reaches the caller as
+        itself: inside ``dcp.load`` torch turns a reader's error into an ``AssertionError``
+        in a ``CheckpointException`` and logs tracebacks. ``dcp.load`` constructs nothing
+        and calls ``reset(checkpoint_id)`` before its own steps. The metadata read here is
+        handed to the next ``read_metadata``, so the file is unpickled once per load. A
+        checkpoint without a global ``.metadata`` (per-rank metadata) is checked when read.
+        """
+        path = os.fspath(self.fs.concat_path(self.path, METADATA_FILE))
+        self._checked = (path, self._unpickle(path)) if os.path.exists(path) else None
+
+    def _unpickle(self, path: str) -> Metadata:
+        try:
+            with self.fs.create_stream(path, "rb") as handle:
+                return _unpickle_metadata(handle, path)
+        except OSError as err:
+            raise StateMismatchError(f"{path}: cannot read DCP metadata ({err})") from None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        # Per-rank metadata (``__{rank}.metadata``) is what torch writes without collectives.
+        name = METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}"
+        path = os.fspath(self.fs.concat_path(self.path, name))
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] == path:
+            metadata = checked[1]
+        else:
+            metadata = self._unpickle(path)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        return super().read_data(plan, _CheckedBytes(planner, self))  # type: ignore[arg-type]
+
+
+class _CheckedBytes:
+    """Stands in for the planner during ``read_data``: every non-tensor entry is loaded
+    with ``weights_only=True`` and re-saved before the real planner sees it; everything
+    else goes to the planner unchanged."""
+
+    def __init__(self, planner: LoadPlanner, reader: SafeFileSystemReader):
+        self._planner = planner
+        self._reader = reader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._planner, name)
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        info = self._reader.storage_data.get(read_item.storage_index)
+        where = os.path.join(os.fspath(self._reader.path), str(getattr(info, "relative_path", "?")))
+        try:
+            checked = torch.load(value, weights_only=True)
+        except Exception as err:
+            raise StateMismatchError(
+                f"{where}: refused DCP entry {read_item.dest_index.fqn!r}: it is not plain "
+                f"data that torch.load(weights_only=True) accepts ({_reason(err)}); nothing "
+                "in it was run"
+            ) from None
+        clean = io.BytesIO()
+        torch.save(checked, clean)
+        clean.seek(0)
+        self._planner.load_bytes(read_item, clean)
+
+
+def _reason(err: BaseException) -> str:
+    """The line of a weights_only refusal that names what was refused; the rest of
+    torch's message is a dozen lines of general advice."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    named = [line for line in lines if "GLOBAL" in line or "Unsupported" in line]
+    return (named or lines or [type(err).__name__])[0]
 
 
 def read_tensors(

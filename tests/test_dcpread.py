@@ -1,4 +1,5 @@
-"""DCP checkpoint folders are read without running the ``.metadata`` pickle (issue 18)."""
+"""DCP checkpoint folders are read without running the ``.metadata`` pickle (issue 18), by
+``state show`` and by ``dcp.load`` through ``SafeFileSystemReader`` (issue 22)."""
 
 import io
 import os
@@ -8,9 +9,12 @@ import struct
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from support import base_config, corpus, take
+from support import assert_same_batches, base_config, corpus, take
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from fmsdata import build_dataloader
+from fmsdata.checkpoint import LoadPlanner, SafeFileSystemReader
 from fmsdata.cli.main import main
 from fmsdata.dcpread import read_metadata, read_tensors
 from fmsdata.errors import StateMismatchError
@@ -199,3 +203,146 @@ def test_storage_entry_that_is_a_crafted_pickle_is_refused(dcp_folder, tmp_path)
     with pytest.raises(StateMismatchError, match="not a tensor saved by DCP"):
         read_tensors(folder, metadata, lambda key: key.startswith("dataloader."))
     assert not marker.exists()
+
+
+# ``SafeFileSystemReader``: the same rules under ``dcp.load`` itself (issue 22).
+
+
+def _train(model, optimizer, batches):
+    """A few optimizer steps on ``batches`` (so the optimizer holds state to resume)."""
+    for batch in batches:
+        optimizer.zero_grad()
+        model(batch["input_ids"][:, :4].float()).pow(2).mean().backward()
+        optimizer.step()
+
+
+def _run(info):
+    loader = build_dataloader(base_config(info))
+    model = torch.nn.Linear(4, 1)
+    return loader, model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def _safe_load(folder, loader, model, optimizer, extra=None):
+    """The README's load: ``dcp.load`` with ``SafeFileSystemReader`` and ``LoadPlanner``."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "dataloader": loader, **(extra or {})}
+    dcp.load(
+        state,
+        checkpoint_id=str(folder),
+        storage_reader=SafeFileSystemReader(str(folder)),
+        planner=LoadPlanner(),
+    )
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    return state
+
+
+def test_safe_reader_resumes_model_optimizer_and_loader_exactly(tmp_path):
+    info = corpus(tmp_path / "data")
+    torch.manual_seed(0)
+    loader, model, optimizer = _run(info)
+    _train(model, optimizer, take(loader, 3))
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    extra = {"step": 3, "name": "run", "betas": (0.9, 0.95)}
+    folder = tmp_path / "dcp"
+    dcp.save(
+        {"model": model_sd, "optim": optim_sd, "dataloader": loader, "extra": extra},
+        checkpoint_id=str(folder),
+    )
+    expected = take(loader, 4)
+    _train(model, optimizer, expected)
+
+    resumed, model2, optimizer2 = _run(info)
+    state = _safe_load(folder, resumed, model2, optimizer2, {"extra": {k: None for k in extra}})
+    assert state["extra"] == extra
+    assert optimizer2.state_dict()["state"][0]["step"] == 3
+    following = take(resumed, 4)
+    assert_same_batches(expected, following)
+    _train(model2, optimizer2, following)
+    for mine, theirs in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+
+
+def _nested_global(folder, marker):
+    """``os.system`` named as a dotted attribute of an allowed module (STACK_GLOBAL)."""
+    payload = _payload("torch.distributed.checkpoint.metadata", "os.system", f"touch {marker}")
+    (folder / ".metadata").write_bytes(payload)
+
+
+def _inside_real_metadata(folder, marker):
+    """A real metadata whose storage record of one entry holds ``os.system(...)``."""
+    path = folder / ".metadata"
+    with open(path, "rb") as handle:
+        metadata = pickle.load(handle)  # our own file, written by dcp.save
+    info = next(iter(metadata.storage_data.values()))
+    info.relative_path = _Reduce(os.system, f"touch {marker}")
+    path.write_bytes(pickle.dumps(metadata))
+
+
+def _touch_code(marker):
+    return f"open({str(marker)!r}, 'w').close()"
+
+
+CRAFTED = {
+    "os.system via __reduce__": lambda folder, marker: _with_planner_data(
+        folder, _Reduce(os.system, f"touch {marker}")
+    ),
+    "builtins call": lambda folder, marker: (folder / ".metadata").write_bytes(
+        _payload("builtins", "exec", _touch_code(marker))
+    ),
+    "nested global through an allowed module": _nested_global,
+    "call nested in a real metadata": _inside_real_metadata,
+}
+
+
+@pytest.mark.parametrize("craft", CRAFTED.values(), ids=CRAFTED.keys())
+def test_safe_reader_refuses_crafted_metadata_and_runs_nothing(dcp_folder, tmp_path, craft):
+    _, folder = dcp_folder
+    marker = tmp_path / "marker"
+    craft(folder, marker)
+    loader, model, optimizer = _run(corpus(tmp_path / "data2"))
+    refused = r"\.metadata: refused .*nothing in the file was run"
+    with pytest.raises(StateMismatchError, match=refused):
+        _safe_load(folder, loader, model, optimizer)
+    assert not marker.exists()
+    # The payload is live: torch's own reader runs it.
+    try:
+        dcp.FileSystemReader(str(folder)).read_metadata()
+    except Exception:
+        pass
+    assert marker.exists()
+
+
+def test_safe_reader_checks_the_checkpoint_it_is_reset_to(dcp_folder, tmp_path):
+    _, folder = dcp_folder
+    reader = SafeFileSystemReader(str(folder))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / ".metadata").write_bytes(_payload("os", "system", "true"))
+    with pytest.raises(StateMismatchError, match=r"bad/\.metadata: refused .*os\.system"):
+        reader.reset(str(bad))
+
+
+def test_safe_reader_refuses_a_crafted_non_tensor_entry(tmp_path):
+    """Non-tensor entries are ``torch.save`` bytes the default planner loads with
+    ``weights_only=False``; the safe reader checks them with ``weights_only=True`` first."""
+    info = corpus(tmp_path / "data")
+    marker = tmp_path / "marker"
+    loader, model, optimizer = _run(info)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    folder = tmp_path / "dcp"
+    evil = {"note": _Reduce(os.system, f"touch {marker}")}
+    dcp.save(
+        {"model": model_sd, "optim": optim_sd, "dataloader": loader, "extra": evil},
+        checkpoint_id=str(folder),
+    )
+    with pytest.raises(CheckpointException) as caught:
+        _safe_load(folder, *_run(info), {"extra": {"note": None}})
+    (error, _), *_ = caught.value.failures.values()
+    assert isinstance(error, StateMismatchError)
+    assert "refused DCP entry 'extra.note'" in str(error) and "posix.system" in str(error)
+    assert not marker.exists()
+    # The entry is live: the default reader hands it to torch.load(weights_only=False).
+    dcp.load({"extra": {"note": None}}, checkpoint_id=str(folder))
+    assert marker.exists()
