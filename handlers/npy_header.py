@@ -7,15 +7,21 @@ data follows it. Files from other writers share the extension without the header
 Dolma token streams are raw memory maps), so the magic, never the extension, tells the two
 apart.
 
-The header is parsed as a literal (``ast.literal_eval``: no names, calls or pickles are
-evaluated) and checked strictly; object dtypes, which ``np.load`` could only read by
-unpickling, are refused. Anything malformed is a ``ShardFormatError`` naming the file.
+The header is parsed by a small strict parser of just what numpy writes there (a dict of
+string keys whose values are strings, booleans, integers, tuples and lists), so no names,
+calls or pickles are evaluated. It does not use ``ast``: ``ast.literal_eval`` in DataLoader
+worker threads once raised an untyped ``SystemError: AST constructor recursion depth
+mismatch`` (a CPython 3.11 race). The values are then checked strictly; object dtypes,
+which ``np.load`` could only read by unpickling, are refused. Anything malformed is a
+``ShardFormatError`` naming the file.
 """
 
 from __future__ import annotations
 
-import ast
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 
@@ -142,10 +148,11 @@ def parse_npy_header(raw: bytes | np.ndarray, path: str) -> NpyHeader:
     prefix = 10 if head[6] == 1 else 12
     encoding = "utf8" if head[6] == 3 else "latin1"
     try:
-        text = bytes(raw[prefix:end]).decode(encoding)
-        fields = ast.literal_eval(text)
-    except (UnicodeDecodeError, SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
-        raise ShardFormatError(f"{path}: .npy header is not a dict literal") from None
+        fields = _Literal(bytes(raw[prefix:end]).decode(encoding)).parse()
+    except UnicodeDecodeError:
+        raise ShardFormatError(f"{path}: .npy header is not {encoding} text") from None
+    except _LiteralError as err:
+        raise ShardFormatError(f"{path}: .npy header is not a dict literal ({err})") from None
     if not isinstance(fields, dict) or set(fields) != _KEYS:
         keys = sorted(map(str, fields)) if isinstance(fields, dict) else type(fields).__name__
         raise ShardFormatError(f"{path}: .npy header must hold exactly {sorted(_KEYS)}, got {keys}")
@@ -189,3 +196,149 @@ def _flag(value: object, path: str) -> bool:
     if not isinstance(value, bool):
         raise ShardFormatError(f"{path}: .npy header has fortran_order {value!r}, not a bool")
     return value
+
+
+class _LiteralError(ValueError):
+    """Where and why a header stopped being a literal numpy writes."""
+
+
+_ESCAPES = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "r": "\r", "t": "\t"}
+_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+_MAX_DEPTH = 32  # structured dtypes nest a few levels; deeper is damage
+_DIGITS = "0123456789"
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CONSTANTS = {"True": True, "False": False}
+
+
+class _Literal:
+    """A strict parser of the Python literals a ``.npy`` header holds.
+
+    Grammar: ``value := dict | tuple | list | string | integer | True | False``; dict keys
+    are strings and appear once; ``(x)`` without a comma is ``x``, as in Python. Strings
+    take the escapes ``repr`` writes. Whitespace around tokens and one trailing comma in a
+    container are allowed; anything else raises ``_LiteralError`` naming the position.
+    """
+
+    def __init__(self, text: str):
+        self.text = text
+        self.pos = 0
+
+    def parse(self) -> object:
+        value = self._value(0)
+        if self._peek() != "":
+            self._fail("text after the literal")
+        return value
+
+    def _fail(self, what: str) -> NoReturn:
+        raise _LiteralError(f"{what} at character {self.pos}")
+
+    def _peek(self) -> str:
+        while self.pos < len(self.text) and self.text[self.pos] in " \t\n\r":
+            self.pos += 1
+        return self.text[self.pos : self.pos + 1]
+
+    def _value(self, depth: int) -> object:
+        if depth > _MAX_DEPTH:
+            self._fail(f"nesting deeper than {_MAX_DEPTH}")
+        char = self._peek()
+        if char == "":
+            self._fail("no literal")
+        if char == "{":
+            return self._dict(depth)
+        if char in "([":
+            return self._sequence(depth)
+        if char in "'\"":
+            return self._string()
+        if char == "-" or char in _DIGITS:
+            return self._integer()
+        word = _WORD.match(self.text, self.pos)
+        if word and word.group() in _CONSTANTS:
+            self.pos = word.end()
+            return _CONSTANTS[word.group()]
+        self._fail(f"unexpected {word.group() if word else char!r}")
+
+    def _items(self, close: str, depth: int, item: Callable[[int], object]) -> tuple[list, bool]:
+        """Comma-separated items up to ``close``; also whether a comma was seen."""
+        self.pos += 1  # the opening bracket
+        items, comma = [], False
+        while self._peek() != close:
+            items.append(item(depth + 1))
+            if self._peek() == ",":
+                self.pos += 1
+                comma = True
+            elif self._peek() != close:
+                self._fail(f"expected ',' or {close!r}")
+        self.pos += 1
+        return items, comma
+
+    def _sequence(self, depth: int) -> object:
+        opening = self.text[self.pos]
+        items, comma = self._items(")" if opening == "(" else "]", depth, self._value)
+        if opening == "[":
+            return items
+        return items[0] if len(items) == 1 and not comma else tuple(items)
+
+    def _dict(self, depth: int) -> dict[str, object]:
+        def pair(inner: int) -> tuple[str, object]:
+            if self._peek() not in ("'", '"'):
+                self._fail("a dict key that is not a string")
+            key = self._string()
+            if self._peek() != ":":
+                self._fail("expected ':'")
+            self.pos += 1
+            return key, self._value(inner)
+
+        pairs, _ = self._items("}", depth, pair)
+        out: dict[str, object] = {}
+        for key, value in pairs:
+            if key in out:
+                raise _LiteralError(f"key {key!r} appears twice")
+            out[key] = value
+        return out
+
+    def _string(self) -> str:
+        quote = self.text[self.pos]
+        self.pos += 1
+        out = []
+        while True:
+            if self.pos >= len(self.text):
+                self._fail("an unterminated string")
+            char = self.text[self.pos]
+            self.pos += 1
+            if char == quote:
+                return "".join(out)
+            if char in "\n\r":
+                self._fail("a line break inside a string")
+            if char != "\\":
+                out.append(char)
+                continue
+            code = self.text[self.pos : self.pos + 1]
+            self.pos += 1
+            if code in _ESCAPES:
+                out.append(_ESCAPES[code])
+            elif code in _HEX_ESCAPES:
+                digits = self.text[self.pos : self.pos + _HEX_ESCAPES[code]]
+                if len(digits) != _HEX_ESCAPES[code] or not all(
+                    d in "0123456789abcdefABCDEF" for d in digits
+                ):
+                    self._fail(f"a malformed \\{code} escape")
+                point = int(digits, 16)
+                if point > 0x10FFFF:
+                    self._fail(f"escape \\{code}{digits} beyond Unicode")
+                out.append(chr(point))
+                self.pos += len(digits)
+            else:
+                self._fail(f"an unknown escape \\{code}")
+
+    def _integer(self) -> int:
+        start = self.pos
+        if self.text[self.pos] == "-":
+            self.pos += 1
+        digits_start = self.pos
+        while self.pos < len(self.text) and self.text[self.pos] in _DIGITS:
+            self.pos += 1
+        digits = self.text[digits_start : self.pos]
+        if not digits or (len(digits) > 1 and digits[0] == "0") or len(digits) > 40:
+            self.pos = start
+            self._fail("a malformed integer")
+        return int(self.text[start : self.pos])

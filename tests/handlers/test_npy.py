@@ -88,6 +88,91 @@ def test_any_bytes_after_the_magic_parse_or_raise_the_typed_error(data):
         assert not header.dtype.hasobject and header.offset <= len(raw)
 
 
+DTYPES = st.sampled_from(
+    ["<u1", "|i1", "<u2", ">i2", "<u4", ">u4", "<i8", ">i8", "<f2", "<f4", ">f8", "<c16", "?"]
+    + ["|S3", "<U5", "|V4", "<M8[s]", "<m8[ns]"]
+)
+STRUCTURED = st.sampled_from(
+    [
+        [("a", "<i4"), ("b", ">f8")],
+        [("x", "<u2", (2, 3)), ("name", "|S7")],
+        [("outer", [("in'ner", "<i2"), ('q"uote', "<u8")]), ("é", "<f4")],
+        {"names": ["a", "b"], "formats": ["<i4", "<i4"], "offsets": [0, 8], "itemsize": 16},
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    dtype=st.one_of(DTYPES, STRUCTURED),
+    shape=st.lists(st.integers(0, 6), max_size=4).map(tuple),
+    fortran=st.booleans(),
+    version=st.sampled_from([None, (1, 0), (2, 0), (3, 0)]),
+)
+def test_header_parser_agrees_with_numpy_on_what_np_save_writes(dtype, shape, fortran, version):
+    """Every header ``np.save`` writes parses to the dtype, shape and order numpy reads back."""
+    dtype = np.dtype(dtype)
+    array = np.zeros(shape, dtype=dtype, order="F" if fortran else "C")
+    try:
+        data = saved(array, version)
+    except ValueError:  # a version that cannot hold this header (non-latin1 names in 1.0/2.0)
+        return
+    header = parse_npy_header(data, "x.npy")
+    loaded = np.load(io.BytesIO(data), allow_pickle=False)
+    written = np.lib.format.header_data_from_array_1_0(array)
+    assert (header.dtype, header.shape) == (loaded.dtype, loaded.shape)
+    assert header.fortran_order == written["fortran_order"]
+    assert header.offset == len(data) - array.nbytes and header.nbytes == array.nbytes
+
+
+def test_header_parsing_does_not_use_ast(monkeypatch):
+    """``ast.literal_eval`` once failed in DataLoader workers with an untyped SystemError."""
+    import ast
+
+    def broken(*args, **kwargs):
+        raise SystemError("AST constructor recursion depth mismatch")
+
+    monkeypatch.setattr(ast, "literal_eval", broken)
+    monkeypatch.setattr(ast, "parse", broken)
+    header = parse_npy_header(saved(np.arange(5, dtype="<u4")), "x.npy")
+    assert (header.dtype, header.shape) == (np.dtype("<u4"), (5,))
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("", "no literal at character 0"),
+        ("{'descr': '<u2', 'fortran_order': False, 'shape': (3,)", "expected ',' or '}'"),
+        ("{'descr': '<u2' 'fortran_order': False, 'shape': (3,)}", "expected ',' or '}'"),
+        ("{'descr': '<u2', 'fortran_order': False, 'shape': (3,)} x", "text after the literal"),
+        ("{'descr': '<u2', 'fortran_order': None, 'shape': (3,)}", "unexpected 'None'"),
+        ("{'descr': '<u2', 'fortran_order': Truex, 'shape': (3,)}", "unexpected 'Truex'"),
+        ("{'descr': '<u2', 'fortran_order': False, 'shape': (3.0,)}", r"expected ',' or '\)'"),
+        ("{'descr': '<u2', 'fortran_order': False, 'shape': (03,)}", "malformed integer"),
+        ("{'descr': '<u2', 'fortran_order': False, 'shape': (,)}", "unexpected ','"),
+        ("{'descr': '<u2, 'fortran_order': False, 'shape': (3,)}", "expected ',' or '}'"),
+        ("{'descr': '<u2', 'fortran_order': False, 'shape': (3,), 'descr': '<u2'}", "twice"),
+        ("{descr: '<u2', 'fortran_order': False, 'shape': (3,)}", "key that is not a string"),
+        ("{'descr': '\\q', 'fortran_order': False, 'shape': (3,)}", "unknown escape"),
+        ("{'descr': '\\x4', 'fortran_order': False, 'shape': (3,)}", "malformed \\\\x"),
+        ("{'descr': '<u2", "unterminated string"),
+        ("{'descr': " + "[" * 40 + "]" * 40 + "}", "nesting deeper than 32"),
+        ("{'descr': dict(), 'fortran_order': False, 'shape': (3,)}", "unexpected 'dict'"),
+        ("{'descr': '<u2', 'fortran_order': False, 'shape': {3}}", "key that is not a string"),
+    ],
+)
+def test_malformed_header_literals_say_where(text, reason):
+    with pytest.raises(ShardFormatError, match=rf"bad\.npy: \.npy header is not a dict .*{reason}"):
+        parse_npy_header(_with_header(text), "bad.npy")
+
+
+def test_header_strings_take_the_escapes_repr_writes():
+    names = ["a'b", 'c"d', "e\\f", "tab\there", "\x00nul", "\u20ac", "\U0001f600"]
+    dtype = np.dtype([(name, "<u1") for name in names])
+    header = parse_npy_header(saved(np.zeros(2, dtype), (3, 0)), "x.npy")
+    assert header.dtype == dtype and header.dtype.names == tuple(names)
+
+
 def test_magic_is_recognised_by_bytes_not_extension():
     assert has_npy_magic(saved(np.zeros(3, np.uint16)))
     assert not has_npy_magic(np.zeros(3, np.uint16).tobytes())
