@@ -47,7 +47,7 @@ from fmsdata.stages.outputs import (
 )
 from fmsdata.stages.savedlines import journal_spans
 from fmsdata.topology import RowDealer, Topology, owned_shards, worker_shards
-from fmsdata.transport import WorkerItem, item_batch_counts
+from fmsdata.transport import WorkerItem, carry_errors, item_batch_counts
 
 __all__ = ["RankLineDataset", "Preprocess", "Start"]
 
@@ -259,7 +259,12 @@ class RankLineDataset(IterableDataset):
         # The scratch slot is claimed here, when the iterator is made (the loader makes its
         # own right after ``start_at``), not when it first runs.
         scratch, self._scratch = self._scratch, None
-        return self._items(scratch)
+        info = get_worker_info()
+        if info is None:
+            return self._items(scratch)
+        # In a worker, an fmsdata error travels as an item: the main process raises it
+        # as it was made, not as PyTorch's rebuilt copy with the worker's traceback inside.
+        return carry_errors(self._items(scratch), info.id)
 
     def _items(self, scratch: torch.Tensor | None) -> Iterator[WorkerItem]:
         info = get_worker_info()

@@ -41,7 +41,13 @@ from fmsdata.state import (
 from fmsdata.statecheck import within
 from fmsdata.threads import AheadThread
 from fmsdata.topology import RowDealer, Topology
-from fmsdata.transport import WorkerItem, assemble_batch, item_batch_counts, ring_shape
+from fmsdata.transport import (
+    WorkerError,
+    WorkerItem,
+    assemble_batch,
+    item_batch_counts,
+    ring_shape,
+)
 
 __all__ = ["FmsDataLoader", "as_tuple", "build_dataloader"]
 
@@ -70,8 +76,14 @@ class _Feed:
         self._current: tuple[list[WorkerItem], list[torch.Tensor | None]] | None = None
 
     def items(self) -> tuple[list[WorkerItem], int]:
-        """The next items (one per worker) and how many batches they hold."""
-        items = [next(self.parts) for _ in range(self.n_parts)]
+        """The next items (one per worker) and how many batches they hold. A worker's
+        fmsdata error comes as an item (``WorkerError``) and is raised here, as it was made."""
+        items = []
+        for _ in range(self.n_parts):
+            item = next(self.parts)
+            if isinstance(item, WorkerError):
+                item.reraise()
+            items.append(item)
         rings = self.rings
         tokens_of = [
             item.tokens

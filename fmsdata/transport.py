@@ -15,14 +15,24 @@ resume fast-forwards them, see ``fmsdata.state``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import traceback
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 
+from fmsdata.errors import FmsDataError
 from fmsdata.stages.outputs import IGNORE_INDEX
 
-__all__ = ["WorkerItem", "item_batch_counts", "ring_shape", "assemble_batch"]
+__all__ = [
+    "WorkerItem",
+    "WorkerError",
+    "carry_errors",
+    "item_batch_counts",
+    "ring_shape",
+    "assemble_batch",
+]
 
 # Tokens per item to aim for (the fixed cost of an item is then small beside its bytes),
 # and the most batches one item may carry.
@@ -66,6 +76,49 @@ class WorkerItem:
     ops: np.ndarray
     pushed: np.ndarray
     pushed_offsets: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerError:
+    """An ``FmsDataError`` a DataLoader worker raised, sent to the main process as an item.
+
+    PyTorch re-raises a worker's exception in the main process as a new one of the same
+    class whose message is ``Caught X in DataLoader worker process N.`` followed by the
+    worker's whole traceback, the cause on its last line. Sent as an item instead, the
+    error is raised in the main process as it was made: same class, same message (which
+    names the file and what is wrong). The worker's traceback rides along as a note, shown
+    only where a full traceback is printed.
+    """
+
+    error_type: type[FmsDataError]
+    message: str
+    worker: int
+    traceback: str
+
+    def reraise(self) -> NoReturn:
+        error = self.error_type(self.message)
+        error.add_note(f"Raised in DataLoader worker process {self.worker}:\n{self.traceback}")
+        raise error
+
+
+def carry_errors(items: Iterator[Any], worker: int) -> Iterator[Any]:
+    """A worker's items, ending with a ``WorkerError`` in place of an ``FmsDataError`` that
+    can be rebuilt from its message (every fmsdata error can; a user's subclass that takes
+    other arguments is left to PyTorch's own wrapping)."""
+    try:
+        yield from items
+    except FmsDataError as err:
+        if not _rebuilds(err):
+            raise
+        yield WorkerError(type(err), str(err), worker, traceback.format_exc())
+
+
+def _rebuilds(err: FmsDataError) -> bool:
+    """Whether ``type(err)(message)`` makes the same error again."""
+    try:
+        return str(type(err)(str(err))) == str(err)
+    except Exception:
+        return False
 
 
 def ring_shape(

@@ -112,3 +112,27 @@ def test_state_show_reads_every_kind_of_checkpoint(tmp_path, capsys):
     loader.checkpointer.wait()
     assert main(["state", "show", str(tmp_path / "auto")]) == 0
     assert "step_000000008" in capsys.readouterr().out
+
+
+def test_a_damaged_shard_through_bench_is_one_line_naming_the_file(tmp_path):
+    """With workers, ``fmsdata bench`` on a cut shard prints the cause in one line (type
+    and message naming the file) and exits non-zero; ``--debug`` shows the traceback,
+    the worker's included."""
+    info = corpus(tmp_path / "data")
+    victim = tmp_path / "data" / "b" / "shard_00000.arrow"
+    victim.write_bytes(victim.read_bytes()[:-40])
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(base_config(info, logical_shards=2, num_workers=2)))
+    command = [sys.executable, "-m", "fmsdata.cli.main", "bench", str(path), "--batches", "50"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2
+    assert run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith(f"fmsdata bench: ShardFormatError: {victim}: ")
+    debug = subprocess.run(
+        [*command[:3], "--debug", *command[3:]], capture_output=True, text=True, timeout=300
+    )
+    assert debug.returncode != 0
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert "Raised in DataLoader worker process" in debug.stderr

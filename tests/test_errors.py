@@ -39,13 +39,22 @@ def test_truncated_shard_names_the_file(tmp_path):
         take(loader, 30)
 
 
-def test_truncated_shard_error_crosses_the_worker_boundary(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_truncated_shard_error_crosses_the_worker_boundary(tmp_path, workers):
+    """The worker's error reaches the main process as it was made: the same class, its
+    one-line message naming the file, not PyTorch's rebuilt copy that carries the worker's
+    traceback in its message; the traceback is kept as a note."""
     info = corpus(tmp_path)
     victim = tmp_path / "b" / "shard_00000.arrow"
     victim.write_bytes(victim.read_bytes()[:-40])
-    loader = build_dataloader(base_config(info, logical_shards=1, num_workers=1))
-    with pytest.raises(ShardFormatError, match="shard_00000.arrow"):
+    loader = build_dataloader(base_config(info, logical_shards=2, num_workers=workers))
+    with pytest.raises(ShardFormatError) as caught:
         take(loader, 30)
+    error = caught.value
+    assert type(error) is ShardFormatError
+    assert str(error).startswith(f"{victim}: ") and "\n" not in str(error)
+    assert "Caught" not in str(error)
+    assert any("DataLoader worker process" in note for note in error.__notes__)
 
 
 def test_wrong_column_names_file_and_columns(tmp_path):

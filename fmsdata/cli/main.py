@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -18,6 +19,8 @@ from fmsdata.errors import FmsDataError
 __all__ = ["main"]
 
 COMMANDS = (demo, tokenize, index, inspect_cmd, download, bench, state)
+# Set (to anything but 0) to get full tracebacks, as --debug does.
+DEBUG_ENV = "FMSDATA_DEBUG"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Stateful, streaming, rescalable data loading for LLM pretraining.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="on an error, print the full traceback (DataLoader workers' included) instead of "
+        f"the one-line cause; also set by {DEBUG_ENV}=1",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         module.add_parser(commands)
@@ -41,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except (FmsDataError, FileNotFoundError) as err:
+        if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
         print(f"fmsdata {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
 
