@@ -1,0 +1,260 @@
+"""Run fms-fsdp's own loader (the oracle) on generated shards and record its batches.
+
+    python tests/compat/make_fms_fsdp_fixtures.py [--peers ../shared/peers/fms-fsdp]
+
+Imports ``fms_fsdp`` from the unmodified copy of its ``mamba-new`` branch (by ``sys.path``,
+here only), builds each case's corpus with ``fms_corpus.make_corpus`` and writes:
+
+- ``fixtures/fms_fsdp_mamba_new.json``: per case, its config, world size, workers and the
+  SHA-256 digest (16 hex digits) of every batch of every rank; for checkpoint cases the
+  plain contents of fms-fsdp's ``loader_state_<rank>.pth`` (small values as they are,
+  the rest as digests); the torch version and a probe of torch's generator, so tests can
+  tell a torch whose ``multinomial`` / ``randint`` draws differ (and skip, saying so);
+- ``fixtures/fms_ckpt/<case>/checkpoints/step_<N>_ckp/loader_state_<rank>.pth``: the
+  checkpoints fms-fsdp wrote, which the tests resume from (they are a few KB).
+
+fms-fsdp's ``dataset_utils`` imports ``transformers.AutoTokenizer`` at the top and builds
+one in its ``auto`` handler even for Arrow files; where ``transformers`` is not installed a
+stand-in module is put in ``sys.modules`` (the tokenizer is never called on Arrow data).
+The script is not part of the test suite: tests compare against what it wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import types
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from fms_corpus import batch_digest, make_corpus  # noqa: E402
+
+FIXTURES = os.path.join(HERE, "fixtures")
+BASE = {
+    "datasets": "lang=en/dataset=web,lang=de/dataset=wiki,code",
+    "weights": "3,2,1",
+    "seq_length": 64,
+    "batch_size": 2,
+    "logical_shards": 4,
+    "seed": 2023,
+    "eos_token": 0,
+    "bos_token": None,
+    "file_type": "auto",
+    "col_name": "tokens",
+    "checkpoint_interval": 100000,
+    "num_workers": 0,
+}
+
+# name -> (config overrides, world size, steps)
+STREAM_CASES: dict[str, tuple[dict, int, int]] = {
+    "w1_nw0": ({}, 1, 40),
+    "w1_nw1": ({"num_workers": 1}, 1, 40),
+    "w1_nw2": ({"num_workers": 2}, 1, 40),
+    "w2_nw0": ({}, 2, 30),
+    "w2_nw1": ({"num_workers": 1}, 2, 30),
+    "w2_nw2": ({"num_workers": 2}, 2, 30),
+    "w1_nw0_seed7": ({"seed": 7}, 1, 30),
+    "w2_nw0_seed99": ({"seed": 99}, 2, 30),
+    "w2_bos_eol": (
+        {"bos_token": 1, "bol_token": 5, "eol_token": 6, "strip_tokens": "7", "seq_length": 100},
+        2,
+        25,
+    ),
+    "w1_long_lines": ({"seq_length": 1500, "batch_size": 1}, 1, 12),
+    "w1_short_lines": ({"seq_length": 16, "batch_size": 3}, 1, 30),
+    "w1_epochs": ({"seq_length": 512, "batch_size": 4, "weights": "1,1,1"}, 1, 40),
+    "w2_l8_one_dataset": ({"datasets": "code", "weights": "1", "logical_shards": 8}, 2, 30),
+}
+
+# name -> (overrides of the run that writes checkpoints, its world size, its steps,
+#          the step folder to keep, [(resume name, world size, workers, steps), ...])
+CKPT_CASES: dict[str, tuple[dict, int, int, int, list[tuple[str, int, int, int]]]] = {
+    "ck_w2_nw0": (
+        {"checkpoint_interval": 3},
+        2,
+        8,
+        6,
+        [("same", 2, 0, 10), ("to_w1", 1, 0, 10), ("to_w4", 4, 0, 8), ("to_w2_nw2", 2, 2, 8)],
+    ),
+    "ck_w1_nw2": (
+        {"checkpoint_interval": 3, "num_workers": 2},
+        1,
+        14,
+        6,
+        [("same", 1, 2, 10), ("to_w1_nw0", 1, 0, 10), ("to_w2_nw0", 2, 0, 8)],
+    ),
+}
+
+
+def _import_fms(tree: str):
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        stub = types.ModuleType("transformers")
+
+        class AutoTokenizer:  # never called on Arrow data
+            @staticmethod
+            def from_pretrained(path, *args, **kwargs):
+                return None
+
+        stub.AutoTokenizer = AutoTokenizer
+        sys.modules["transformers"] = stub
+    sys.path.insert(0, tree)
+    from fms_fsdp.config import train_config
+    from fms_fsdp.utils.dataloader_utils import get_data_loader
+
+    return train_config, get_data_loader
+
+
+def generator_probe() -> str:
+    """Digest of the torch generator calls fms-fsdp's order rests on (``multinomial`` over
+    float counts, ``randint`` of one value, ``get_state`` after them): equal digests mean
+    equal draws."""
+    g = torch.Generator().manual_seed(3)
+    draws = []
+    for n in range(1, 200):
+        weights = torch.tensor([float((n * k) % 7) for k in range(1, 9)]) + 0.5
+        draws.append(torch.multinomial(weights, 1, generator=g).item())
+        draws.append(torch.randint(n, (1,), generator=g).item())
+    h = hashlib.sha256(json.dumps(draws).encode())
+    h.update(g.get_state().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def plain(value):
+    """A checkpoint value as JSON-able data: tensors as ``{"uint8_sha256": ...}``."""
+    if isinstance(value, torch.Tensor):
+        return {"tensor_sha256": hashlib.sha256(value.numpy().tobytes()).hexdigest()[:16]}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def summarize_state(state: dict) -> dict:
+    """Each key of a ``loader_state_<rank>.pth``: small values as they are, others as the
+    digest of their canonical JSON."""
+    out = {}
+    for key, value in state.items():
+        text = json.dumps(plain(value), sort_keys=True)
+        out[key] = plain(value) if len(text) <= 160 else {"json_sha256": _sha(text)}
+    return out
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_rank(train_config, get_data_loader, values: dict, rank: int, world: int, steps: int):
+    cfg = train_config()
+    for key, value in values.items():
+        setattr(cfg, key, value)
+    loader = get_data_loader(cfg, rank, world)
+    digests = []
+    it = iter(loader)
+    for _ in range(steps):
+        digests.append(batch_digest(next(it)))
+    del it
+    return digests
+
+
+def run_job(train_config, get_data_loader, values: dict, world: int, steps: int):
+    """Every rank's digests. Ranks run one after another, each saving into its own folder:
+    a later rank would otherwise find an earlier one's checkpoints and resume from them."""
+    return {
+        str(r): run_rank(
+            train_config,
+            get_data_loader,
+            {**values, "ckpt_save_path": f"{values['ckpt_save_path']}_rank{r}"},
+            r,
+            world,
+            steps,
+        )
+        for r in range(world)
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    default_peers = os.path.join(HERE, "..", "..", "..", "shared", "peers", "fms-fsdp")
+    parser.add_argument("--peers", default=os.path.normpath(default_peers))
+    args = parser.parse_args()
+    train_config, get_data_loader = _import_fms(os.path.join(args.peers, "mamba-new"))
+    out = {
+        "oracle": "fms-fsdp mamba-new 385c98d17d08ec01b82082901d61d28f4b23fa05",
+        "torch": torch.__version__,
+        "generator_probe": generator_probe(),
+        "corpus_seed": 0,
+        "base": BASE,
+        "cases": {},
+        "checkpoints": {},
+    }
+    ckpt_root = os.path.join(FIXTURES, "fms_ckpt")
+    shutil.rmtree(ckpt_root, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = make_corpus(os.path.join(tmp, "data"), seed=0)
+        for name, (over, world, steps) in STREAM_CASES.items():
+            values = {**BASE, **over, "data_path": data}
+            values["ckpt_save_path"] = values["ckpt_load_path"] = os.path.join(tmp, name)
+            out["cases"][name] = {
+                "config": {**BASE, **over},
+                "world_size": world,
+                "steps": steps,
+                "digests": run_job(train_config, get_data_loader, values, world, steps),
+            }
+            print(name, flush=True)
+        for name, (over, world, steps, keep, resumes) in CKPT_CASES.items():
+            # Ranks run one after another here: each writes into its own folder (a later
+            # rank would otherwise find the earlier ranks' checkpoints and resume from
+            # them), and the kept step folder gathers all of them, as in a real job.
+            values = {**BASE, **over, "data_path": data}
+            kept = os.path.join(ckpt_root, name, "checkpoints", f"step_{keep}_ckp")
+            digests = {}
+            for r in range(world):
+                run_dir = os.path.join(tmp, f"{name}_rank{r}")
+                values["ckpt_save_path"] = values["ckpt_load_path"] = run_dir
+                digests[str(r)] = run_rank(train_config, get_data_loader, values, r, world, steps)
+                step_dir = os.path.join(run_dir, "checkpoints", f"step_{keep}_ckp")
+                shutil.copytree(step_dir, kept, dirs_exist_ok=True)
+            files = sorted(os.listdir(kept))
+            record = {
+                "config": {**BASE, **over},
+                "world_size": world,
+                "steps": steps,
+                "digests": digests,
+                "kept": f"step_{keep}_ckp",
+                "files": {
+                    f: summarize_state(torch.load(os.path.join(kept, f), weights_only=True))
+                    for f in files
+                },
+                "resumes": {},
+            }
+            for rname, rworld, rworkers, rsteps in resumes:
+                print("  resume", rname, flush=True)
+                rvalues = {**values, "num_workers": rworkers}
+                rvalues["ckpt_load_path"] = os.path.join(ckpt_root, name)
+                rvalues["ckpt_save_path"] = os.path.join(tmp, f"{name}_{rname}")
+                rvalues["resuming_dataset"] = True
+                record["resumes"][rname] = {
+                    "world_size": rworld,
+                    "num_workers": rworkers,
+                    "steps": rsteps,
+                    "digests": run_job(train_config, get_data_loader, rvalues, rworld, rsteps),
+                }
+            out["checkpoints"][name] = record
+            print(name, flush=True)
+    with open(os.path.join(FIXTURES, "fms_fsdp_mamba_new.json"), "w") as f:
+        json.dump(out, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
