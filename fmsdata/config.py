@@ -18,7 +18,17 @@ import yaml
 
 from fmsdata.errors import ConfigError
 
-__all__ = ["LoaderConfig", "BATCH_FORMATS", "PACKING_MODES", "as_config", "parse_overrides"]
+__all__ = [
+    "LoaderConfig",
+    "BATCH_FORMATS",
+    "DEFAULT_FILE_TYPE",
+    "PACKING_MODES",
+    "as_config",
+    "parse_overrides",
+]
+
+# The format of a root whose metadata.json does not say (fms-fsdp's default).
+DEFAULT_FILE_TYPE = "arrow"
 
 PACKING_MODES = ("hard", "pad")
 DOCUMENT_ORDERS = ("random", "sequential")
@@ -95,6 +105,7 @@ class LoaderConfig:
         skip_steps: ``[[step, n], ...]``: when the run reaches ``step``, pass over the next
             ``n`` batches (applied once; the state records it).
         file_type: Shard format name (see ``fmsdata.handlers``), or ``"auto"`` (by ending).
+            Unset (None): the format the root's ``metadata.json`` records, else ``"arrow"``.
         col_name: Token column of Arrow/Parquet/MDS shards, or a comma list of candidate
             columns (``"tokens,input_ids"``): each file uses the first one it has, so an
             error comes only from a file that has none. A text column among a Parquet
@@ -121,7 +132,11 @@ class LoaderConfig:
         remote_backoff: Seconds before the first retry (doubling, capped at 30 s).
         seq_length: Tokens per training sequence; packed lines hold ``seq_length + 1``.
         batch_size: Sequences per batch on this rank.
-        bos_token, eos_token: Added at the start / end of every document when set.
+        bos_token, eos_token: Added at the start / end of every document when set; a
+            document that already starts / ends with that token (``pbin``, ``npy``, or as
+            the root's ``metadata.json`` records) keeps just one. Unset ``eos_token`` is
+            the EOS the root's ``metadata.json`` records; a set one must agree with it,
+            as must a set ``bos_token`` with the tokenizer's BOS recorded there.
         bol_token, eol_token: Added at the start / end of every packed line when set.
         strip_tokens: Token ids removed when found as the first or last token of a document
             (for data that already carries its own BOS/EOS).
@@ -142,6 +157,8 @@ class LoaderConfig:
         pin_memory: Pin batch tensors (for asynchronous host-to-device copies).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None (default).
         vocab_size: When set, a token id at or above it is an error naming the file.
+            Unset: the tokenizer's size the root's ``metadata.json`` records; a set one
+            must not be smaller (larger is a model's padded vocabulary).
         return_position_ids: Add ``position_ids`` restarting at each document.
         return_cu_seqlens: Add ``cu_seqlens`` and ``max_seqlen`` for varlen attention.
         return_document_ids: Add ``document_ids``: per input token, the id of its source
@@ -175,7 +192,7 @@ class LoaderConfig:
     global_batch_size: int | None = None
     allow_mix_change: bool = False
     skip_steps: tuple[tuple[int, int], ...] = ()
-    file_type: str = "arrow"
+    file_type: str | None = None
     col_name: str = "tokens"
     text_field: str = "text"
     tokenizer: str | None = None
@@ -200,7 +217,9 @@ class LoaderConfig:
     packing: str = "hard"
     pad_token: int | None = None
     min_length: int = 1
-    logical_shards: int = 64
+    # As batch_size: a global batch of any world size that can run (up to 8 ranks) is then
+    # a multiple of it, so the defaults keep G2/G3 exact; more ranks need more shards.
+    logical_shards: int = 8
     shuffle_window: int = 160
     document_order: str = "random"
     seed: int = 42
@@ -326,8 +345,10 @@ class LoaderConfig:
                 f"col_name must name a column or a comma list of them, got {self.col_name!r}"
             )
         set_(self, "col_name", ",".join(columns))
-        if not isinstance(self.file_type, str) or not self.file_type:
-            raise ConfigError(f"file_type must be a format name, got {self.file_type!r}")
+        if self.file_type is not None and (
+            not isinstance(self.file_type, str) or not self.file_type
+        ):
+            raise ConfigError(f"file_type must be a format name or unset, got {self.file_type!r}")
         if self.token_dtype is not None:
             try:
                 dtype = np.dtype(self.token_dtype)

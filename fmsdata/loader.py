@@ -25,6 +25,7 @@ from fmsdata.errors import ConfigError, ShardFormatError, StateMismatchError
 from fmsdata.handlers import fault_note, handler_from_config
 from fmsdata.handlers.mapping import changed_in_dead_workers
 from fmsdata.pipeline import StageFactory, build_pipeline
+from fmsdata.rootconfig import resolve_config
 from fmsdata.spancheck import check_saved_spans
 from fmsdata.stages.base import held_spans, walk
 from fmsdata.state import (
@@ -616,7 +617,10 @@ def build_dataloader(
     """Build this rank's loader.
 
     Args:
-        config: A ``LoaderConfig``, a dict of its fields, or a YAML file path.
+        config: A ``LoaderConfig``, a dict of its fields, or a YAML file path. What it
+            leaves unset that the root's ``metadata.json`` records (format, EOS id,
+            vocabulary size) comes from there (``fmsdata.rootconfig``); the loader's
+            ``config`` attribute is the completed one.
         rank, world_size: Default to ``torch.distributed``, then ``RANK``/``WORLD_SIZE``.
         preprocess: Optional per-line function run in the workers in place of the built-in
             causal-LM shift: ``preprocess(line, n_tokens) -> {name: array}``, where ``line``
@@ -633,10 +637,12 @@ def build_dataloader(
         or, with ``batch_format="tuple"`` in the config, ``(input_ids, labels, ...)``.
 
     Raises:
-        ConfigError: Invalid config, missing data, more ranks than logical shards.
+        ConfigError: Invalid config, missing data, more ranks than logical shards, a
+            setting that contradicts the root's ``metadata.json``.
         EmptyDatasetError: A dataset without shards.
     """
-    config = as_config(config)
+    # Settings the root's metadata.json records fill what the config leaves unset.
+    config = resolve_config(as_config(config))
     topology = Topology.resolve(rank, world_size)
     handler = handler_from_config(config)
     dataset = RankLineDataset(config, topology, handler, preprocess, stages)

@@ -45,6 +45,7 @@ __all__ = [
     "MappedFile",
     "register_handler",
     "make_handler",
+    "handler_class",
     "handler_names",
     "handler_from_config",
 ]
@@ -65,18 +66,27 @@ def handler_names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
+def handler_class(file_type: str) -> type[FileHandler]:
+    """The class registered as ``file_type``.
+
+    Raises:
+        ConfigError: No handler has that name.
+    """
+    try:
+        return _REGISTRY[file_type]
+    except KeyError:
+        raise ConfigError(
+            f"file_type {file_type!r} is not a known format; known: {', '.join(handler_names())}"
+        ) from None
+
+
 def make_handler(file_type: str, **options: Any) -> FileHandler:
     """Instantiate the handler registered as ``file_type`` with the options it accepts.
 
     Options a handler's constructor does not take are ignored, so one config can carry
     the options of several formats.
     """
-    try:
-        cls = _REGISTRY[file_type]
-    except KeyError:
-        raise ConfigError(
-            f"file_type {file_type!r} is not a known format; known: {', '.join(handler_names())}"
-        ) from None
+    cls = handler_class(file_type)
     if cls.__init__ is object.__init__:
         return cls()
     params = inspect.signature(cls.__init__).parameters
@@ -86,10 +96,14 @@ def make_handler(file_type: str, **options: Any) -> FileHandler:
 
 
 def handler_from_config(config: Any) -> FileHandler:
-    """The handler a ``LoaderConfig`` asks for, with its format options."""
+    """The handler a ``LoaderConfig`` asks for, with its format options (an unset
+    ``file_type`` is the default one: ``build_dataloader`` fills it from the root's
+    ``metadata.json`` first, see ``fmsdata.rootconfig``)."""
+    from fmsdata.config import DEFAULT_FILE_TYPE
+
     separator = config.doc_separator if config.doc_separator is not None else config.eos_token
     return make_handler(
-        config.file_type,
+        config.file_type if config.file_type is not None else DEFAULT_FILE_TYPE,
         col_name=config.col_name,
         text_field=config.text_field,
         tokenizer=config.tokenizer,

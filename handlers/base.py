@@ -56,6 +56,10 @@ class FileHandler(ABC):
 
     name: ClassVar[str] = ""
     extensions: ClassVar[tuple[str, ...]] = ()
+    # Whether the format itself ends every stored document with its end-of-document token
+    # (flat streams split on it, Modalities .pbin): a loader adding its own EOS then
+    # replaces that one instead of doubling it (see fmsdata.rootconfig).
+    documents_end_with_eos: ClassVar[bool] = False
 
     @classmethod
     def is_legal(cls, path: str) -> bool:

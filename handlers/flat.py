@@ -135,6 +135,7 @@ class FlatTokensHandler(FlatBufferHandler):
 
     name = "npy"
     extensions = (".npy", ".bin", ".ds")
+    documents_end_with_eos = True  # a document runs up to and including its separator
 
     def __init__(
         self,

@@ -67,11 +67,12 @@ def _open_pbin(path: str) -> FlatBuffer:
 
 
 class PbinHandler(FlatBufferHandler):
-    """Modalities ``.pbin`` files (documents keep their end-of-document token: strip it with
-    ``strip_tokens`` if the loader adds its own EOS)."""
+    """Modalities ``.pbin`` files. Documents keep their end-of-document token; a loader
+    with ``eos_token`` set replaces it rather than adding a second one."""
 
     name = "pbin"
     extensions = (".pbin",)
+    documents_end_with_eos = True
 
     def open(self, path: str) -> FlatBuffer:
         return _open_pbin(path)

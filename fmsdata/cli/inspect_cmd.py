@@ -32,13 +32,20 @@ BUILTIN_FORMATS = (
 )
 
 
-def add_format_options(parser: argparse.ArgumentParser) -> None:
-    """The options that say how to read shards (shared by index and inspect)."""
+def add_format_options(parser: argparse.ArgumentParser, from_metadata: bool = False) -> None:
+    """The options that say how to read shards (shared by index and inspect).
+    ``from_metadata``: an unset ``--file-type`` is the one the root's ``metadata.json``
+    records (``_use_root_metadata``), else ``auto``."""
     parser.add_argument(
         "--file-type",
-        default="auto",
+        default=None if from_metadata else "auto",
         help=f"shard format: {', '.join(BUILTIN_FORMATS)} or a registered one; auto picks "
-        "per file by its ending",
+        "per file by its ending"
+        + (
+            " (default: the format the root's metadata.json records, else auto)"
+            if from_metadata
+            else ""
+        ),
     )
     parser.add_argument("--col-name", default="tokens", help="token column (Arrow, Parquet, MDS)")
     parser.add_argument("--text-field", default="text", help="text field (JSONL, Parquet text)")
@@ -55,7 +62,7 @@ def handler_from_args(args: argparse.Namespace):
     from fmsdata.handlers import make_handler
 
     return make_handler(
-        args.file_type,
+        args.file_type or "auto",
         col_name=args.col_name,
         text_field=args.text_field,
         tokenizer=args.tokenizer,
@@ -71,7 +78,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         description="Read a shard file, or every shard of a dataset folder or data root.",
     )
     parser.add_argument("path", help="a shard file, a dataset folder or a data root")
-    add_format_options(parser)
+    add_format_options(parser, from_metadata=True)
     add_storage_options(parser)
     parser.add_argument(
         "--samples",
@@ -143,17 +150,28 @@ def _length_histogram(lengths: np.ndarray) -> dict[str, int]:
 
 
 def _use_root_metadata(args: argparse.Namespace, storage) -> None:
-    """Fill what ``--tokenizer`` and ``--separator`` leave unset from the ``metadata.json``
-    of the root ``args.path`` lies in: the tokenizer bundled there and its EOS."""
-    from fmsdata.mapstyle.source import find_root_metadata, metadata_eos
+    """Fill what ``--file-type``, ``--tokenizer`` and ``--separator`` leave unset from the
+    ``metadata.json`` of the root ``args.path`` lies in (the datasets' format, the tokenizer
+    bundled there and its EOS), and refuse a given one that contradicts it, by the rule
+    the loader applies to its config (``fmsdata.metadata.agree``)."""
+    from fmsdata.mapstyle.source import find_root_metadata
+    from fmsdata.metadata import METADATA_FILE, agree, check_file_type, root_facts
     from fmsdata.remote.storage import is_local
 
     found = find_root_metadata(args.path, storage)
     if found is None:
         return
     root, meta = found
+    below = args.path.rstrip("/")[len(root.rstrip("/")) :].strip("/").split("/")[0]
+    described = meta.get("datasets") if isinstance(meta.get("datasets"), dict) else {}
+    facts = root_facts(
+        meta, posixpath.join(root, METADATA_FILE), [below] if below in described else None
+    )
+    args.file_type = check_file_type(args.file_type, facts)
+    if facts.documents_end_with_eos:  # flat streams are split on it: another one is wrong
+        agree("separator", args.separator, facts.eos_token, facts.path, "it ends documents")
     if args.separator is None:
-        args.separator = metadata_eos(meta)
+        args.separator = facts.eos_token
     relative = (meta.get("tokenizer") or {}).get("file")
     if args.tokenizer is None and relative:
         fs, local = storage.filesystem(posixpath.join(root, relative))

@@ -258,7 +258,9 @@ def get_dataset(
             ``context_length - 1``).
         drop_last: Drop a last window shorter than ``context_length`` (else pad it with
             ``pad_token_id``; the padding is a document of its own).
-        eos_token: The token between documents (default: the metadata's EOS).
+        eos_token: The token between documents (default: the metadata's EOS; a different
+            one is refused, as are ``file_type`` and a ``vocab_size`` smaller than the
+            metadata's: see ``fmsdata.metadata.agree``).
         create_doc_ids: Return ``document_ids``.
         create_doc_mask: Return ``document_mask`` (compact ``[L]`` form unless
             ``dense_mask``; see ``document_mask``).
@@ -266,7 +268,7 @@ def get_dataset(
         token_output_format: ``"torch"`` (int64 tensors) or ``"numpy"`` (int64 arrays).
         val_split_size, split, split_seed: ``create_split(val_split_size, split_seed)``
             then ``set_split(split)``.
-        vocab_size: Overrides the metadata's.
+        vocab_size: Default: the metadata's (a larger one is a padded model vocabulary).
         file_type, col_name, token_dtype: How to read the files, where the metadata does
             not say (``dtype`` is tatm's name for ``token_dtype``).
         cache_dir: Where one-time indexes go (default ``$FMSDATA_CACHE``).
@@ -296,6 +298,7 @@ def get_dataset(
         datasets=datasets,
         file_type=file_type,
         eos_token=eos_token,
+        vocab_size=vocab_size,
         options={"col_name": col_name, "token_dtype": token_dtype or dtype},
     )
     if spec.eos_token is None:
@@ -324,7 +327,7 @@ def get_dataset(
         token_output_format="numpy" if token_output_format == "np" else token_output_format,
         storage=storage,
         cache_dir=cache_dir,
-        vocab_size=vocab_size,
+        vocab_size=spec.vocab_size,
     )
     if val_split_size is not None:
         dataset.create_split(val_split_size, split_seed)

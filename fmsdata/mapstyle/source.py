@@ -19,14 +19,20 @@ from typing import Any
 import yaml
 
 from fmsdata.errors import ConfigError
-from fmsdata.metadata import EOS_NAMES
+from fmsdata.metadata import (
+    EOS_NAMES,
+    FORMAT_FILE_TYPES,
+    agree,
+    check_file_type,
+    check_vocab_size,
+    root_facts,
+)
 from fmsdata.remote.storage import Storage
 
 __all__ = [
     "RootSpec",
     "resolve_root",
     "find_root_metadata",
-    "metadata_eos",
     "DATA_DIR_ENV",
     "EOS_NAMES",
     "FORMAT_FILE_TYPES",
@@ -34,17 +40,6 @@ __all__ = [
 
 DATA_DIR_ENV = "FMSDATA_DATA_DIR"
 METADATA_FILES = ("metadata.json", "metadata.yaml", "metadata.yml")
-# Special tokens taken as the end of document, in order of preference.
-# tokenize's format names -> the file_type reading them.
-FORMAT_FILE_TYPES = {
-    "arrow": "arrow",
-    "megatron": "megatron",
-    "flat": "npy",
-    "npy": "npy",
-    "pbin": "pbin",
-    "mds": "mds",
-    "cepe": "cepe",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +56,7 @@ class RootSpec:
         options: Handler options (``col_name``, ``token_dtype``, ``separator``, ...).
         eos_token: End-of-document token (None when neither metadata nor user gave one).
         ends_with_eos: Whether stored documents already end with it (None: by format).
-        vocab_size: From the metadata's tokenizer (None if unknown).
+        vocab_size: Given, else from the metadata's tokenizer (None if unknown).
         tokenizer_file: Path or URL of the tokenizer bundled with the root, if any.
     """
 
@@ -117,17 +112,19 @@ def _read_metadata(path: str, storage: Storage) -> dict[str, Any]:
     return data
 
 
-def _root_and_metadata(target: str, storage: Storage) -> tuple[str, dict[str, Any]]:
+def _root_and_metadata(target: str, storage: Storage) -> tuple[str, dict[str, Any], str]:
+    """``(root, metadata, metadata file)``; ``{}`` and ``""`` for a root without one."""
     fs, path = storage.filesystem(target)
     if fs.isfile(path):
         root = target.rstrip("/").rsplit("/", 1)[0] if "/" in target else "."
-        return root, _read_metadata(target, storage)
+        return root, _read_metadata(target, storage), target
     if not fs.isdir(path):
         raise ConfigError(f"metadata {target!r} does not exist")
     for name in METADATA_FILES:
         if fs.isfile(f"{path}/{name}"):
-            return target, _read_metadata(posixpath.join(target.rstrip("/"), name), storage)
-    return target, {}
+            where = posixpath.join(target.rstrip("/"), name)
+            return target, _read_metadata(where, storage), where
+    return target, {}, ""
 
 
 def _eos_from_tokenizer(info: dict[str, Any]) -> int | None:
@@ -145,21 +142,23 @@ def resolve_root(
     datasets: list[str] | None = None,
     file_type: str | None = None,
     eos_token: int | None = None,
+    vocab_size: int | None = None,
     options: dict[str, Any] | None = None,
 ) -> RootSpec:
-    """The root ``metadata`` names, with what its metadata says about reading it; explicit
-    arguments win over the metadata.
+    """The root ``metadata`` names, with what its metadata says about reading it. Arguments
+    left None take the recorded values; given ones must agree with fmsdata metadata
+    (``fmsdata.metadata.agree``, the rule the loader applies to its config).
 
     Raises:
-        ConfigError: Unknown name, missing path, unreadable metadata, unknown dataset.
+        ConfigError: Unknown name, missing path, unreadable metadata, unknown dataset, an
+            argument that contradicts the metadata (naming both values and the file).
     """
-    root, meta = _root_and_metadata(_locate(os.fspath(metadata), storage), storage)
+    root, meta, where = _root_and_metadata(_locate(os.fspath(metadata), storage), storage)
     options = {k: v for k, v in (options or {}).items() if v is not None}
     tokenizer = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
     tokenizer_file = (
         posixpath.join(root.rstrip("/"), tokenizer["file"]) if tokenizer.get("file") else None
     )
-    vocab_size = tokenizer.get("vocab_size")
     prefix = suffix = None
     ends_with_eos: bool | None = None
     described = meta.get("datasets")
@@ -170,19 +169,16 @@ def resolve_root(
             raise ConfigError(
                 f"{root}: metadata describes datasets {sorted(described)}, not {unknown}"
             )
-        formats = {described[n].get("format") for n in names}
-        if file_type is None:
-            file_type = (
-                FORMAT_FILE_TYPES.get(formats.pop(), "auto") if len(formats) == 1 else "auto"
-            )
+        facts = root_facts(meta, where, names)
+        file_type = check_file_type(file_type, facts) or "auto"
         cols = {described[n].get("col_name") for n in names} - {None}
         if len(cols) == 1:
             options.setdefault("col_name", cols.pop())
-        flags = {described[n].get("documents_end_with_eos") for n in names} - {None}
-        ends_with_eos = flags.pop() if len(flags) == 1 else None
-        eos_values = {described[n].get("eos_token") for n in names} - {None}
-        if eos_token is None and len(eos_values) == 1:
-            eos_token = int(eos_values.pop())
+        ends_with_eos = facts.documents_end_with_eos
+        eos_token = agree(
+            "eos_token", eos_token, facts.eos_token, where, "its end-of-document token"
+        )
+        vocab_size = check_vocab_size(vocab_size, facts)
         datasets = names
     elif isinstance(meta.get("tokenized_info"), dict):
         info = meta["tokenized_info"]
@@ -200,6 +196,8 @@ def resolve_root(
         if tokenizer_file is None and fs.isfile(f"{path}/tokenizer.json"):
             tokenizer_file = posixpath.join(root.rstrip("/"), "tokenizer.json")
         datasets = None
+    if vocab_size is None:
+        vocab_size = tokenizer.get("vocab_size")
     if eos_token is None:
         eos_token = _eos_from_tokenizer(tokenizer)
     if eos_token is None and tokenizer_file is not None:
@@ -249,14 +247,3 @@ def find_root_metadata(
             return None
         url, local = url.rsplit("/", 1)[0], parent
     return None
-
-
-def metadata_eos(meta: dict[str, Any]) -> int | None:
-    """The end-of-document token a root's metadata names (its datasets', else the
-    tokenizer's EOS special token)."""
-    described = meta.get("datasets") if isinstance(meta.get("datasets"), dict) else {}
-    values = {d.get("eos_token") for d in described.values() if isinstance(d, dict)} - {None}
-    if len(values) == 1:
-        return int(values.pop())
-    tokenizer = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
-    return _eos_from_tokenizer(tokenizer)

@@ -328,6 +328,7 @@ def _write_metadata(
         "col_name": col_name,
         "eos_token": spec.eos_token if spec.output_format in EOS_FORMATS else None,
         "documents_end_with_eos": spec.output_format in EOS_FORMATS,
+        "documents_start_with_bos": False,  # encoded without the tokenizer's special tokens
         "shards": len(records),
         "documents": sum(r["documents"] for r in records),
         "tokens": sum(r["tokens"] for r in records),

@@ -1,0 +1,77 @@
+"""A loader config completed by its data root: the one place a config meets ``metadata.json``.
+
+A root that ``fmsdata tokenize`` wrote describes itself in ``metadata.json``: the format of
+each dataset, the end-of-document token its documents already carry (``flat`` and
+``pbin`` write one after every document), the tokenizer's special-token ids and its
+vocabulary size. ``resolve_config`` takes from there what the config leaves unset and
+refuses what contradicts it (``fmsdata.metadata.agree``), so that a config naming only
+``data_path``, ``datasets``, ``seq_length`` and ``batch_size`` loads any tokenize output.
+``build_dataloader`` (and through it ``fmsdata bench`` and the fms-fsdp drop-in) calls
+it before building anything; ``get_dataset`` and ``fmsdata inspect`` apply the same
+``root_facts`` / ``agree`` rules to their own arguments.
+
+Delimiters are never doubled: when the loader adds ``eos_token`` (or ``bos_token``) to
+documents that already end (start) with it, the stored one is listed in ``strip_tokens``,
+so each document is framed by exactly one. This holds for the formats that always keep
+their end token (``npy`` flat streams, ``pbin``: ``FileHandler.documents_end_with_eos``)
+with or without metadata, and for whatever ``metadata.json`` records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fmsdata.config import DEFAULT_FILE_TYPE, LoaderConfig
+from fmsdata.handlers import handler_class
+from fmsdata.metadata import (
+    METADATA_FILE,
+    RootFacts,
+    agree,
+    check_file_type,
+    check_vocab_size,
+    read_metadata,
+    root_facts,
+)
+from fmsdata.remote.storage import Storage
+
+__all__ = ["resolve_config"]
+
+
+def resolve_config(config: LoaderConfig) -> LoaderConfig:
+    """``config`` with the root's recorded settings filled in and delimiters made single.
+
+    Fields taken from ``metadata.json`` when unset: ``file_type``, ``eos_token``,
+    ``vocab_size``. Checked against it when set: those, ``bos_token`` (the tokenizer's
+    BOS) and ``doc_separator`` (the datasets' end-of-document token). A root without
+    ``metadata.json`` keeps the config as it is, with ``file_type`` defaulting to
+    ``arrow``.
+
+    Raises:
+        ConfigError: A set field contradicts the metadata (the message names the field,
+            both values and the file), or the metadata is unreadable.
+    """
+    metadata = read_metadata(config.data_path, Storage.from_config(config))
+    path = f"{config.data_path.rstrip('/')}/{METADATA_FILE}"
+    facts = root_facts(metadata, path, config.datasets) if metadata else RootFacts(path)
+    changes: dict[str, Any] = {}
+    file_type = check_file_type(config.file_type, facts) or DEFAULT_FILE_TYPE
+    eos = agree("eos_token", config.eos_token, facts.eos_token, path, "its end-of-document token")
+    if config.bos_token is not None:
+        agree("bos_token", config.bos_token, facts.bos_token, path, "the tokenizer's BOS")
+    if facts.documents_end_with_eos:
+        # A flat stream is split on this token: another separator cuts other documents.
+        agree("doc_separator", config.doc_separator, facts.eos_token, path, "it ends documents")
+    vocab = check_vocab_size(config.vocab_size, facts)
+    for name, value in (("file_type", file_type), ("eos_token", eos), ("vocab_size", vocab)):
+        if value != getattr(config, name):
+            changes[name] = value
+    carried = set()
+    if eos is not None and (
+        facts.documents_end_with_eos or handler_class(file_type).documents_end_with_eos
+    ):
+        carried.add(eos)
+    if config.bos_token is not None and facts.documents_start_with_bos:
+        carried.add(config.bos_token)
+    if carried - set(config.strip_tokens):
+        changes["strip_tokens"] = tuple(sorted({*config.strip_tokens, *carried}))
+    return config.replace(**changes) if changes else config
