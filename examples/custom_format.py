@@ -125,7 +125,7 @@ def main() -> None:
         weights=[3, 1],
         seq_length=128,
         batch_size=4,
-        logical_shards=8,
+        logical_shards=4,
         bos_token=1,
         eos_token=2,
         num_workers=1,

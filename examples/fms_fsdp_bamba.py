@@ -21,10 +21,10 @@ place of ``MambaLMHeadModel`` (DDP over gloo so it runs on CPU; FSDP over NCCL o
 
     torchrun --nproc_per_node 2 examples/fms_fsdp_bamba.py --data_path ROOT \\
         --datasets lang=en/dataset=commoncrawl,lang=de/dataset=wikipedia --weights 3,1 \\
-        --seq_length 64 --logical_shards 8 --ckpt_save_path runs/a --num_steps 20 \\
-        --checkpoint_interval 10
-    # the next stage on one process, continuing run a's data:
-    torchrun --nproc_per_node 1 examples/fms_fsdp_bamba.py ... --batch_size 4 \\
+        --seq_length 64 --logical_shards 8 --batch_size 4 --ckpt_save_path runs/a \\
+        --num_steps 20 --checkpoint_interval 10
+    # the next stage on one process, continuing run a's data (the same global batch, 8):
+    torchrun --nproc_per_node 1 examples/fms_fsdp_bamba.py ... --batch_size 8 \\
         --ckpt_load_path runs/a --resuming_dataset True --ckpt_save_path runs/b
 
 ``--batch_log FILE`` (not a train_config field) appends each rank's rows per step as

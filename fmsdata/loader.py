@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
+import math
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -685,11 +686,12 @@ def config_advice(config: LoaderConfig, world_size: int) -> list[str]:
         )
     global_batch = world_size * config.batch_size
     if global_batch % config.logical_shards:
+        # The smallest batch_size at least the configured one that fills whole rounds.
+        step = config.logical_shards // math.gcd(world_size, config.logical_shards)
+        fix = -(-config.batch_size // step) * step
         advice.append(
-            f"the global batch (world_size {world_size} x batch_size {config.batch_size} = "
-            f"{global_batch}) is not a multiple of logical_shards={config.logical_shards}: "
-            "a global step's sequences then depend on the number of ranks, so a run resumed "
-            "on another world size does not see exactly the steps the old one would have; "
-            "make world_size * batch_size a multiple of logical_shards"
+            f"global batch {world_size} x {config.batch_size} = {global_batch} is not a "
+            f"multiple of logical_shards={config.logical_shards} (steps change if resumed on "
+            f"another world size): use batch_size={fix} or fewer logical_shards"
         )
     return advice

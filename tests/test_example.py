@@ -114,6 +114,7 @@ def test_custom_format_example_matches_arrow_and_resumes(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "same batches as the Arrow original: True" in done.stdout
+    assert "not a multiple of logical_shards" not in done.stderr  # it follows the advice
     assert "resumed run continues exactly: True" in done.stdout
 
 

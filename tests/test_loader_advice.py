@@ -37,7 +37,27 @@ def test_a_global_batch_off_the_logical_shards_is_warned(
     assert bool(said) == warned
     if warned:
         assert f"not a multiple of logical_shards={logical_shards}" in said[0]
-        assert f"= {world_size * batch_size})" in said[0]
+        assert f"{world_size} x {batch_size} = {world_size * batch_size} is" in said[0]
+
+
+@pytest.mark.parametrize(
+    "world_size, batch_size, logical_shards, fix",
+    [(1, 3, 4, 4), (3, 2, 4, 4), (1, 8, 64, 64), (2, 5, 8, 8), (6, 1, 4, 2), (4, 3, 64, 16)],
+)
+def test_the_warning_is_one_short_line_naming_a_batch_size_that_fits(
+    info, world_size, batch_size, logical_shards, fix
+):
+    (said,) = advice(info, world_size, batch_size=batch_size, logical_shards=logical_shards)
+    assert "\n" not in said and len(said) <= 160
+    assert said.endswith(f"use batch_size={fix} or fewer logical_shards")
+    assert (world_size * fix) % logical_shards == 0
+    assert advice(info, world_size, batch_size=fix, logical_shards=logical_shards) == []
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+def test_the_default_config_follows_the_advice(info, world_size):
+    config = LoaderConfig(data_path=info.root, datasets=list(info.ranges), bos_token=1)
+    assert config_advice(config, world_size) == []
 
 
 def test_advice_reaches_the_log_once_from_rank_zero(info, caplog):
