@@ -23,7 +23,7 @@ from fmsdata.handlers.mapping import MappedFile, live_mappings
 from fmsdata.remote.cache import FileSource
 from fmsdata.stages.documents import Decoration
 
-__all__ = ["ReaderCache", "DatasetAccess", "make_accesses"]
+__all__ = ["ReaderCache", "DatasetAccess", "count_mismatch", "make_accesses"]
 
 
 class ReaderCache:
@@ -168,10 +168,7 @@ class DatasetAccess:
         reader = self.reader(file)
         n = self.handler.num_docs(reader)
         if n != self.doc_count(file):
-            raise ShardFormatError(
-                f"{self.files.paths[file]}: holds {n} documents but the counts metadata says "
-                f"{int(self._counts[file])}; run `fmsdata index` again"
-            )
+            raise ShardFormatError(count_mismatch(self.files.paths[file], n, self.doc_count(file)))
         lengths = np.asarray(self.handler.doc_lengths(reader, docs), dtype=np.int64)
         buffer = self.handler.token_buffer(reader)
         starts = buffer[1][docs] if buffer is not None else None
@@ -181,6 +178,22 @@ class DatasetAccess:
         else:
             lead = trail = np.zeros(len(docs), dtype=np.int64)
         return lengths, lead, trail, starts
+
+
+def count_mismatch(path: str, found: int, recorded: int) -> str:
+    """What is wrong with a file whose documents differ from its counts metadata. Fewer
+    than recorded means the file lost documents (cut short, or damaged and read leniently):
+    indexing it again would record the damage as the truth, so the advice is to restore it."""
+    said = f"{path}: holds {found:,} documents but the counts metadata (meta/) records {recorded:,}"
+    if found < recorded:
+        return (
+            f"{said}: it lost {recorded - found:,} since it was indexed (cut short or damaged); "
+            "restore it from its source, and re-index only if it was replaced on purpose"
+        )
+    return (
+        f"{said}: it changed since it was indexed; if the new file is meant, run `fmsdata index` "
+        "on the root to record it"
+    )
 
 
 def make_accesses(

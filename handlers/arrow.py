@@ -14,7 +14,35 @@ from fmsdata.handlers.arrow_index import RecordBatchIndex
 from fmsdata.handlers.base import FileHandler, pick_column
 from fmsdata.handlers.mapping import MappedFile
 
-__all__ = ["ArrowDocHandler", "write_arrow_docs"]
+__all__ = ["ArrowDocHandler", "arrow_file_problem", "write_arrow_docs"]
+
+
+_MAGIC = b"ARROW1"
+_STREAM_START = b"\xff\xff\xff\xff"  # an IPC stream's first message (continuation marker)
+
+
+def arrow_file_problem(data: Any, err: Exception) -> str:
+    """What is wrong with bytes pyarrow cannot open as an Arrow IPC file, said from its
+    magic numbers: the file format begins and ends with ``ARROW1``, its footer (the
+    record batch directory) last. A file that begins right but ends wrong was cut short;
+    pyarrow says "Not an Arrow file" for both."""
+    head, size = bytes(data[: len(_MAGIC)]), len(data)
+    if size == 0:
+        return "empty file (0 bytes), not an Arrow IPC file (cut or never written?)"
+    if head == _MAGIC and bytes(data[size - len(_MAGIC) :]) != _MAGIC:
+        return (
+            f"truncated Arrow IPC file ({size:,} bytes): it begins with the {_MAGIC.decode()} "
+            "magic but its end, the footer and closing magic, is missing (cut short, or its "
+            "writing never finished)"
+        )
+    if head == _MAGIC:
+        return f"damaged Arrow IPC file ({size:,} bytes; its footer does not read: {err})"
+    if bytes(data[:4]) == _STREAM_START:
+        return (
+            "an Arrow IPC stream, not an Arrow IPC file (no footer to find documents by); "
+            "read it with file_type='hf_arrow', or rewrite it with pyarrow.ipc.new_file"
+        )
+    return f"not an Arrow IPC file (it does not begin with the {_MAGIC.decode()} magic: {err})"
 
 
 class _DocBatchReader:
@@ -32,7 +60,8 @@ class _DocBatchReader:
             schema = self._ipc.schema
             schema.names  # noqa: B018  (field names that are not UTF-8: damage)
         except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
-            raise ShardFormatError(f"{path}: not a readable Arrow IPC file ({err})") from None
+            problem = arrow_file_problem(self.mapped.bytes, err)
+            raise ShardFormatError(f"{path}: {problem}") from None
         col_name = pick_column(path, schema.names, col_name)
         column_type = schema.field(col_name).type
         if not pa.types.is_integer(column_type):

@@ -40,10 +40,15 @@ def _open_flat(
 ) -> FlatBuffer:
     mapped = MappedFile(path)
     dtype, offset = _layout(mapped.bytes, path, dtype, source)
-    if (len(mapped.bytes) - offset) % dtype.itemsize:
+    partial = (len(mapped.bytes) - offset) % dtype.itemsize
+    if partial:
+        # A stream of whole tokens that ends part-way into one was cut short; a wrong,
+        # wider token_dtype can also leave a remainder, so its source is named too.
+        whole = (len(mapped.bytes) - offset) // dtype.itemsize
         raise ShardFormatError(
-            f"{path}: {len(mapped.bytes) - offset} bytes is not a whole number of "
-            f"{dtype.name} tokens (is token_dtype right?)"
+            f"{path}: truncated: it has {len(mapped.bytes):,} bytes, {whole:,} whole "
+            f"{dtype.name} tokens and {partial} byte(s) of a cut one (the token type is "
+            f"{dtype.name} by {source or 'the file header'})"
         )
     flat = mapped.view(dtype, offset=offset)
     ends, tail = _document_ends(flat, separator, path, cache_dir)

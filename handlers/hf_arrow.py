@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from fmsdata.errors import ShardFormatError
+from fmsdata.handlers.arrow import arrow_file_problem
 from fmsdata.handlers.base import FileHandler, pick_column
 from fmsdata.handlers.mapping import MappedFile
 
@@ -35,8 +36,12 @@ class _RowsReader:
             schema = ipc.schema
             schema.names  # noqa: B018  (field names that are not UTF-8: damage)
         except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+            if bytes(self.mapped.bytes[:6]) == b"ARROW1":
+                raise ShardFormatError(
+                    f"{path}: {arrow_file_problem(self.mapped.bytes, err)}"
+                ) from None
             raise ShardFormatError(
-                f"{path}: not a readable Arrow IPC file or stream ({err})"
+                f"{path}: not a readable Arrow IPC stream, or one cut short ({err})"
             ) from None
         col_name = pick_column(path, schema.names, col_name)
         column_type = schema.field(col_name).type

@@ -59,7 +59,10 @@ def test_bad_counts_file_names_it(tmp_path):
         discover(str(tmp_path), None, ArrowDocHandler())
 
 
-def test_stale_counts_are_detected(tmp_path):
+@pytest.mark.parametrize("recorded", [30, 20])
+def test_stale_counts_are_detected(tmp_path, recorded):
+    """A file with fewer documents than recorded lost some: re-indexing would record the
+    damage as valid, so the advice is to restore it; more than recorded is a change."""
     from support import base_config, take
 
     from fmsdata import build_dataloader
@@ -67,13 +70,18 @@ def test_stale_counts_are_detected(tmp_path):
     info = corpus(tmp_path, {"a": 1})
     (tmp_path / "meta").mkdir()
     (tmp_path / "meta" / "counts.csv").write_text(
-        "dataset/filename,documents,tokens\n/a/shard_00000.arrow,30,999\n"
+        f"dataset/filename,documents,tokens\n/a/shard_00000.arrow,{recorded},999\n"
     )
     loader = build_dataloader(base_config(info, datasets=None, weights=None, logical_shards=1))
-    with pytest.raises(
-        ShardFormatError, match="holds 24 documents but the counts metadata says 30"
-    ):
+    with pytest.raises(ShardFormatError) as caught:
         take(loader, 1)
+    message = str(caught.value)
+    assert f"holds 24 documents but the counts metadata (meta/) records {recorded}" in message
+    if recorded > 24:
+        assert "lost 6 since it was indexed (cut short or damaged); restore it" in message
+        assert "run `fmsdata index`" not in message
+    else:
+        assert "changed since it was indexed" in message and "run `fmsdata index`" in message
 
 
 def test_counts_let_the_loader_skip_opening_files(tmp_path, monkeypatch):

@@ -207,3 +207,44 @@ def test_a_truncated_file_is_named(layout, tmp_path, monkeypatch):
         reader = handler.open(path)
         for i in range(handler.num_docs(reader)):
             handler.get(reader, i)
+
+
+@pytest.mark.parametrize("layout", ["arrow", "hf_arrow", "flat"])
+def test_a_truncated_file_is_called_truncated(layout, tmp_path):
+    """A cut shard is said to be cut, with its size: not "Not an Arrow file", not a doubt
+    about token_dtype."""
+    from formats import write_arrow, write_flat, write_hf_arrow
+
+    from fmsdata.handlers import ArrowDocHandler, FlatTokensHandler
+
+    docs = {"d": [DOCS * 20]}
+    if layout == "arrow":
+        write_arrow(tmp_path, docs)
+        handler = ArrowDocHandler()
+    elif layout == "hf_arrow":
+        write_hf_arrow(tmp_path, docs, file_format=True)
+        handler = HFArrowHandler(col_name="input_ids")
+    else:
+        write_flat(tmp_path, docs, eos=1)
+        handler = FlatTokensHandler(token_dtype="uint16", separator=1, cache_dir=str(tmp_path))
+    (path,) = (tmp_path / "d").iterdir()
+    size = os.path.getsize(path) // 2 + 1
+    with open(path, "r+b") as handle:
+        handle.truncate(size)
+    with pytest.raises(ShardFormatError) as caught:
+        handler.open(str(path))
+    message = str(caught.value)
+    assert message.startswith(f"{path}: truncated")
+    assert f"{size:,} bytes" in message
+    assert "Not an Arrow file" not in message and "token_dtype right" not in message
+
+
+def test_an_arrow_stream_read_as_arrow_files_says_so(tmp_path):
+    from formats import write_hf_arrow
+
+    from fmsdata.handlers import ArrowDocHandler
+
+    write_hf_arrow(tmp_path, {"d": [DOCS]})  # the stream format
+    (path,) = (tmp_path / "d").iterdir()
+    with pytest.raises(ShardFormatError, match="an Arrow IPC stream, not an Arrow IPC file"):
+        ArrowDocHandler().open(str(path))

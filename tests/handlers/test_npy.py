@@ -250,5 +250,5 @@ def test_headerless_npy_reads_exactly_as_before(tmp_path):
     with pytest.raises(ConfigError, match=r"part_000\.npy: set token_dtype"):
         FlatTokensHandler(separator=EOS, cache_dir=str(tmp_path)).open(str(path))
     path.write_bytes(stream(DOCS, "<u2").tobytes()[:-1])
-    with pytest.raises(ShardFormatError, match="not a whole number of uint16 tokens"):
+    with pytest.raises(ShardFormatError, match=r"truncated: .* 1 byte\(s\) of a cut one"):
         handler.open(str(path))
