@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import glob
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -39,6 +40,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from fmsdata.checkpoint import latest_checkpoint, load_loader_state
+from fmsdata.compat.fms_order import FmsOrderDataset, fms_resume_source
 from fmsdata.config import LoaderConfig
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.loader import FmsDataLoader, build_dataloader
@@ -52,6 +54,8 @@ __all__ = [
     "get_dummy_loader",
     "loader_config",
 ]
+
+logger = logging.getLogger(__name__)
 
 # Loader fields of fms-fsdp's train_config (mamba-new and FIM branches) and their defaults,
 # used for fields an older config lacks (datasets and weights: every folder, equally).
@@ -224,7 +228,8 @@ def get_data_loader(
     rank: int,
     world_size: int,
     postprocess: Sequence[Callable[..., Any]] = (causal_lm,),
-) -> FmsDataLoader:
+    order: str | None = None,
+) -> FmsDataLoader | DataLoader:
     """fms-fsdp's ``get_data_loader``: this rank's stateful loader over ``cfg``'s data.
 
     Args:
@@ -233,9 +238,18 @@ def get_data_loader(
         postprocess: Callables applied in order to each line (an int32 tensor); their
             result (a tensor or a tuple of tensors) is batched like PyTorch's collate.
 
+        order: ``"fmsdata"`` (exact rescale, see the README) or ``"fms-fsdp"``: the
+            batches fms-fsdp ``mamba-new`` yields for this config, rank, world size and
+            workers, bit for bit, resuming from its ``loader_state_*.pth`` checkpoints
+            (``fmsdata.compat.fms_order``). None: ``"fms-fsdp"`` when there are
+            checkpoints in that order to resume from (fms-fsdp's own or fmsdata's in its
+            order) and no fmsdata-order ones, else ``"fmsdata"``.
+
     Returns:
-        An ``FmsDataLoader`` (``state_dict`` / ``load_state_dict`` as everywhere in
-        fmsdata) that also saves itself every ``checkpoint_interval`` steps.
+        With ``order="fmsdata"``, an ``FmsDataLoader`` (``state_dict`` /
+        ``load_state_dict`` as everywhere in fmsdata) that also saves itself every
+        ``checkpoint_interval`` steps; with ``"fms-fsdp"``, a ``DataLoader`` whose
+        producers save every ``checkpoint_interval`` of their batches, as fms-fsdp's do.
 
     Raises:
         ConfigError: An unknown field or an invalid value.
@@ -244,9 +258,18 @@ def get_data_loader(
     """
     steps = tuple(postprocess)
     values = train_config_values(cfg)
-    config = _config(values, steps)
     own = os.path.join(_path("ckpt_save_path", values["ckpt_save_path"]), LOADER_CHECKPOINTS)
     restart = latest_checkpoint(own) is not None  # a restarted job: build_dataloader resumes
+    if order is None:
+        order = "fmsdata"
+        if not restart and fms_resume_source(values) is not None:
+            order = "fms-fsdp"
+            logger.info("fms-fsdp-order loader checkpoints found: continuing in fms-fsdp order")
+    if order == "fms-fsdp":
+        return _fms_order_loader(values, rank, world_size, steps)
+    if order != "fmsdata":
+        raise ConfigError(f"order must be 'fmsdata' or 'fms-fsdp', got {order!r}")
+    config = _config(values, steps)
     loader = build_dataloader(config, rank, world_size, preprocess=_Postprocess(steps))
     if not restart and values["resuming_dataset"]:
         load_from = os.path.join(
@@ -258,6 +281,32 @@ def get_data_loader(
         load_loader_state(loader, latest)
         loader.restart_step_count()
     return loader
+
+
+def _fms_order_loader(
+    values: dict[str, Any], rank: int, world_size: int, steps: tuple[Callable[..., Any], ...]
+) -> DataLoader:
+    if values["file_type"] not in ("auto", "arrow"):
+        raise ConfigError(
+            f"file_type={values['file_type']!r}: order='fms-fsdp' reads Arrow shards "
+            "(file_type 'auto' or 'arrow'); hf_parquet is not reproduced yet"
+        )
+    if values["file_type"] == "arrow":
+        logger.warning(
+            "file_type='arrow' raises a KeyError in fms-fsdp mamba-new (its users run "
+            "'auto'); read here as 'auto' on Arrow shards"
+        )
+    if values["fim_training"]:
+        raise ConfigError("fim_training with order='fms-fsdp' (mamba-fim) is not reproduced yet")
+    for field in ("batch_size", "seq_length", "logical_shards", "seed", "checkpoint_interval"):
+        _int(field, values[field])
+    length = values["seq_length"] + (causal_lm in steps)
+    dataset = FmsOrderDataset(values, rank, world_size, steps, length)
+    return DataLoader(
+        dataset,
+        num_workers=_int("num_workers", values["num_workers"]),
+        batch_size=values["batch_size"],
+    )
 
 
 def get_dummy_loader(cfg: Any, rank: int, world_size: int) -> DataLoader:

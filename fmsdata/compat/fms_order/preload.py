@@ -1,0 +1,48 @@
+"""fms-fsdp's 10,000-line shuffle buffer (``PreloadBufferDataset``).
+
+While it holds fewer than ``window`` lines it takes one more line before each output, so
+it fills at two lines per output; each output is line ``i`` drawn by
+``torch.randint(size, (1,))`` from a ``torch.Generator`` seeded with the *distributed*
+rank (not the DataLoader worker's), and slot ``i`` gets the next line (or, in a buffer
+larger than the window after a rescale, the last line, shrinking it by one).
+
+State keys: ``g_state`` (uint8), ``buffer`` (the lines, in slot order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+__all__ = ["PreloadBuffer"]
+
+
+class PreloadBuffer:
+    def __init__(self, source: Callable[[], np.ndarray], window: int, rank: int):
+        self.source, self.window = source, window
+        self.generator = torch.Generator().manual_seed(rank)
+        self.buffer: list[np.ndarray] = []
+
+    def next_line(self) -> np.ndarray:
+        buf = self.buffer
+        if len(buf) < self.window:
+            buf.append(self.source())
+        i = int(torch.randint(len(buf), (1,), generator=self.generator).item())
+        out = buf[i]
+        if len(buf) > self.window:
+            buf[i] = buf[-1]
+            buf.pop()
+        else:
+            buf[i] = self.source()
+        return out
+
+    def state(self) -> dict:
+        return {"g_state": self.generator.get_state().numpy().copy(), "buffer": list(self.buffer)}
+
+    def load(self, state: dict, whole: bool) -> None:
+        if whole and state.get("g_state") is not None:
+            g = np.asarray(state["g_state"], dtype=np.uint8)
+            self.generator.set_state(torch.from_numpy(g.copy()))
+        self.buffer = [np.asarray(line, np.int64) for line in state["buffer"]]

@@ -1,0 +1,70 @@
+"""One dataset's logical shards on one physical worker, drawn as fms-fsdp draws them.
+
+fms-fsdp (``ScalableShardDataset``): a physical worker (rank ``r`` of ``W`` times
+DataLoader workers, worker ``w`` of ``N`` giving ``r*N + w`` of ``W*N``) owns logical
+shards ``p*L/P .. (p+1)*L/P - 1``. For each new document it draws a logical shard with
+``torch.multinomial`` over the float counts of documents still to come this round,
+from a ``torch.Generator`` seeded with the physical rank, and reads that shard until a
+chunk ends with the EOS *value*. When every count reaches zero they refill and the
+generator is seeded again. The same torch calls in the same order give the same draws on
+the same torch build.
+
+State keys: ``current_reader``, ``g_state`` (torch generator state, uint8),
+``n_docs_remaining`` and ``logical_shard_states`` (one per owned logical shard).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fmsdata.errors import EmptyDatasetError
+
+from .docstream import DocStream
+
+__all__ = ["ShardMix"]
+
+
+class ShardMix:
+    def __init__(self, streams: list[DocStream], physical_rank: int, eos: int, folder: str):
+        self.streams, self.rank, self.eos, self.folder = streams, physical_rank, eos, folder
+        self.remaining = [s.n_docs for s in streams]
+        self.current: int | None = None
+        self.generator = torch.Generator().manual_seed(physical_rank)
+
+    def next_chunk(self) -> np.ndarray:
+        if self.current is None:
+            if sum(self.remaining) <= 0:
+                raise EmptyDatasetError(f"No documents detected in {self.folder}")
+            weights = torch.tensor(self.remaining, dtype=torch.float)
+            self.current = int(torch.multinomial(weights, 1, generator=self.generator).item())
+        ind = self.current
+        out = self.streams[ind].next_chunk()
+        if out[-1] != self.eos:
+            return out
+        self.current = None
+        self.remaining[ind] -= 1
+        if sum(self.remaining) == 0:
+            self.remaining = [s.n_docs for s in self.streams]
+            self.generator.manual_seed(self.rank)
+        return out
+
+    def state(self) -> dict:
+        return {
+            "current_reader": self.current,
+            "g_state": self.generator.get_state().numpy().copy(),
+            "n_docs_remaining": list(self.remaining),
+            "logical_shard_states": [s.state() for s in self.streams],
+        }
+
+    def load(self, state: dict, whole: bool) -> None:
+        """Load ``state``; with ``whole`` False (a rescaled fms-fsdp checkpoint) only the
+        counts and logical shards, as fms-fsdp does."""
+        if whole:
+            self.current = state["current_reader"]
+            if state["g_state"] is not None:
+                g = np.asarray(state["g_state"], dtype=np.uint8)
+                self.generator.set_state(torch.from_numpy(g.copy()))
+        self.remaining = [int(x) for x in state["n_docs_remaining"]]
+        for stream, sub in zip(self.streams, state["logical_shard_states"], strict=True):
+            stream.load(sub)
