@@ -1,0 +1,36 @@
+"""Python run from the folder holding a checkout named ``fmsdata/`` imports the package,
+not the checkout as an empty namespace package (issue 22)."""
+
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = """
+import os
+import fmsdata
+import fmsdata.handlers
+from fmsdata.textcorpus import bundled_tokenizer_path
+print(fmsdata.build_dataloader.__module__, fmsdata.handlers.ArrowDocHandler.__name__)
+print(os.path.realpath(fmsdata.__file__))
+print(os.path.realpath(fmsdata.handlers.__file__))
+print(os.path.isfile(bundled_tokenizer_path()))
+"""
+
+
+def test_a_script_beside_the_checkout_imports_the_package(tmp_path):
+    checkout = tmp_path / "fmsdata"  # what `git clone` names it
+    checkout.mkdir()
+    for name in ("__init__.py", "fmsdata", "handlers", "pyproject.toml"):
+        os.symlink(os.path.join(REPO, name), checkout / name)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "fmsdata.loader ArrowDocHandler"
+    assert lines[1] == os.path.join(REPO, "fmsdata", "__init__.py")
+    assert lines[2] == os.path.join(REPO, "handlers", "__init__.py")
+    assert lines[3] == "True"  # package data resolves inside the package folder
