@@ -1,0 +1,144 @@
+"""order="fms-fsdp": batches bit-identical to fms-fsdp mamba-new's own loader.
+
+The expected digests were recorded by ``make_fms_fsdp_fixtures.py`` running fms-fsdp's
+real code on the corpus ``fms_corpus.make_corpus`` rebuilds here from its seed. They hold
+for the torch build whose generator draws match the recorded probe (fms-fsdp's order rests
+on ``torch.multinomial`` / ``torch.randint``); another build skips, saying so.
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from fms_corpus import batch_digest, make_corpus
+from make_fms_fsdp_fixtures import generator_probe
+
+from fmsdata.compat.fms_fsdp import get_data_loader
+from fmsdata.errors import EmptyDatasetError, StateMismatchError
+from fmsdata.loader import FmsDataLoader
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURE = json.load(open(os.path.join(HERE, "fixtures", "fms_fsdp_mamba_new.json")))
+CKPTS = os.path.join(HERE, "fixtures", "fms_ckpt")
+
+pytestmark = pytest.mark.skipif(
+    generator_probe() != FIXTURE["generator_probe"],
+    reason=f"this torch ({torch.__version__}) draws other multinomial/randint values than "
+    f"the one the fixtures were recorded with ({FIXTURE['torch']}); fms-fsdp's order "
+    "depends on them, so its digests do not apply",
+)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_corpus(str(tmp_path_factory.mktemp("fms") / "data"), seed=FIXTURE["corpus_seed"])
+
+
+def _digests(values, rank, world, steps, order="fms-fsdp"):
+    it = iter(get_data_loader(values, rank, world, order=order))
+    return [batch_digest(next(it)) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("case", sorted(FIXTURE["cases"]))
+def test_stream_matches_fms_fsdp(case, data, tmp_path):
+    spec = FIXTURE["cases"][case]
+    world = spec["world_size"]
+    for rank in range(world):
+        values = {**spec["config"], "data_path": data, "ckpt_load_path": str(tmp_path)}
+        values["ckpt_save_path"] = str(tmp_path / f"rank{rank}")
+        got = _digests(values, rank, world, spec["steps"])
+        assert got == spec["digests"][str(rank)], f"{case} rank {rank}"
+
+
+RESUMES = [(c, r) for c, spec in FIXTURE["checkpoints"].items() for r in spec["resumes"]]
+
+
+@pytest.mark.parametrize("case,resume", RESUMES)
+def test_resume_from_fms_fsdp_checkpoint(case, resume, data, tmp_path):
+    """fms-fsdp's own loader_state_*.pth, found by its rules under ckpt_load_path with
+    resuming_dataset, continue exactly as fms-fsdp continues them (order detected)."""
+    spec = FIXTURE["checkpoints"][case]
+    run = spec["resumes"][resume]
+    load = shutil.copytree(os.path.join(CKPTS, case), tmp_path / "load")
+    for rank in range(run["world_size"]):
+        values = {**spec["config"], "data_path": data, "num_workers": run["num_workers"]}
+        values.update(resuming_dataset=True, ckpt_load_path=str(load))
+        values["ckpt_save_path"] = str(tmp_path / f"save{rank}")
+        got = _digests(values, rank, run["world_size"], run["steps"], order=None)
+        assert got == run["digests"][str(rank)], f"{case}/{resume} rank {rank}"
+
+
+def test_restart_from_own_checkpoints_continues_uninterrupted_stream(data, tmp_path):
+    """fmsdata's own state files in this order (written like fms-fsdp's, at batch 7 for
+    step 6) continue the uninterrupted stream, not fms-fsdp's resumed one."""
+    spec = FIXTURE["cases"]["w2_nw0"]
+    job = tmp_path / "job"
+    for rank in range(2):
+        values = {**spec["config"], "data_path": data, "checkpoint_interval": 3}
+        values["ckpt_save_path"] = values["ckpt_load_path"] = str(tmp_path / f"r{rank}")
+        assert _digests(values, rank, 2, 8) == spec["digests"][str(rank)][:8]
+        shutil.copytree(tmp_path / f"r{rank}", job, dirs_exist_ok=True)
+    files = sorted(os.listdir(job / "fmsdata_fms_order" / "step_6_ckp"))
+    assert files == ["loader_state_0.fms", "loader_state_1.fms"]
+    shutil.rmtree(job / "fmsdata_fms_order" / "step_3_ckp")
+    for rank in range(2):
+        values = {**spec["config"], "data_path": data, "checkpoint_interval": 1000}
+        values["ckpt_save_path"] = values["ckpt_load_path"] = str(job)
+        got = _digests(values, rank, 2, 20, order=None)
+        assert got == spec["digests"][str(rank)][6:26]
+
+
+def test_crafted_pth_is_refused_without_running(data, tmp_path):
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    step = tmp_path / "load" / "checkpoints" / "step_5_ckp"
+    step.mkdir(parents=True)
+    torch.save({"x": Payload()}, step / "loader_state_0.pth")
+    values = {**FIXTURE["base"], "data_path": data, "resuming_dataset": True}
+    values.update(ckpt_load_path=str(tmp_path / "load"), ckpt_save_path=str(tmp_path / "s"))
+    with pytest.raises(StateMismatchError, match="loader_state_0.pth.*refused"):
+        next(iter(get_data_loader(values, 0, 1, order="fms-fsdp")))
+    assert not marker.exists()
+
+
+def test_newest_step_without_loader_states_warns_and_uses_previous(data, tmp_path, caplog):
+    spec = FIXTURE["checkpoints"]["ck_w2_nw0"]
+    load = shutil.copytree(os.path.join(CKPTS, "ck_w2_nw0"), tmp_path / "load")
+    (load / "checkpoints" / "step_9_ckp").mkdir()
+    (load / "checkpoints" / "step_9_ckp" / "model.pth").write_bytes(b"")
+    (load / "checkpoints" / "notes.txt").write_text("x")
+    values = {**spec["config"], "data_path": data, "resuming_dataset": True}
+    values.update(ckpt_load_path=str(load), ckpt_save_path=str(tmp_path / "s"))
+    got = _digests(values, 0, 2, 4)
+    assert got == spec["resumes"]["same"]["digests"]["0"][:4]
+    assert "would start the data from scratch" in caplog.text
+    assert "would crash" in caplog.text
+
+
+def test_empty_document_first_in_single_file_shard_raises_instead_of_hanging(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+
+    folder = tmp_path / "data" / "one"
+    folder.mkdir(parents=True)
+    schema = pa.schema([("tokens", pa.uint32())])
+    with pa.ipc.new_file(str(folder / "a.arrow"), schema) as writer:
+        for doc in ([0], [0]):  # only EOS: empty once stripped
+            writer.write_batch(pa.record_batch([pa.array(np.array(doc, np.uint32))], schema))
+    values = {**FIXTURE["base"], "data_path": str(tmp_path / "data"), "datasets": "one"}
+    values.update(weights="1", logical_shards=1, ckpt_save_path=str(tmp_path / "s"))
+    with pytest.raises(EmptyDatasetError, match="a.arrow|logical shard 0"):
+        next(iter(get_data_loader(values, 0, 1, order="fms-fsdp")))
+
+
+def test_order_is_fmsdata_without_fms_checkpoints(data, tmp_path):
+    values = {**FIXTURE["base"], "data_path": data, "ckpt_save_path": str(tmp_path)}
+    values["file_type"] = "arrow"
+    assert isinstance(get_data_loader(values, 0, 1), FmsDataLoader)
+    assert not isinstance(get_data_loader(values, 0, 1, order="fms-fsdp"), FmsDataLoader)
