@@ -57,6 +57,26 @@ def test_demo_reruns_in_its_folder_and_says_what_next(tmp_path, capsys):
     assert batch["input_ids"].shape == (config["batch_size"], config["seq_length"])
 
 
+def test_demo_prints_absolute_paths_for_a_relative_dir(tmp_path, monkeypatch, capsys):
+    """``--dir X`` relative: every path printed still works from any folder."""
+    import os
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--dir", "work", "--batches", "2", "--workers", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    steps = lines[lines.index("next:") :]
+    (command,) = [line for line in steps if "torchrun" in line]
+    words = shlex.split(command)
+    example = words[words.index("--nproc_per_node") + 2]
+    assert os.path.isabs(example) and os.path.isfile(example)
+    for flag in ("--data", "--ckpt-dir", "--hash-log"):
+        path = words[words.index(flag) + 1]
+        assert path.startswith(str(tmp_path / "work")), (flag, path)
+    assert "from any folder" in "\n".join(steps)
+    assert f"fmsdata bench {tmp_path / 'work' / 'loader.yaml'}" in "\n".join(steps)
+
+
 def test_bench_reports_figures(tmp_path, capsys):
     info = corpus(tmp_path / "data")
     path = tmp_path / "c.yaml"

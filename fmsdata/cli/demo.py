@@ -104,6 +104,7 @@ def next_steps(work: str, config: dict) -> list[str]:
         out.write("# Written by fmsdata demo: a loader over its tokenized stdlib docstrings.\n")
         yaml.safe_dump(kept, out, sort_keys=False)
     root = config["data_path"]
+    example, where = _train_example()
     return [
         "next:",
         f"  a loader config for this data (bos_token {config['bos_token']}, eos_token "
@@ -111,12 +112,22 @@ def next_steps(work: str, config: dict) -> list[str]:
         f'    in Python:  loader = fmsdata.build_dataloader("{path}")',
         f"    measure it: fmsdata bench {path}",
         f"  look at the data (decoded with the tokenizer bundled in it): fmsdata inspect {root}",
-        "  train a small model on it, on 2 processes (from a checkout of the fmsdata "
-        "repository; BOS/EOS and vocabulary come from the data's metadata.json):",
-        f"    torchrun --nproc_per_node 2 examples/train_fsdp.py --data {root} --steps 100 "
+        f"  train a small model on it, on 2 processes ({where}; BOS/EOS and vocabulary "
+        "come from the data's metadata.json):",
+        f"    torchrun --nproc_per_node 2 {example} --data {root} --steps 100 "
         f"--ckpt-dir {os.path.join(work, 'ckpt')} --ckpt-every 50 "
         f"--hash-log {os.path.join(work, 'hashes.jsonl')}",
     ]
+
+
+def _train_example() -> tuple[str, str]:
+    """The FSDP example's path, absolute when this package runs from a checkout (an
+    editable install), and where the printed command runs from."""
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    example = os.path.join(checkout, "examples", "train_fsdp.py")
+    if os.path.isfile(example):
+        return example, "from any folder"
+    return "examples/train_fsdp.py", "from a checkout of the fmsdata repository"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     from fmsdata.textcorpus import bundled_tokenizer_path
     from fmsdata.tokenize import TokenizeSpec, run_tokenize
 
-    work = args.dir or tempfile.mkdtemp(prefix="fmsdata-demo-")
+    # Absolute, so the commands it prints run from any folder.
+    work = os.path.abspath(args.dir) if args.dir else tempfile.mkdtemp(prefix="fmsdata-demo-")
     raw, root = os.path.join(work, "raw"), os.path.join(work, "tokens")
     tokenizer = bundled_tokenizer_path()
     docs, chars = write_raw(raw)
