@@ -133,6 +133,12 @@ class FileHandler(ABC):
         """
         return None
 
+    def damage(self, reader: Any) -> str | None:
+        """What a lenient read of this open file left out, and why (a compressed stream
+        cut short loses its documents after the cut), or None. Errors about a dataset
+        with too few documents name it, since the cause is otherwise only in a log line."""
+        return None
+
     def count(self, path: str) -> tuple[int, int]:
         """(documents, tokens) of a shard, for the counts metadata."""
         reader = self.open(path)

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 from fmsdata.errors import ShardFormatError
 from fmsdata.extras import require
 
-__all__ = ["CorruptStreamError", "open_binary", "zstd_blocks"]
+__all__ = ["CorruptStreamError", "open_binary", "read_lines", "zstd_blocks"]
 
 _BLOCK = 1 << 20
 
@@ -39,6 +39,42 @@ def open_binary(path: str) -> BinaryIO:
     if name.endswith((".zst", ".zstd")):
         return io.BufferedReader(_Blocks(zstd_blocks(path)), _BLOCK)  # type: ignore[return-value]
     return open(path, "rb")
+
+
+def read_lines(path: str) -> Iterator[bytes]:
+    """The lines of a plain, gzip or zstandard file (by ending), each with its newline
+    (the last one may lack it).
+
+    Every whole line decompressed before a cut or damage is given before the
+    ``CorruptStreamError`` that ends the iteration; the line the damage cut is not.
+    (Iterating ``open_binary`` instead gives none of a short file's lines: its buffered
+    reader meets the error while filling its first buffer.)
+    """
+    name = path.lower()
+    if name.endswith(".gz"):
+        blocks = _gzip_blocks(path)
+    elif name.endswith((".zst", ".zstd")):
+        blocks = zstd_blocks(path)
+    else:
+        blocks = _plain_blocks(path)
+    pending: list[bytes] = []  # pieces of a line that spans blocks
+    for block in blocks:
+        lines = block.split(b"\n")
+        if len(lines) == 1:
+            pending.append(block)
+            continue
+        yield b"".join([*pending, lines[0], b"\n"])
+        for line in lines[1:-1]:
+            yield line + b"\n"
+        pending = [lines[-1]] if lines[-1] else []
+    if pending:
+        yield b"".join(pending)
+
+
+def _plain_blocks(path: str) -> Iterator[bytes]:
+    with open(path, "rb") as raw:
+        while block := raw.read(_BLOCK):
+            yield block
 
 
 class _Blocks(io.RawIOBase):
@@ -83,7 +119,9 @@ def _gzip_blocks(path: str) -> Iterator[bytes]:
     with gzip.open(path, "rb") as stream:
         while True:
             try:  # EOFError: the last member is cut short
-                block = stream.read(_BLOCK)
+                # read1: what is decompressed so far comes before the error (read would
+                # raise before returning a cut file's readable part)
+                block = stream.read1(_BLOCK)
             except (OSError, EOFError, zlib.error) as err:
                 raise CorruptStreamError(
                     f"{path}: corrupt or truncated gzip stream ({err})"

@@ -4,7 +4,9 @@ Each line is a JSON object; its ``text_field`` (``text``, ``raw_content``, ...) 
 document. The file is tokenized once into fmsdata's token cache (``TokenCache``) and read
 from there as memory-mapped tokens. Lines that do not parse or lack the field are skipped
 and counted (a warning names the file and the count); with ``strict`` the first one is an
-error naming the file and line.
+error naming the file and line. A compressed file cut short keeps its whole documents
+before the cut (a warning names the file and the count kept); with ``strict`` it is an
+error.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fmsdata.errors import ConfigError, ShardFormatError
-from fmsdata.handlers.compressed import CorruptStreamError, open_binary
+from fmsdata.handlers.compressed import CorruptStreamError, open_binary, read_lines
 from fmsdata.handlers.derived import default_cache_dir
 from fmsdata.handlers.text import (
     CachedTokens,
@@ -95,35 +97,36 @@ class JsonlHandler(CachedTokensHandler):
     def records(self, path: str) -> Iterator[str | None]:
         """The documents of a file in order; None for a skipped malformed line.
 
-        A compressed file cut short or damaged ends the records: under ``strict`` it is a
-        ``ShardFormatError``, else one more skipped record (the line it cut) and a warning.
+        A compressed file cut short or damaged ends the records with a
+        ``CorruptStreamError``, after every whole line before the damage.
         """
-        with open_binary(path) as lines:
-            number = 0
-            try:
-                for number, raw in enumerate(lines, start=1):
-                    if not raw.strip():
-                        continue
-                    text, problem = parse_record(raw, self.text_field)
-                    if problem is None:
-                        yield text
-                    elif self.strict:
-                        raise ShardFormatError(f"{path}:{number}: {problem}")
-                    else:
-                        yield None
-            except CorruptStreamError as err:
-                if self.strict:
-                    raise
-                logger.warning("%s (after line %d; the rest is skipped)", err, number)
+        for number, raw in enumerate(read_lines(path), start=1):
+            if not raw.strip():
+                continue
+            text, problem = parse_record(raw, self.text_field)
+            if problem is None:
+                yield text
+            elif self.strict:
+                raise ShardFormatError(f"{path}:{number}: {problem}")
+            else:
                 yield None
 
     def chunks(self, path: str) -> Iterator[TokenChunk]:
+        """The file's documents, tokenized in batches. A compressed file cut short or
+        damaged is a ``ShardFormatError`` under ``strict``; else its whole documents before
+        the damage are kept and the last chunk says what was lost (``damage``)."""
         batch: list[str | None] = []
-        for text in self.records(path):
-            batch.append(text)
-            if len(batch) == TEXTS_PER_BATCH:
-                yield encode_texts(self.tokenizer, batch)
-                batch = []
+        try:
+            for text in self.records(path):
+                batch.append(text)
+                if len(batch) == TEXTS_PER_BATCH:
+                    yield encode_texts(self.tokenizer, batch)
+                    batch = []
+        except CorruptStreamError as err:
+            if self.strict:
+                raise
+            yield encode_texts(self.tokenizer, batch)._replace(damage=str(err))
+            return
         yield encode_texts(self.tokenizer, batch)
 
     def open(self, path: str) -> CachedTokens:
@@ -132,6 +135,14 @@ class JsonlHandler(CachedTokensHandler):
             reader = cache.load(path, lambda: self.chunks(path), self.tokenizer.dtype)
         except (OSError, EOFError, UnicodeDecodeError) as err:
             raise ShardFormatError(f"{path}: unreadable text shard ({err})") from None
+        damage = reader.meta.get("damage")
+        if damage:
+            logger.warning(
+                "%s: kept the %d whole document(s) before it, the rest of the file is lost "
+                "(set strict to fail on a damaged file)",
+                damage,
+                reader.meta["documents"],
+            )
         if reader.meta["skipped_records"]:
             logger.warning(
                 "%s: skipped %d malformed line(s) (set strict to fail on them)",

@@ -90,6 +90,7 @@ class TokenChunk(NamedTuple):
     tokens: np.ndarray
     lengths: np.ndarray
     skipped: int = 0  # malformed records dropped before these documents
+    damage: str | None = None  # what ended the shard early (a cut stream): the rest is lost
 
 
 def encode_texts(tokenizer: TextTokenizer, texts: list[str | None]) -> TokenChunk:
@@ -147,12 +148,14 @@ class TokenCache:
         suffix = f".tmp{os.getpid()}"
         lengths: list[np.ndarray] = []
         skipped = 0
+        damage = None
         try:
             with open(stem + ".tokens" + suffix, "wb") as out:
                 for chunk in chunks():
                     out.write(np.ascontiguousarray(chunk.tokens, dtype=dtype).tobytes())
                     lengths.append(np.asarray(chunk.lengths, dtype=np.int64))
                     skipped += chunk.skipped
+                    damage = chunk.damage or damage
         except BaseException:  # a bad record under strict, a cut stream: leave nothing behind
             os.unlink(stem + ".tokens" + suffix)
             raise
@@ -166,6 +169,7 @@ class TokenCache:
             "documents": len(every),
             "tokens": int(offsets[-1]),
             "skipped_records": skipped,
+            "damage": damage,
         }
         with open(stem + ".json" + suffix, "w") as out:
             json.dump(meta, out)
@@ -195,3 +199,6 @@ class CachedTokens(FlatBuffer):
 class CachedTokensHandler(FlatBufferHandler):
     """Random access over shards read through a ``TokenCache`` (``open`` returns
     ``CachedTokens``, a ``FlatBuffer``): the rest of the handler contract comes with it."""
+
+    def damage(self, reader: CachedTokens) -> str | None:
+        return reader.meta.get("damage") or None

@@ -67,6 +67,8 @@ _MAX_FRAGMENTS = 8
 # A dataset whose files list at least this many bytes per token of the rotation budget is
 # not measured (no format stores a token in fewer bytes on average); see ``_rotates``.
 _BYTES_PER_TOKEN = 16
+# Files of a dataset that an error about it holding too few documents checks for damage.
+_DAMAGE_CHECK_FILES = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,10 +301,14 @@ class DocumentStream:
         self._epoch_starts = np.concatenate([[0], np.cumsum(per_epoch)]).astype(np.int64)
         self._size = int(self._epoch_starts[-1])
         if self._size == 0:
+            damage = self._damaged_files()
             raise EmptyDatasetError(
                 f"dataset {self.access.name!r} gives no document to logical shard {self.shard} "
-                f"of {self.n_shards} (its {n_files} file(s) hold too few documents); use fewer "
-                "logical_shards or more data"
+                f"of {self.n_shards} (its {n_files} file(s) hold too few documents"
+                + (f"; damaged, read only up to the damage: {'; '.join(damage)}" if damage else "")
+                + "); "
+                + ("restore the damaged file(s), or " if damage else "")
+                + "use fewer logical_shards or more data"
             )
         if self._saved_size >= 0 and self._saved_size != self._size:
             raise StateMismatchError(
@@ -321,6 +327,17 @@ class DocumentStream:
         # goes on at the next epoch that holds documents.
         self.epoch, self.pos = self._local(self._global(self.epoch, self.pos))
         self._ahead = self._global(self.epoch, self.pos)
+
+    def _damaged_files(self) -> list[str]:
+        """What the handler says was lost from each of the dataset's files (a compressed
+        file cut short, read leniently), for the error about a shard without documents: the
+        cause is otherwise named only in a log line, maybe a worker's. Only asked of
+        datasets of at most ``_DAMAGE_CHECK_FILES`` files (each is opened)."""
+        access = self.access
+        if access.num_files > _DAMAGE_CHECK_FILES:
+            return []
+        found = (access.handler.damage(access.reader(f)) for f in range(access.num_files))
+        return [damage for damage in found if damage]
 
     def _global(self, epoch: int, pos: int) -> int:
         """Walk position counted from the stream's start."""

@@ -12,7 +12,7 @@ from formats import write_hf_arrow, write_jsonl, write_mds
 from support import take
 
 from fmsdata import build_dataloader
-from fmsdata.errors import ShardFormatError
+from fmsdata.errors import EmptyDatasetError, ShardFormatError
 from fmsdata.handlers import HFArrowHandler, JsonlHandler, MdsHandler
 from fmsdata.handlers.text import TextTokenizer
 from fmsdata.textcorpus import bundled_tokenizer_path
@@ -78,10 +78,27 @@ def test_a_cut_compressed_jsonl_is_never_a_silent_short_read(tmp_path, compressi
     assert not [f for _, _, fs in os.walk(tmp_path / "s") for f in fs]  # no partial cache
     lenient = JsonlHandler(bundled_tokenizer_path(), cache_dir=str(tmp_path / "l"))
     docs = read_docs(lenient, path)
-    assert docs == tokens_of(TEXTS)[: len(docs)] and len(docs) < len(TEXTS)
+    assert docs == tokens_of(TEXTS)[: len(docs)]
     reader = lenient.open(str(path))
-    assert reader.meta["skipped_records"] == 1
-    assert f"{path.name}: skipped 1 malformed line" in caplog.text
+    assert reader.meta["damage"].startswith(f"{path}: ")
+    assert f"kept the {len(docs)} whole document(s) before it" in caplog.text
+
+
+@pytest.mark.parametrize("compression", ["gz", "zst"])
+@pytest.mark.parametrize("cut", [4, 1000])
+def test_a_cut_compressed_jsonl_keeps_its_readable_documents(tmp_path, compression, cut, caplog):
+    """Cut anywhere, even only its last 4 bytes: the whole documents before the cut are
+    read (all but the last zstd block's), a warning names the file and the count kept."""
+    texts = [f"document {i} says " + f"w{i} " * 20 for i in range(3000)]  # several zstd blocks
+    write_jsonl(tmp_path, {"j": [texts]}, compression=compression)
+    (path,) = (tmp_path / "j").iterdir()
+    path.write_bytes(path.read_bytes()[:-cut])
+    handler = JsonlHandler(bundled_tokenizer_path(), cache_dir=str(tmp_path / "c"))
+    docs = read_docs(handler, path)
+    assert docs == tokens_of(texts)[: len(docs)]
+    assert len(docs) > len(texts) * 0.6
+    assert f"{path}: " in caplog.text
+    assert f"kept the {len(docs)} whole document(s) before it" in caplog.text
 
 
 @pytest.mark.parametrize("compression", ["gz", "zst"])
@@ -123,7 +140,7 @@ def test_an_empty_gz_is_not_an_empty_shard(tmp_path, caplog):
     with pytest.raises(ShardFormatError, match=r"a\.jsonl\.gz: empty file, not a gzip stream"):
         JsonlHandler(bundled_tokenizer_path(), strict=True, cache_dir=str(tmp_path)).open(str(path))
     lenient = JsonlHandler(bundled_tokenizer_path(), cache_dir=str(tmp_path / "l"))
-    assert lenient.open(str(path)).meta["skipped_records"] == 1
+    assert "a.jsonl.gz: empty file" in lenient.open(str(path)).meta["damage"]
     assert "a.jsonl.gz: empty file" in caplog.text
     path.write_bytes(gzip.compress(b""))  # a real gzip of nothing is an empty shard
     assert read_docs(lenient, path) == []
@@ -161,3 +178,30 @@ def test_cut_mds_shards_name_the_shard_and_leave_no_cache(
     with pytest.raises(ShardFormatError, match=rf"m/{path.name}: "):
         MdsHandler(token_dtype="uint16", cache_dir=str(cache)).open(str(path))
     assert not [f for _, _, fs in os.walk(cache) for f in fs]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_dataset_emptied_by_a_cut_file_names_the_file(tmp_path, workers):
+    """The only file of a .jsonl.zst root is cut: the error about a logical shard without
+    documents names the file and its damage, also from a worker."""
+    path = jsonl_file(tmp_path, "zst")
+    path.write_bytes(path.read_bytes()[:-4])
+    loader = build_dataloader(
+        dict(
+            data_path=str(tmp_path),
+            datasets=["j"],
+            file_type="jsonl",
+            tokenizer=bundled_tokenizer_path(),
+            seq_length=16,
+            batch_size=2,
+            logical_shards=2,
+            num_workers=workers,
+            cache_dir=str(tmp_path / "cache"),
+        )
+    )
+    with pytest.raises(EmptyDatasetError) as caught:
+        take(loader, 5)
+    message = str(caught.value)
+    assert "gives no document to logical shard" in message
+    assert f"{path}: truncated zstd stream" in message
+    assert "restore the damaged file(s)" in message
