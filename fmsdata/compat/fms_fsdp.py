@@ -359,7 +359,8 @@ def _nothing_to_resume(ckpt_load_path: str, load_from: str) -> str:
     if glob.glob(os.path.join(ckpt_load_path, "checkpoints", "*", "loader_state_*.pth")):
         message += (
             "; the loader_state_*.pth files under checkpoints/ are fms-fsdp's own loader "
-            "states, which fmsdata does not read (its order differs)"
+            "states: leave order unset (or pass order='fms-fsdp') to continue them in "
+            "fms-fsdp's order"
         )
     return message + "; set resuming_dataset=False to start the data from the beginning"
 

@@ -195,8 +195,11 @@ def test_resuming_dataset_without_a_loader_checkpoint_is_an_error(tmp_path):
     old.mkdir(parents=True)
     (old / "loader_state_0.pth").write_bytes(b"")
     cfg = bamba_config(info, tmp_path, resuming_dataset=True, ckpt_load_path=str(old.parents[1]))
-    with pytest.raises(StateMismatchError, match="fms-fsdp's own loader states"):
-        get_data_loader(cfg, 0, 1)
+    with pytest.raises(StateMismatchError, match="fms-fsdp's own loader states.*order="):
+        get_data_loader(cfg, 0, 1, order="fmsdata")
+    # order unset: those states are continued in fms-fsdp's order (this one is no torch file)
+    with pytest.raises(StateMismatchError, match="loader_state_0.pth: not an fms-fsdp"):
+        next(iter(get_data_loader(cfg, 0, 1)))
 
 
 def test_model_checkpointer_still_finds_its_own_newest_folder(tmp_path):
