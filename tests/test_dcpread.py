@@ -346,3 +346,18 @@ def test_safe_reader_refuses_a_crafted_non_tensor_entry(tmp_path):
     # The entry is live: the default reader hands it to torch.load(weights_only=False).
     dcp.load({"extra": {"note": None}}, checkpoint_id=str(folder))
     assert marker.exists()
+
+
+def test_state_show_reads_the_newest_dcp_step_of_a_training_checkpoint_folder(tmp_path, capsys):
+    """``examples/train_fsdp.py`` writes ``CKPT/step_NNNNNN/`` DCP folders and ``latest``."""
+    info = corpus(tmp_path / "data")
+    loader = build_dataloader(base_config(info))
+    ckpt = tmp_path / "ckpt"
+    for step in (3, 10):
+        take(loader, step - loader.steps)
+        dcp.save({"dataloader": loader}, checkpoint_id=str(ckpt / f"step_{step:06d}"))
+    (ckpt / "latest").write_text("10")
+    (ckpt / "step_000099").mkdir()  # a save that never wrote its metadata
+    assert main(["state", "show", str(ckpt)]) == 0
+    out = capsys.readouterr().out
+    assert "step_000010" in out and "at step 10," in out

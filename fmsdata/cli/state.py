@@ -23,8 +23,9 @@ SHOW_DESCRIPTION = (
     "the position in it, the documents and tokens delivered (lines still in the shuffle "
     "buffer and the unsent rest of split documents apart), and the skips. PATH is a loader "
     "checkpoint folder (loader_rank_*.fms files), a folder of automatic checkpoints (the "
-    "newest complete step_* folder is read), a single state file, or a "
-    "torch.distributed.checkpoint folder holding a loader entry. Nothing is unpickled that "
+    "newest complete step_* folder is read), a single state file, a "
+    "torch.distributed.checkpoint folder holding a loader entry, or a folder of such DCP "
+    "step_<N> folders (the newest is read). Nothing is unpickled that "
     "could build arbitrary objects: DCP's .metadata goes through an allow-list of DCP's own "
     "metadata classes, tensors through torch.load(weights_only=True), the rest is JSON."
 )
@@ -73,9 +74,25 @@ def read_states(path: str) -> tuple[str, list[dict[str, Any]]]:
     if not files:
         latest = latest_checkpoint(path)
         if latest is None:
+            dcp_step = _newest_dcp_step(path)
+            if dcp_step is not None:
+                return dcp_step, _read_dcp(dcp_step)
             raise StateMismatchError(f"{path}: no loader state (loader_rank_*.fms, step_*/ or DCP)")
         path, files = latest, rank_files(latest)
     return path, [load_state(files[rank]) for rank in sorted(files)]
+
+
+def _newest_dcp_step(path: str) -> str | None:
+    """The ``step_<N>`` sub-folder of ``path`` holding a DCP checkpoint with the largest
+    ``N`` (a training script's checkpoint folder, as ``examples/train_fsdp.py`` writes
+    one), or None. The summary names the folder, so the user sees which step was read."""
+    steps = []
+    for name in os.listdir(path):
+        number = name.removeprefix("step_")
+        if number != name and number.isdigit():
+            if os.path.isfile(os.path.join(path, name, ".metadata")):
+                steps.append((int(number), name))
+    return os.path.join(path, max(steps)[1]) if steps else None
 
 
 def _read_dcp(path: str) -> list[dict[str, Any]]:
