@@ -124,3 +124,12 @@ def test_json_output_is_parseable_after_help_changes(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "data"), "--json"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["documents"] > 0 and set(figures["datasets"]) == {"a", "b"}
+
+
+def test_version_comes_from_the_installed_metadata(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fmsdata {version('fmsdata')}"

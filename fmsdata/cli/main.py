@@ -23,12 +23,23 @@ COMMANDS = (demo, tokenize, index, inspect_cmd, download, bench, state)
 DEBUG_ENV = "FMSDATA_DEBUG"
 
 
+def _version() -> str:
+    """The installed distribution's version (its metadata: what pip installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fmsdata")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="fmsdata",
         description="Stateful, streaming, rescalable data loading for LLM pretraining.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    parser.add_argument("--version", action="version", version=f"fmsdata {_version()}")
     parser.add_argument(
         "--debug",
         action="store_true",
