@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import time
 
@@ -38,6 +39,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from fmsdata import build_dataloader
 from fmsdata.checkpoint import LoadPlanner, SafeFileSystemReader
 from fmsdata.metadata import read_metadata, special_token_ids, vocab_size
+
+logger = logging.getLogger("train_fsdp")
 
 
 class Block(nn.Module):
@@ -149,6 +152,27 @@ def latest_step(ckpt_dir: str) -> int | None:
         return int(handle.read())
 
 
+def resume_step(ckpt_dir: str, say: bool = True) -> int:
+    """The step ``--resume`` continues from, 0 when ``ckpt_dir`` holds no checkpoint.
+
+    Starting afresh although asked to resume is said at WARNING (a wrong ``--ckpt-dir``
+    would otherwise retrain from step 0 without a word); what it resumes from, at INFO.
+    ``say``: whether this process logs (rank 0).
+    """
+    step = latest_step(ckpt_dir)
+    if step is None:
+        if say:
+            logger.warning(
+                "--resume: %s holds no checkpoint (no 'latest' file); starting from step 0",
+                os.path.abspath(ckpt_dir),
+            )
+        return 0
+    if say:
+        folder = os.path.abspath(os.path.join(ckpt_dir, f"step_{step:06d}"))
+        logger.info("--resume: resuming from %s (step %d)", folder, step)
+    return step
+
+
 def save(
     ckpt_dir: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, loader
 ) -> None:
@@ -247,7 +271,7 @@ def main() -> None:
 
     step = first_step = 0
     if args.resume:
-        step = latest_step(args.ckpt_dir) or 0
+        step = resume_step(args.ckpt_dir, say=rank == 0)
         if step:
             load(args.ckpt_dir, step, model, optimizer, loader)
             first_step = step

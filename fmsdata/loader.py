@@ -653,8 +653,8 @@ def build_dataloader(
     if config.checkpoint_dir:
         latest = latest_checkpoint(config.checkpoint_dir)
         if latest is not None:
-            logger.info("resuming the loader from %s", latest)
             load_loader_state(loader, latest)
+            logger.info("resumed the loader from %s, at step %d", latest, loader.steps)
         elif step_folders(config.checkpoint_dir):
             logger.warning(
                 "%s holds step_* folders but none is complete (every rank's file of one save): "

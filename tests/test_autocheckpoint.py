@@ -175,3 +175,16 @@ def test_no_complete_folder_is_a_warning(tmp_path, caplog):
         loader = build_dataloader(config, rank=0, world_size=2)
     assert loader.steps == 0
     assert "none is complete" in caplog.text and str(root) in caplog.text
+
+
+def test_an_automatic_resume_says_what_it_resumed_from(tmp_path, caplog):
+    info = corpus(tmp_path / "data")
+    root = tmp_path / "auto"
+    config = auto_config(info, root, every=2)
+    loader = build_dataloader(config)
+    take(loader, 4)
+    loader.close()
+    with caplog.at_level(logging.INFO, logger="fmsdata"):
+        resumed = build_dataloader(config)
+    assert resumed.steps == 4
+    assert f"resumed the loader from {latest_checkpoint(root)}, at step 4" in caplog.text

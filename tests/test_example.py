@@ -4,6 +4,7 @@ ranks with exactly the global steps of the uninterrupted run (G1-G3 end to end).
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -204,3 +205,21 @@ def test_readme_training_commands_write_the_hash_log():
     assert commands
     for command in commands:
         assert "--hash-log" in command, command
+
+
+def test_resume_without_a_checkpoint_is_a_warning(tmp_path, caplog):
+    """--resume that finds nothing starts at step 0, and says so at WARNING; a checkpoint
+    found is named at INFO with its step."""
+    example = load_example()
+    with caplog.at_level(logging.INFO, logger="train_fsdp"):
+        assert example.resume_step(str(tmp_path / "ckpt")) == 0
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "holds no checkpoint" in warning.getMessage()
+    assert str(tmp_path / "ckpt") in warning.getMessage()
+    caplog.clear()
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "latest").write_text("12")
+    with caplog.at_level(logging.INFO, logger="train_fsdp"):
+        assert example.resume_step(str(tmp_path / "ckpt")) == 12
+    assert f"resuming from {tmp_path / 'ckpt' / 'step_000012'} (step 12)" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
