@@ -156,3 +156,21 @@ def test_a_damaged_shard_through_bench_is_one_line_naming_the_file(tmp_path):
     assert debug.returncode != 0
     assert "Traceback (most recent call last)" in debug.stderr
     assert "Raised in DataLoader worker process" in debug.stderr
+
+
+def test_inspect_checks_files_against_the_recorded_counts(tmp_path, capsys):
+    """A shard holding fewer documents than meta/counts.csv records is said, naming the
+    file and both counts, and the exit code is non-zero; from the root, a dataset folder
+    or the file itself."""
+    corpus(tmp_path, {"a": 2}, docs_per_file=24)
+    assert main(["index", str(tmp_path)]) == 0
+    counts = tmp_path / "meta" / "counts.csv"
+    counts.write_text(
+        counts.read_text().replace("a/shard_00001.arrow,24,", "a/shard_00001.arrow,30,")
+    )
+    capsys.readouterr()
+    for path in (tmp_path, tmp_path / "a", tmp_path / "a" / "shard_00001.arrow"):
+        assert main(["inspect", str(path), "--samples", "0"]) == 1
+        err = capsys.readouterr().err
+        assert "shard_00001.arrow: holds 24 documents but the counts metadata" in err
+        assert "records 30" in err and "shard_00000" not in err

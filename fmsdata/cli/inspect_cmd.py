@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import posixpath
+import sys
 import tempfile
 from typing import TYPE_CHECKING, Any
 
@@ -183,9 +184,29 @@ def _use_root_metadata(args: argparse.Namespace, storage) -> None:
             args.tokenizer = copy
 
 
+def _recorded_counts(root: str, files: list[str], storage) -> tuple[str, dict[str, int]]:
+    """The counts metadata (``meta/*counts*.csv``) of the data root that ``root`` lies in
+    (itself or up to three folders above): ``(counts root, {file under root: documents})``
+    for the inspected files it records; empty when there is none."""
+    from fmsdata.catalog import read_counts
+
+    base = root.rstrip("/")
+    for _ in range(4):
+        keys = {f: posixpath.join(root.rstrip("/"), f)[len(base) + 1 :] for f in files}
+        names = sorted({key.split("/", 1)[0] for key in keys.values()})
+        counts = read_counts(base, names, storage)
+        if counts:
+            return base, {f: counts[key][0] for f, key in keys.items() if key in counts}
+        if "/" not in base.strip("/"):
+            break
+        base = base.rsplit("/", 1)[0]
+    return "", {}
+
+
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from fmsdata.access import count_mismatch
     from fmsdata.handlers.text import TextTokenizer
     from fmsdata.indexing import CACHE_LIMIT
     from fmsdata.remote.cache import file_source
@@ -199,11 +220,16 @@ def run(args: argparse.Namespace) -> int:
     source = file_source(root, storage, remote_cache_dir(), CACHE_LIMIT, handler.companions)
     per_dataset: dict[str, list[Any]] = {name: [] for name in groups}
     dtypes, sample = set(), None
+    counts_root, recorded = _recorded_counts(root, files, storage)
+    mismatches = []
     with Progress(len(files), "files", label="reading ") as progress:
         for name, paths in groups.items():
             for relative in paths:
                 reader = handler.open(source.local(relative))
                 n = handler.num_docs(reader)
+                if relative in recorded and recorded[relative] != n:
+                    path = posixpath.join(root, relative)
+                    mismatches.append(count_mismatch(path, n, recorded[relative]))
                 lengths = handler.doc_lengths(reader, np.arange(n))
                 per_dataset[name].append(np.asarray(lengths, dtype=np.int64))
                 if n:
@@ -226,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
     histogram = _length_histogram(everything)
     if plot is not None:
         plot(by_dataset, args.plot, title=args.path)
+    for mismatch in mismatches:
+        print(f"fmsdata inspect: {mismatch} ({counts_root}/meta)", file=sys.stderr)
     if args.json:
         figures = {
             "files": len(files),
@@ -234,13 +262,14 @@ def run(args: argparse.Namespace) -> int:
             "dtype": dtype_names,
             "length": length,
             "length_histogram": histogram,
+            "count_mismatches": mismatches,
             "datasets": {
                 name: {"documents": int(len(lens)), "tokens": int(lens.sum())}
                 for name, lens in by_dataset.items()
             },
         }
         print(json.dumps(figures, indent=2))
-        return 0
+        return 1 if mismatches else 0
     print(
         f"{len(files)} file(s), {len(everything):,} documents, "
         f"{int(everything.sum()):,} tokens, dtype {', '.join(dtype_names) or '-'}"
@@ -260,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"\ndocument {i} ({len(doc)} tokens):\n{shown[:1500]}")
     if plot is not None:
         print(f"\nplot written to {args.plot}")
-    return 0
+    return 1 if mismatches else 0
 
 
 def _plotter(path: str | None):
