@@ -205,3 +205,11 @@ def test_inspect_reads_a_tokenize_root_with_no_options(roots, fmt, capsys):
     assert main(["inspect", found[fmt], "--file-type", "jsonl"]) == 2
     err = capsys.readouterr().err
     assert "file_type='jsonl' contradicts" in err and "metadata.json" in err
+
+
+def test_bench_runs_a_minimal_config_on_a_tokenize_root(roots, tmp_path, capsys):
+    found, _ = roots
+    path = tmp_path / "bench.yaml"
+    path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in minimal(found["pbin"]).items()))
+    assert main(["bench", str(path), "--batches", "2", "--warmup", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens_per_s"] > 0

@@ -164,10 +164,9 @@ def _use_root_metadata(args: argparse.Namespace, storage) -> None:
         return
     root, meta = found
     below = args.path.rstrip("/")[len(root.rstrip("/")) :].strip("/").split("/")[0]
-    described = meta.get("datasets") if isinstance(meta.get("datasets"), dict) else {}
-    facts = root_facts(
-        meta, posixpath.join(root, METADATA_FILE), [below] if below in described else None
-    )
+    described = meta.get("datasets")
+    named = [below] if isinstance(described, dict) and below in described else None
+    facts = root_facts(meta, posixpath.join(root, METADATA_FILE), named)
     args.file_type = check_file_type(args.file_type, facts)
     if facts.documents_end_with_eos:  # flat streams are split on it: another one is wrong
         agree("separator", args.separator, facts.eos_token, facts.path, "it ends documents")
