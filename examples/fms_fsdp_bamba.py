@@ -27,8 +27,9 @@ place of ``MambaLMHeadModel`` (DDP over gloo so it runs on CPU; FSDP over NCCL o
     torchrun --nproc_per_node 1 examples/fms_fsdp_bamba.py ... --batch_size 8 \\
         --ckpt_load_path runs/a --resuming_dataset True --ckpt_save_path runs/b
 
-``--batch_log FILE`` (not a train_config field) appends each rank's rows per step as
-hashes to ``FILE.rank<R>``, so runs can be compared.
+``--order fms-fsdp`` or ``--order fmsdata`` (not a train_config field) picks the data order
+(see get_data_loader). ``--batch_log FILE`` (not a train_config field either) appends
+each rank's rows per step as hashes to ``FILE.rank<R>``, so runs can be compared.
 """
 
 from __future__ import annotations
@@ -211,6 +212,9 @@ def train(cfg, model, rank, train_loader, optimizer, checkpointer, start_step, t
 
 def main(**kwargs: str) -> None:
     batch_log = kwargs.pop("batch_log", None)
+    # --order fms-fsdp: fms-fsdp's own batches, bit for bit, continuing its loader_state_*.pth;
+    # --order fmsdata: exact rescale; unset: fms-fsdp order only where its checkpoints exist.
+    order = kwargs.pop("order", None)
     cfg = train_config()
     update_config(cfg, **kwargs)
     torch.manual_seed(cfg.seed)  # the model's initialization, as in fms-fsdp
@@ -223,7 +227,7 @@ def main(**kwargs: str) -> None:
     if rank == 0:
         print("Constructing datasets...", flush=True)
     if not cfg.use_dummy_dataset:
-        train_loader = get_data_loader(cfg, rank, world_size)
+        train_loader = get_data_loader(cfg, rank, world_size, order=order)
     else:
         train_loader = get_dummy_loader(cfg, rank, world_size)
     if rank == 0:
