@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -25,6 +26,19 @@ FIRST_TOKEN = 16  # corpus token values start here; smaller ids are special toke
 BOS, EOS, BOL, EOL, PAD = 1, 2, 3, 4, 5
 
 Batch = dict[str, torch.Tensor]
+
+
+# Set by conftest to a folder under pytest's base temp folder (pytest prunes old runs').
+SCRATCH_ROOT: str | None = None
+
+
+def scratch_dir() -> str:
+    """A fresh empty folder, for what ``tmp_path`` cannot give: one per hypothesis example
+    (``tmp_path`` is shared by a test's examples) or a corpus cached across tests. It lives
+    under pytest's base temp folder, so no run leaves folders in the system temp dir."""
+    if SCRATCH_ROOT is None:
+        raise RuntimeError("scratch_dir() is for tests: conftest sets SCRATCH_ROOT")
+    return tempfile.mkdtemp(dir=SCRATCH_ROOT)
 
 
 def corpus(

@@ -1,7 +1,5 @@
 """G4 coverage (every token once per epoch, across resumes and rescales) and G5 mixing."""
 
-import tempfile
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,6 +11,7 @@ from support import (
     corpus,
     rank_loaders,
     roundtrip,
+    scratch_dir,
     take,
 )
 
@@ -57,7 +56,7 @@ def test_every_token_once_per_epoch_across_ranks(tmp_path, num_workers):
     packing=st.sampled_from(["hard", "pad"]),
 )
 def test_coverage_over_configurations(seed, shards, window, weight, mean, steps, packing):
-    info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 1}, docs_per_file=15, mean_length=mean)
+    info = corpus(scratch_dir(), {"a": 2, "b": 1}, docs_per_file=15, mean_length=mean)
     config = base_config(
         info,
         logical_shards=shards,
@@ -100,7 +99,7 @@ def test_coverage_across_a_resume_and_a_rescale(tmp_path):
 def test_emitted_token_shares_track_the_weights(weights, seed):
     names = "abc"[: len(weights)]
     info = corpus(
-        tempfile.mkdtemp(), {n: 2 for n in names}, docs_per_file=60, mean_length=12, spread=0.5
+        scratch_dir(), {n: 2 for n in names}, docs_per_file=60, mean_length=12, spread=0.5
     )
     config = base_config(
         info,

@@ -1,8 +1,6 @@
 """``document_ids``: every token names the document it was written in, on every world
 size, worker count and resume point."""
 
-import tempfile
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +16,7 @@ from support import (
     base_config,
     corpus,
     roundtrip,
+    scratch_dir,
     take,
 )
 
@@ -58,7 +57,7 @@ def check_ids_against_the_documents(info, config, batches):
     save_at=st.integers(0, 6),
 )
 def test_document_ids_agree_with_the_documents_as_written(world, workers, packing, save_at):
-    info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=10, mean_length=30)
+    info = corpus(scratch_dir(), {"a": 2, "b": 2}, docs_per_file=10, mean_length=30)
     extra = {"packing": "pad", "pad_token": PAD} if packing == "pad" else {}
     config = base_config(
         info,

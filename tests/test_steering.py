@@ -2,7 +2,6 @@
 
 import json
 import re
-import tempfile
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from support import (
     global_steps,
     rank_loaders,
     roundtrip,
+    scratch_dir,
     take,
 )
 
@@ -99,7 +99,7 @@ def test_adding_and_removing_datasets(tmp_path, caplog):
 @settings(max_examples=10)
 @given(stop=st.integers(1, 59), linear=st.booleans(), workers=st.sampled_from([0, 1]))
 def test_schedule_resumes_exactly_at_any_step(stop, linear, workers):
-    info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=40, mean_length=20)
+    info = corpus(scratch_dir(), {"a": 2, "b": 2}, docs_per_file=40, mean_length=20)
     config = base_config(
         info,
         weights=None,
@@ -203,7 +203,7 @@ SKIP_CORPUS = {}
 def skip_setup():
     """A corpus, its config and the uninterrupted run's batches, built once."""
     if not SKIP_CORPUS:
-        info = corpus(tempfile.mkdtemp(), docs_per_file=30)
+        info = corpus(scratch_dir(), docs_per_file=30)
         config = base_config(info, shuffle_window=3)
         SKIP_CORPUS.update(info=info, config=config, reference=take(build_dataloader(config), 1000))
     return SKIP_CORPUS["config"], SKIP_CORPUS["reference"]
@@ -274,7 +274,7 @@ RAMP_CORPORA = {}
 def ramp_corpus(mean_length):
     if mean_length not in RAMP_CORPORA:
         RAMP_CORPORA[mean_length] = corpus(
-            tempfile.mkdtemp(),
+            scratch_dir(),
             {"a": 2, "b": 2},
             docs_per_file=max(40, 12000 // mean_length),
             mean_length=mean_length,
@@ -354,7 +354,7 @@ def test_a_steps_point_takes_effect_at_its_step(
     are shorter than a line, so the line that starts the step starts a ``b`` document)."""
     info = STEP_CORPUS.get("info") or STEP_CORPUS.setdefault(
         "info",
-        corpus(tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=300, mean_length=4, spread=0.3),
+        corpus(scratch_dir(), {"a": 2, "b": 2}, docs_per_file=300, mean_length=4, spread=0.3),
     )
     shards = shards_per_rank * world
     config = base_config(

@@ -1,8 +1,6 @@
 """A user's stage anywhere in the default chain keeps G1-G4, and the state code (resume,
 rescale, skip, ``state show``, fingerprints) works without knowing it."""
 
-import tempfile
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,6 +13,7 @@ from support import (
     check_exactly_once_per_epoch,
     corpus,
     roundtrip,
+    scratch_dir,
     take,
 )
 
@@ -124,7 +123,7 @@ def steps_of(per_rank):
     save_at=st.integers(0, 14),
 )
 def test_a_user_stage_anywhere_keeps_g1_to_g4(position, before, after, workers, save_at):
-    info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=12, mean_length=30)
+    info = corpus(scratch_dir(), {"a": 2, "b": 2}, docs_per_file=12, mean_length=30)
     config = base_config(info, logical_shards=4, num_workers=workers)
     stages = POSITIONS[position]
     total = 16

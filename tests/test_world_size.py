@@ -1,7 +1,5 @@
 """G2 world-size invariance and G3 exact rescale."""
 
-import tempfile
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +11,7 @@ from support import (
     global_steps,
     rank_loaders,
     roundtrip,
+    scratch_dir,
     take,
 )
 
@@ -39,7 +38,7 @@ def test_a_global_step_holds_the_same_sequences_for_any_world_size(tmp_path):
 def test_world_size_invariance_over_configurations(
     shards_per_rank, world, lines_per_shard, seed, window
 ):
-    info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=30)
+    info = corpus(scratch_dir(), {"a": 2, "b": 2}, docs_per_file=30)
     n_shards = 4 * shards_per_rank
     global_batch = n_shards * lines_per_shard
     config = base_config(info, logical_shards=n_shards, seed=seed, shuffle_window=window)

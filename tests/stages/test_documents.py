@@ -1,10 +1,8 @@
-import tempfile
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import accesses, corpus
+from support import accesses, corpus, scratch_dir
 
 from fmsdata.errors import EmptyDatasetError
 from fmsdata.stages.documents import Decoration, DocumentStream, shard_files, shard_fragments
@@ -38,7 +36,7 @@ def all_docs(info) -> set[tuple[int, int]]:
 def test_shards_partition_the_dataset_and_each_epoch_covers_its_shard_once(
     n_files, docs, n_shards, seed
 ):
-    info = corpus(tempfile.mkdtemp(), {"a": n_files}, docs_per_file=docs, mean_length=5)
+    info = corpus(scratch_dir(), {"a": n_files}, docs_per_file=docs, mean_length=5)
     access = accesses(info)[0]
     # Sorted paths equal generation order here (no nesting).
     seen: list[tuple[int, int]] = []
@@ -80,7 +78,7 @@ def test_order_is_a_function_of_seed_and_shard_only(tmp_path):
 
 @given(stop=st.integers(0, 70))
 def test_resume_from_any_committed_position(stop):
-    info = corpus(tempfile.mkdtemp(), {"a": 2}, docs_per_file=20)
+    info = corpus(scratch_dir(), {"a": 2}, docs_per_file=20)
     stream = DocumentStream(accesses(info)[0], 1, 3, 5, Decoration())
     reference = walk(stream, 80)
     head = DocumentStream(accesses(info)[0], 1, 3, 5, Decoration())

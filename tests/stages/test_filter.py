@@ -4,14 +4,13 @@ the writer's documents is the reference), and every dropped token counted in the
 and by ``fmsdata state show``."""
 
 import json
-import tempfile
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagecheck import TokenLines, check_stage_rescale, check_stage_resume
-from support import FIRST_TOKEN, PAD, Ledger, base_config, corpus, roundtrip, take
+from support import FIRST_TOKEN, PAD, Ledger, base_config, corpus, roundtrip, scratch_dir, take
 
 from fmsdata import ConfigError, build_dataloader
 from fmsdata.cli.main import main
@@ -60,7 +59,7 @@ def builders(config, stages, n_shards):
     world=st.sampled_from([(4, 2), (2, 4), (1, 4)]),
 )
 def test_filters_resume_and_rescale_through_the_checker(chain, seed, points, world):
-    info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=12, mean_length=30)
+    info = corpus(scratch_dir(), {"a": 2, "b": 2}, docs_per_file=12, mean_length=30)
     config = base_config(info, seed=seed)
     build, close = builders(config, CHAINS[chain], 4)
     try:

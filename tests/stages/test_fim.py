@@ -2,14 +2,12 @@
 line decodes back to the writer's documents once the sentinels are removed and the
 pieces put back in order."""
 
-import tempfile
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagecheck import TokenLines, check_stage_rescale, check_stage_resume
-from support import BOS, EOS, FIRST_TOKEN, PAD, Ledger, base_config, corpus, take
+from support import BOS, EOS, FIRST_TOKEN, PAD, Ledger, base_config, corpus, scratch_dir, take
 
 from fmsdata import ConfigError, LoaderConfig, build_dataloader
 from fmsdata.pipeline import Shard, default_stages
@@ -46,7 +44,7 @@ def builders(config, n_shards):
     world=st.sampled_from([(4, 2), (2, 4), (1, 4)]),
 )
 def test_fim_resumes_and_rescales_through_the_checker(psm, seed, points, world):
-    info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=12, mean_length=30)
+    info = corpus(scratch_dir(), {"a": 2, "b": 2}, docs_per_file=12, mean_length=30)
     config = fim_config(info, psm_rate=psm, spm_rate=1.0 - psm, seed=seed)
     build, close = builders(config, 4)
     try:

@@ -1,12 +1,11 @@
 import os
-import tempfile
 
 import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import accesses
+from support import accesses, scratch_dir
 
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.arrow import write_arrow_docs
@@ -84,7 +83,7 @@ def reference_line(spans, path_of, deco, line_length, bol, eol, pad):
 def test_written_lines_match_a_document_by_document_reference(
     bos, eos, bol, eol, strip, pad_mode, seq, seed, dtypes, slice_min
 ):
-    root = tempfile.mkdtemp()
+    root = scratch_dir()
     info = stripped_corpus(root, seed, dtypes)
     acc = accesses(info)
     deco = Decoration(bos=bos, eos=eos, strip=frozenset({STRIP}) if strip else frozenset())

@@ -1,10 +1,8 @@
-import tempfile
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagecheck import check_stage_rescale, check_stage_resume, saved
-from support import accesses, corpus
+from support import accesses, corpus, scratch_dir
 
 from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.documents import Decoration, DocumentStream
@@ -62,7 +60,7 @@ def greedy_reference(streams_docs, weights, n):
 )
 def test_block_merge_equals_the_one_at_a_time_rule(weights, seed):
     files = {name: 2 for name in "abc"[: len(weights)]}
-    info = corpus(tempfile.mkdtemp(), files, docs_per_file=30, mean_length=30)
+    info = corpus(scratch_dir(), files, docs_per_file=30, mean_length=30)
     m = mixer(info, weights, seed=seed)
     got = mix(m, 120)
     # Each dataset's own order, read through a one-dataset mixer.
@@ -79,9 +77,7 @@ def test_block_merge_equals_the_one_at_a_time_rule(weights, seed):
 @settings(max_examples=15)
 @given(w=st.floats(0.1, 0.9), seed=st.integers(0, 50))
 def test_token_shares_track_weights_within_one_percent(w, seed):
-    info = corpus(
-        tempfile.mkdtemp(), {"a": 2, "b": 2}, docs_per_file=200, mean_length=20, spread=0.5
-    )
+    info = corpus(scratch_dir(), {"a": 2, "b": 2}, docs_per_file=200, mean_length=20, spread=0.5)
     m = mixer(info, [w, 1 - w], seed=seed)
     docs = mix(m, 3000)
     tokens = np.zeros(2)

@@ -1,13 +1,11 @@
 """``document_order: sequential``: files in order, documents in stored order, no shuffle."""
 
-import tempfile
-
 import pytest
 from chains import chain, document_starts, recipe, writer_order
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagecheck import check_stage_rescale, check_stage_resume
-from support import base_config, check_resume, corpus
+from support import base_config, check_resume, corpus, scratch_dir
 
 from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError, StateMismatchError
@@ -32,7 +30,7 @@ def starts_per_dataset(info, rec, stage, n_lines):
 def test_sequential_order_is_the_writers_order(n_shards, files, docs, seed):
     """One shard: every dataset's documents come in the writer's order, epoch after epoch;
     several: the shards' first epochs, concatenated in shard order, give that order."""
-    info = corpus(tempfile.mkdtemp(), {"a": files[0], "b": files[1]}, docs_per_file=docs)
+    info = corpus(scratch_dir(), {"a": files[0], "b": files[1]}, docs_per_file=docs)
     rec = recipe(
         info,
         datasets=["a", "b"],
@@ -69,7 +67,7 @@ def test_sequential_order_is_the_writers_order(n_shards, files, docs, seed):
     seed=st.integers(0, 99),
 )
 def test_sequential_chain_resumes_and_rescales(n_shards, before, after, points, seed):
-    info = corpus(tempfile.mkdtemp(), {"a": 3, "b": 2}, docs_per_file=10)
+    info = corpus(scratch_dir(), {"a": 3, "b": 2}, docs_per_file=10)
     rec = recipe(
         info,
         datasets=["a", "b"],

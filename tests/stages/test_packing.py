@@ -1,10 +1,8 @@
-import tempfile
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagecheck import check_stage_rescale, check_stage_resume
-from support import accesses, corpus
+from support import accesses, corpus, scratch_dir
 
 from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.base import DLEN, LENGTH, START
@@ -38,7 +36,7 @@ def pieces(lines):
 @settings(max_examples=20)
 @given(capacity=st.integers(1, 300), mean=st.integers(1, 200), seed=st.integers(0, 100))
 def test_hard_packing_fills_every_line_and_loses_nothing(capacity, mean, seed):
-    info = corpus(tempfile.mkdtemp(), {"a": 2, "b": 1}, docs_per_file=25, mean_length=mean)
+    info = corpus(scratch_dir(), {"a": 2, "b": 1}, docs_per_file=25, mean_length=mean)
     p = packer(info, capacity, seed=seed)
     lines = [next(p) for _ in range(40)]
     assert all(int(line[:, LENGTH].sum()) == capacity for line in lines)
@@ -52,7 +50,7 @@ def test_hard_packing_fills_every_line_and_loses_nothing(capacity, mean, seed):
 @settings(max_examples=20)
 @given(capacity=st.integers(4, 300), mean=st.integers(1, 200), seed=st.integers(0, 100))
 def test_pad_packing_splits_only_documents_longer_than_a_line(capacity, mean, seed):
-    info = corpus(tempfile.mkdtemp(), {"a": 2}, docs_per_file=25, mean_length=mean)
+    info = corpus(scratch_dir(), {"a": 2}, docs_per_file=25, mean_length=mean)
     p = packer(info, capacity, mode="pad", seed=seed)
     lines = [next(p) for _ in range(40)]
     for line in lines:

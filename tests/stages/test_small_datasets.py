@@ -2,13 +2,11 @@
 (rotation), so a line repeats no document while the dataset has others, and every pass
 over all shards still covers every document once."""
 
-import tempfile
-
 from chains import chain, recipe, writer_order
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagecheck import check_stage_rescale, check_stage_resume
-from support import accesses, corpus
+from support import accesses, corpus, scratch_dir
 
 from fmsdata.stages.base import DOC, DS, FILE, START
 from fmsdata.stages.documents import Decoration, DocumentStream
@@ -42,7 +40,7 @@ def by_epoch(stream, stop):
 
 
 def test_no_document_starts_twice_in_a_line():
-    info, rec = issue_mix(tempfile.mkdtemp())
+    info, rec = issue_mix(scratch_dir())
     for sid in (0, 1, 511, 1023):
         stage = chain(info, rec, sid)
         starts = 0
@@ -55,7 +53,7 @@ def test_no_document_starts_twice_in_a_line():
 
 
 def test_every_pass_over_the_shards_covers_the_small_dataset_once():
-    info, rec = issue_mix(tempfile.mkdtemp())
+    info, rec = issue_mix(scratch_dir())
     access = accesses(info, ["s"])[0]
     reference = sorted(writer_order(info, "s"))
     ref = [(path, d) for _, path, d in reference]
@@ -83,7 +81,7 @@ def test_every_pass_over_the_shards_covers_the_small_dataset_once():
 )
 def test_passes_cover_every_document_once_for_any_shape(n_shards, files, docs, order, seed):
     """Also with fewer documents than shards (some portions empty) and either order."""
-    info = corpus(tempfile.mkdtemp(), {"s": files}, docs_per_file=docs, mean_length=3)
+    info = corpus(scratch_dir(), {"s": files}, docs_per_file=docs, mean_length=3)
     access = accesses(info)[0]
     ref = sorted((path, d) for _, path, d in writer_order(info, "s"))
     passes = {}
@@ -107,7 +105,7 @@ def test_passes_cover_every_document_once_for_any_shape(n_shards, files, docs, o
     order=st.sampled_from(["random", "sequential"]),
 )
 def test_rotating_chains_resume_and_rescale(before, after, points, order):
-    info = corpus(tempfile.mkdtemp(), {"s": 1, "big": 2}, docs_per_file=30, mean_length=4)
+    info = corpus(scratch_dir(), {"s": 1, "big": 2}, docs_per_file=30, mean_length=4)
     rec = recipe(
         info,
         datasets=["s", "big"],
