@@ -421,7 +421,9 @@ class FmsDataLoader(DataLoader):
         The loader is a ``torch.distributed.checkpoint`` ``Stateful``: this is what DCP
         saves (tensors only, nothing pickled), and since the keys name logical shards, a
         DCP load on another world size brings each rank the shards it now owns (load with
-        ``fmsdata.checkpoint.LoadPlanner()``, which sizes the entries from the checkpoint).
+        ``fmsdata.checkpoint.LoadPlanner()``, which sizes the entries from the checkpoint,
+        and ``storage_reader=fmsdata.checkpoint.SafeFileSystemReader(path)``, with which
+        loading the checkpoint runs nothing its files hold).
         ``snapshot()`` has the same content as nested plain data.
         """
         return pack_state(self.snapshot())
