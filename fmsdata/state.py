@@ -116,6 +116,31 @@ MIX_FIELDS = (
 )
 # What every shard's walk is keyed by, outside any one stage.
 _SHARD_FIELDS = ("logical_shards", "seed")
+# Config fields that shape a shard's lines. Stages record them under their own names and
+# as derived values (the packer's capacity is seq_length + 1 less the line delimiters), and
+# their settings decide what must match; the fingerprint keeps these as configured too
+# (under CONFIG_KEY), only so that a refused state is explained in the config's terms.
+LINE_FIELDS = (
+    "seq_length",
+    "bos_token",
+    "eos_token",
+    "bol_token",
+    "eol_token",
+    "pad_token",
+    "strip_tokens",
+    "min_length",
+    "packing",
+    "shuffle_window",
+    "document_order",
+    "fim_training",
+    "psm_rate",
+    "spm_rate",
+    "fim_pre",
+    "fim_mid",
+    "fim_suf",
+    "fim_min_length",
+)
+CONFIG_KEY = "config"
 
 
 def stream_fingerprint(
@@ -134,6 +159,7 @@ def stream_fingerprint(
     fingerprint["datasets"] = list(names)
     fingerprint.update(handler.describe())
     fingerprint["stages"] = [dict(stage) for stage in stages]
+    fingerprint[CONFIG_KEY] = {field: _plain(values[field]) for field in LINE_FIELDS}
     return fingerprint
 
 
@@ -160,9 +186,10 @@ def check_fingerprint(
                     f"(data hash {saved_data[name]} became {current_data[name]})"
                 )
         allowed.add("data")
-    _check_stages(saved.get("stages"), current.get("stages"), allowed, mix_change)
+    changed = _changed_config(saved.get(CONFIG_KEY), current.get(CONFIG_KEY))
+    _check_stages(saved.get("stages"), current.get("stages"), allowed, mix_change, changed)
     for field in sorted(set(saved) | set(current)):
-        if field in allowed or field == "stages":
+        if field in allowed or field in ("stages", CONFIG_KEY):
             continue
         if _plain(saved.get(field)) != _plain(current.get(field)):
             raise StateMismatchError(
@@ -193,9 +220,25 @@ def _check_dataset_list(saved: Any, current: Any) -> None:
     )
 
 
-def _check_stages(saved: Any, current: Any, allowed: set[str], mix_change: bool) -> None:
+def _changed_config(saved: Any, current: Any) -> str:
+    """The line-shaping config fields that differ, as "the state was saved with X=a but
+    this loader has X=b" ("" when the saved state records none: an older fmsdata)."""
+    if not isinstance(saved, Mapping) or not isinstance(current, Mapping):
+        return ""
+    fields = [f for f in current if f in saved and _plain(saved[f]) != _plain(current[f])]
+    if not fields:
+        return ""
+    before = ", ".join(f"{f}={saved[f]!r}" for f in fields)
+    after = ", ".join(f"{f}={current[f]!r}" for f in fields)
+    return f"the state was saved with {before} but this loader has {after}"
+
+
+def _check_stages(
+    saved: Any, current: Any, allowed: set[str], mix_change: bool, changed: str = ""
+) -> None:
     """The same chain (stage types at the same paths) with the same settings; a differing
-    setting is named with its stage. The mixer's dataset list may differ with a mix change."""
+    setting is named with its stage, after the config fields that differ (``changed``)
+    when the state records them. The mixer's dataset list may differ with a mix change."""
 
     def shape(stages: Any) -> list[tuple[Any, Any]]:
         if not isinstance(stages, list) or not all(isinstance(s, Mapping) for s in stages):
@@ -223,10 +266,16 @@ def _check_stages(saved: Any, current: Any, allowed: set[str], mix_change: bool)
                 continue
             if _plain(before.get(key)) != _plain(after.get(key)):
                 name = new.get("role") or new.get("stage")
-                raise StateMismatchError(
-                    f"saved loader state has stage {name!r} with {key}={before.get(key)!r} but "
-                    f"this loader has {key}={after.get(key)!r}"
+                setting = (
+                    f"stage {name!r} with {key}={before.get(key)!r} but this loader has "
+                    f"{key}={after.get(key)!r}"
                 )
+                said = (
+                    f"{changed} (saved {setting})"
+                    if changed
+                    else f"saved loader state has {setting}"
+                )
+                raise StateMismatchError(said)
 
 
 def _chain_text(stages: list[Mapping[str, Any]]) -> str:

@@ -124,3 +124,21 @@ def test_garbage_state_is_refused(tmp_path):
     state["version"] = 99
     with pytest.raises(StateMismatchError, match="version=99"):
         loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "field, saved, now",
+    [("seq_length", 16, 32), ("shuffle_window", 6, 4), ("eos_token", 2, 3)],
+)
+def test_state_from_another_config_names_the_config_field(tmp_path, field, saved, now):
+    """Stages record config fields under their own names (the packer's capacity is
+    seq_length + 1): the refusal names the config field and both of its values."""
+    info = corpus(tmp_path)
+    loader = build_dataloader(base_config(info, **{field: saved}))
+    take(loader, 2)
+    other = build_dataloader(base_config(info, **{field: now}))
+    with pytest.raises(StateMismatchError) as caught:
+        other.load_state_dict(loader.state_dict())
+    assert str(caught.value).startswith(
+        f"the state was saved with {field}={saved} but this loader has {field}={now}"
+    )
