@@ -16,7 +16,6 @@ whole checkpoint without running anything its files hold.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import logging
 import os
@@ -32,6 +31,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from fmsdata.dcpread import SafeFileSystemReader
 from fmsdata.errors import StateMismatchError
+from fmsdata.exits import finish_at_exit, release
 from fmsdata.state import META_KEY, SHARD_PREFIX
 from fmsdata.statefile import load_state, peek_state, save_state
 from fmsdata.topology import owned_shards
@@ -289,7 +289,8 @@ class AutoCheckpointer:
         snapshot = loader.snapshot()
         folder = os.path.join(self.root, f"step_{steps:09d}")
         self._thread = threading.Thread(target=self._save, args=(snapshot, folder), daemon=True)
-        _pending_saves(self)
+        # Held until waited for: its loader may be gone by exit, the thread is a daemon.
+        finish_at_exit(self.wait, "the loader checkpoint being saved", hold=True)
         self._thread.start()
 
     def _save(self, snapshot: dict[str, Any], folder: str) -> None:
@@ -315,30 +316,10 @@ class AutoCheckpointer:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        _pending.discard(self)
+        release(self.wait)
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-
-
-_pending: set[AutoCheckpointer] = set()
-
-
-def _pending_saves(checkpointer: AutoCheckpointer) -> None:
-    """Hold ``checkpointer`` until its save is waited for; at interpreter exit, wait for
-    every save still running (its loader may be gone already, the thread is a daemon)."""
-    if not _pending:
-        atexit.unregister(_finish_pending_saves)
-        atexit.register(_finish_pending_saves)
-    _pending.add(checkpointer)
-
-
-def _finish_pending_saves() -> None:
-    for checkpointer in list(_pending):
-        try:
-            checkpointer.wait()
-        except Exception:
-            logger.exception("the loader checkpoint being saved at exit failed")
 
 
 def _remove_folder(folder: str) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_FILE_TYPE",
     "PACKING_MODES",
     "as_config",
+    "as_plain",
     "parse_overrides",
 ]
 
@@ -544,7 +545,7 @@ class LoaderConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (lists, not tuples) suitable for YAML or JSON."""
-        return {k: _plain(v) for k, v in dataclasses.asdict(self).items()}
+        return {k: as_plain(v) for k, v in dataclasses.asdict(self).items()}
 
 
 def _refuse_unknown(values: Mapping[str, Any], known: Sequence[str], where: str = "") -> None:
@@ -561,8 +562,10 @@ def _refuse_unknown(values: Mapping[str, Any], known: Sequence[str], where: str 
     )
 
 
-def _plain(value: Any) -> Any:
-    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+def as_plain(value: Any) -> Any:
+    """``value`` with every tuple made a list, as it comes back from JSON: how config
+    values and saved state fields are compared."""
+    return [as_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def _weight_list(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import collections
 import logging
 import math
@@ -23,6 +22,7 @@ from fmsdata.checkpoint import (
 from fmsdata.config import LoaderConfig, as_config
 from fmsdata.dataset import Preprocess, RankLineDataset, Start
 from fmsdata.errors import ConfigError, ShardFormatError, StateMismatchError
+from fmsdata.exits import finish_at_exit
 from fmsdata.handlers import fault_note, handler_from_config
 from fmsdata.handlers.mapping import changed_in_dead_workers
 from fmsdata.pipeline import StageFactory, build_pipeline
@@ -143,26 +143,6 @@ class _AheadFeed(_Feed):
         self._thread.close()
 
 
-_open_loaders: weakref.WeakSet[FmsDataLoader] = weakref.WeakSet()
-
-
-def _close_open_loaders() -> None:
-    """At interpreter exit, while every module is still whole: finish pending checkpoint
-    saves and close the files and workers of iterations still running."""
-    for loader in list(_open_loaders):
-        try:
-            loader.close()
-        except Exception:
-            logger.exception("closing the data loader at interpreter exit failed")
-
-
-def _track(loader: FmsDataLoader) -> None:
-    if not _open_loaders:
-        atexit.unregister(_close_open_loaders)  # registered once, however many loaders
-        atexit.register(_close_open_loaders)
-    _open_loaders.add(loader)
-
-
 class FmsDataLoader(DataLoader):
     """A DataLoader over a rank's logical shards whose state is exactly what was consumed.
 
@@ -199,7 +179,9 @@ class FmsDataLoader(DataLoader):
             else None
         )
         self._iterations: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
-        _track(self)
+        # At exit, while every module is still whole: finish its pending checkpoint save
+        # and close the files and workers of iterations still running.
+        finish_at_exit(self.close, "closing the data loader")
 
     # -- iteration -----------------------------------------------------------------------
 

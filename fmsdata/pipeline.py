@@ -25,7 +25,7 @@ from fmsdata.config import LoaderConfig
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.permute import derive_key
 from fmsdata.schedule import WeightSchedule
-from fmsdata.stages.base import SpanStage, Stage, TokenStage, check_keys, layout, walk
+from fmsdata.stages.base import SpanStage, Stage, TokenStage, layout, walk
 from fmsdata.stages.documents import Decoration, DocumentStream
 from fmsdata.stages.fim import FillInMiddle
 from fmsdata.stages.mixing import TokenShareMixer
@@ -33,6 +33,7 @@ from fmsdata.stages.outputs import TokenLine
 from fmsdata.stages.packing import LinePacker
 from fmsdata.stages.savedlines import DocumentLengths
 from fmsdata.stages.shuffle import ShuffleBuffer
+from fmsdata.statecheck import need_keys
 
 __all__ = [
     "Shard",
@@ -289,7 +290,7 @@ class ShardPipeline:
             self.journaled.light = False
 
     def load_state_dict(self, state: Any, where: str = "shard state") -> None:
-        check_keys(where, state, ("emitted", "stages"))
+        need_keys(state, "", ("emitted", "stages"), where)
         emitted = state["emitted"]
         if not isinstance(emitted, (int, np.integer)) or emitted < 0:
             raise StateMismatchError(f"{where}: emitted must be a count, got {emitted!r}")

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fmsdata.config import LoaderConfig
+from fmsdata.config import LoaderConfig, as_plain
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.stages.base import (
@@ -159,7 +159,7 @@ def stream_fingerprint(
     fingerprint["datasets"] = list(names)
     fingerprint.update(handler.describe())
     fingerprint["stages"] = [dict(stage) for stage in stages]
-    fingerprint[CONFIG_KEY] = {field: _plain(values[field]) for field in LINE_FIELDS}
+    fingerprint[CONFIG_KEY] = {field: as_plain(values[field]) for field in LINE_FIELDS}
     return fingerprint
 
 
@@ -191,7 +191,7 @@ def check_fingerprint(
     for field in sorted(set(saved) | set(current)):
         if field in allowed or field in ("stages", CONFIG_KEY):
             continue
-        if _plain(saved.get(field)) != _plain(current.get(field)):
+        if as_plain(saved.get(field)) != as_plain(current.get(field)):
             raise StateMismatchError(
                 f"saved loader state has {field}={saved.get(field)!r} but this loader has "
                 f"{field}={current.get(field)!r}" + (_ALLOW_MIX if field in MIX_FIELDS else "")
@@ -206,7 +206,7 @@ _ALLOW_MIX = (
 
 def _check_dataset_list(saved: Any, current: Any) -> None:
     """Name the datasets added or removed (or the new order) when the list changed."""
-    if _plain(saved) == _plain(current) or not isinstance(saved, list):
+    if as_plain(saved) == as_plain(current) or not isinstance(saved, list):
         return
     current = list(current or [])
     added = [name for name in current if name not in saved]
@@ -225,7 +225,7 @@ def _changed_config(saved: Any, current: Any) -> str:
     this loader has X=b" ("" when the saved state records none: an older fmsdata)."""
     if not isinstance(saved, Mapping) or not isinstance(current, Mapping):
         return ""
-    fields = [f for f in current if f in saved and _plain(saved[f]) != _plain(current[f])]
+    fields = [f for f in current if f in saved and as_plain(saved[f]) != as_plain(current[f])]
     if not fields:
         return ""
     before = ", ".join(f"{f}={saved[f]!r}" for f in fields)
@@ -247,7 +247,7 @@ def _check_stages(
             where = f"fingerprint.stages[{i}]"
             need_keys(stage, where, ("path", "stage", "role", "settings"))
             need_mapping(stage["settings"], f"{where}.settings")
-        return [(_plain(s.get("path")), s.get("stage")) for s in stages]
+        return [(as_plain(s.get("path")), s.get("stage")) for s in stages]
 
     if saved is None:
         raise StateMismatchError(
@@ -264,7 +264,7 @@ def _check_stages(
         for key in sorted(set(before) | set(after)):
             if key in allowed or (mix_change and new.get("role") == "mixer" and key == "datasets"):
                 continue
-            if _plain(before.get(key)) != _plain(after.get(key)):
+            if as_plain(before.get(key)) != as_plain(after.get(key)):
                 name = new.get("role") or new.get("stage")
                 setting = (
                     f"stage {name!r} with {key}={before.get(key)!r} but this loader has "
@@ -294,12 +294,6 @@ def stage_state(shard_state: Any, fingerprint: Mapping[str, Any], role: str) -> 
                 node = node[key]
             return node
     raise StateMismatchError(f"the saved chain has no stage with role {role!r}")
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def pack_state(snapshot: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -334,15 +328,9 @@ def unpack_state(packed: Mapping[str, Any]) -> dict[str, Any]:
         if not key.startswith(SHARD_PREFIX) or not key[len(SHARD_PREFIX) :].isdigit():
             raise StateMismatchError(f"packed loader state has an unknown entry {key!r}")
         body = state_from_bytes(_tensor_bytes(value), key)
-        check_keys_strict(key, body, ("state", "advance"))
+        need_keys(body, key, ("state", "advance"))
         shards.append({"id": int(key[len(SHARD_PREFIX) :]), **body})
     return {**meta, "rank": -1, "shards": shards}
-
-
-def check_keys_strict(where: str, value: Any, keys: tuple[str, ...]) -> None:
-    if not isinstance(value, Mapping) or set(value) != set(keys):
-        found = sorted(value) if isinstance(value, Mapping) else type(value).__name__
-        raise StateMismatchError(f"{where}: expected keys {sorted(keys)}, found {found}")
 
 
 def as_rank_states(state: Any) -> list[Mapping[str, Any]]:
@@ -402,7 +390,7 @@ def _check_top(state: Any, path: str) -> None:
 
 def mix_changed(saved: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
     """Whether two fingerprints differ in the dataset list, weights or schedule."""
-    return any(_plain(saved.get(f)) != _plain(current.get(f)) for f in MIX_FIELDS)
+    return any(as_plain(saved.get(f)) != as_plain(current.get(f)) for f in MIX_FIELDS)
 
 
 def remix_shard(

@@ -93,14 +93,21 @@ def need_mapping(value: Any, path: str) -> Mapping[str, Any]:
     return value
 
 
-def need_keys(value: Any, path: str, keys: Sequence[str] | set[str]) -> Mapping[str, Any]:
-    """A mapping with exactly ``keys`` (names the missing and the unexpected ones)."""
+def need_keys(
+    value: Any, path: str, keys: Sequence[str] | set[str], owner: str = ""
+) -> Mapping[str, Any]:
+    """A mapping with exactly ``keys`` (names the missing and the unexpected ones).
+
+    The one key check of every state reader (stages, shard states, packed entries):
+    ``owner`` names whose state it is (``"packer state"``), for the message, when the
+    path alone would not say (a user's stage, a shard)."""
     mapping = need_mapping(value, path)
     missing = sorted(set(keys) - set(mapping))
     extra = sorted(set(mapping) - set(keys), key=str)
     if missing or extra:
         parts = [f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else ""]
-        raise fail(path, f"keys {', '.join(p for p in parts if p)} (expected {sorted(keys)})")
+        said = f"keys {', '.join(p for p in parts if p)} (expected {sorted(keys)})"
+        raise fail(path, f"{owner}: {said}" if owner else said)
     return mapping
 
 

@@ -34,7 +34,6 @@ __all__ = [
     "layout",
     "held_spans",
     "renumber_state",
-    "check_keys",
     "SPAN_WIDTH",
     "SAVED_SPAN_WIDTH",
     "DS",
@@ -62,15 +61,6 @@ def restore_spans(saved: np.ndarray) -> np.ndarray:
     spans = np.full((len(saved), SPAN_WIDTH), -1, dtype=np.int64)
     spans[:, :SAVED_SPAN_WIDTH] = saved
     return spans
-
-
-def check_keys(stage: str, state: Any, keys: tuple[str, ...] | set[str]) -> None:
-    """Raise unless ``state`` is a mapping with exactly ``keys`` (state is read strictly);
-    the message names ``stage``, its parent prefixes the path."""
-    try:
-        need_keys(state, "", keys)
-    except StateMismatchError as err:
-        raise StateMismatchError(f"{stage} state: {err}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +177,7 @@ class Stage(IterableDataset):
         own_keys = set(self.own_state())
         if own_keys & set(children):
             raise StateMismatchError(f"{self.name}: own state keys clash with its inputs' keys")
-        check_keys(self.name, state, own_keys | set(children))
+        need_keys(state, "", own_keys | set(children), f"{self.name} state")
         self.load_own_state({k: state[k] for k in own_keys})
         for key, child in children.items():
             with within(key):

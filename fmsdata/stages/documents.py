@@ -42,8 +42,7 @@ import numpy as np
 from fmsdata.config import DOCUMENT_ORDERS
 from fmsdata.errors import ConfigError, EmptyDatasetError, StateMismatchError
 from fmsdata.permute import Permutations, derive_key, hash_values, permute
-from fmsdata.stages.base import check_keys
-from fmsdata.statecheck import need_count, need_int
+from fmsdata.statecheck import need_count, need_int, need_keys
 
 __all__ = [
     "Decoration",
@@ -480,7 +479,7 @@ class DocumentStream:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_keys(f"document stream {self.access.name!r}", state, STATE_KEYS)
+        need_keys(state, "", STATE_KEYS, f"document stream {self.access.name!r} state")
         size = need_int(state["size"], "size", -1)  # -1: saved before the stream started
         self.epoch = need_count(state["epoch"], "epoch")
         self.pos = need_count(state["pos"], "pos", max(size - 1, 0))
