@@ -38,7 +38,8 @@ process and of the largest worker, and the size and save time of the state a tra
 checkpoint at that point (the loader's own save function where it has one, else its
 ``state_dict()`` written as JSON, or ``torch.save`` where it is not plain data). A peer that
 cannot be imported or run gets a row with the error. Prints a table, writes
-``benchmarks/results/peers.json`` and a chart (``benchmarks/peers.png``, needs matplotlib).
+``benchmarks/results/peers.json`` and a chart (``benchmarks/results/peers.png``, needs
+matplotlib); ``benchmarks/measured/`` keeps the figures the README quotes.
 
     pip install -c constraints.txt torch==2.13.0 -e ".[bench-peers]" \\
       && pip install -c constraints.txt --no-deps mosaicml-streaming \\
@@ -52,7 +53,6 @@ import argparse
 import importlib.util
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -468,7 +468,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             }
         del iterator, loader
         gc.collect()
-    out["rss_main_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over an exec, so a child would report
+    # the parent's peak.
+    out["rss_main_mib"] = peak_rss_mib(os.getpid())
     if workers:
         # The largest process the loader started (read while it runs: some loaders' worker
         # processes are never waited for, so the kernel's children figure misses them).
@@ -484,10 +486,17 @@ def run_child(name: str, workers: int, args: argparse.Namespace) -> dict[str, An
     command += ["--workers", str(workers), "--data", args.data, "--seq", str(args.seq)]
     command += ["--warmup", str(args.warmup), "--batches", str(args.batches)]
     command += ["--seconds", str(args.seconds), "--fms-fsdp", args.fms_fsdp]
+    # A session of its own, so that a run past the timeout is stopped with its workers.
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+        stdout, stderr = process.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"did not finish within {args.timeout} s"}
+        os.killpg(process.pid, 9)
+        process.communicate()
+        return {"error": f"did not finish within {args.timeout} s (stopped)"}
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
@@ -526,6 +535,8 @@ def print_table(results: dict[str, Any]) -> None:
         if "error" in row:
             print(f"{name:10} {workers:>7} could not run: {row['error']}")
             continue
+        for error in row.get("failed_rounds", []):
+            print(f"{name:10} {workers:>7} one round failed: {error}")
         state = row.get("state")
         size = f"{state['bytes']:,}" if state else "n/a"
         save = f"{state['save_s'] * 1e3:.2f}" if state else "n/a"
@@ -587,7 +598,7 @@ def main() -> int:
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fmsdata-peers"))
     parser.add_argument("--fms-fsdp", default=FMS_FSDP, help="fms-fsdp reference checkout")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "peers.json"))
-    parser.add_argument("--chart", default=os.path.join(HERE, "peers.png"))
+    parser.add_argument("--chart", default=os.path.join(HERE, "results", "peers.png"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     global FMS_FSDP_ROOT
@@ -647,6 +658,9 @@ def main() -> int:
         for field in ("tokens_per_s", "ratio", "first_batch_s"):
             merged[field] = statistics.median(r[field] for r in good)
         merged["rounds"] = [{f: r.get(f) for f in ("tokens_per_s", "ratio")} for r in good]
+        errors = [r["error"] for r in rows if "error" in r]
+        if errors:  # a round that failed is said, not dropped
+            merged["failed_rounds"] = errors
         results["rows"][key] = merged
     write_results(args.out, results)
     print_table(results)
