@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from fms_corpus import batch_digest, make_corpus
@@ -18,6 +19,7 @@ from make_fms_fsdp_fixtures import generator_probe
 from fmsdata.compat.fms_fsdp import get_data_loader
 from fmsdata.errors import EmptyDatasetError, StateMismatchError
 from fmsdata.loader import FmsDataLoader
+from fmsdata.statefile import load_state
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = json.load(open(os.path.join(HERE, "fixtures", "fms_fsdp_mamba_new.json")))
@@ -70,24 +72,87 @@ def test_resume_from_fms_fsdp_checkpoint(case, resume, data, tmp_path):
         assert got == run["digests"][str(rank)], f"{case}/{resume} rank {rank}"
 
 
-def test_restart_from_own_checkpoints_continues_uninterrupted_stream(data, tmp_path):
-    """fmsdata's own state files in this order (written like fms-fsdp's, at batch 7 for
-    step 6) continue the uninterrupted stream, not fms-fsdp's resumed one."""
-    spec = FIXTURE["cases"]["w2_nw0"]
+def _save_own(spec, data, tmp_path, steps):
+    """Run ``spec`` for ``steps`` batches per rank, saving every 3; the ranks' step
+    folders gathered in one job folder, as a shared file system holds them."""
     job = tmp_path / "job"
-    for rank in range(2):
+    for rank in range(spec["world_size"]):
         values = {**spec["config"], "data_path": data, "checkpoint_interval": 3}
         values["ckpt_save_path"] = values["ckpt_load_path"] = str(tmp_path / f"r{rank}")
-        assert _digests(values, rank, 2, 8) == spec["digests"][str(rank)][:8]
+        assert (
+            _digests(values, rank, spec["world_size"], steps) == spec["digests"][str(rank)][:steps]
+        )
         shutil.copytree(tmp_path / f"r{rank}", job, dirs_exist_ok=True)
+    return job
+
+
+@pytest.mark.parametrize("case", ["w2_nw0", "w2_bos_eol", "w1_long_lines"])
+def test_restart_from_own_checkpoints_continues_uninterrupted_stream(case, data, tmp_path):
+    """fmsdata's own state files in this order (written like fms-fsdp's, at batch 7 for
+    step 6; buffered lines as spans, BOS/EOS/BOL/EOL as literals) continue the
+    uninterrupted stream, not fms-fsdp's resumed one."""
+    spec = FIXTURE["cases"][case]
+    job = _save_own(spec, data, tmp_path, 8)
     files = sorted(os.listdir(job / "fmsdata_fms_order" / "step_6_ckp"))
-    assert files == ["loader_state_0.fms", "loader_state_1.fms"]
+    assert files == [f"loader_state_{r}.fms" for r in range(spec["world_size"])]
     shutil.rmtree(job / "fmsdata_fms_order" / "step_3_ckp")
-    for rank in range(2):
+    steps = min(20, spec["steps"] - 6)
+    for rank in range(spec["world_size"]):
         values = {**spec["config"], "data_path": data, "checkpoint_interval": 1000}
         values["ckpt_save_path"] = values["ckpt_load_path"] = str(job)
-        got = _digests(values, rank, 2, 20, order=None)
-        assert got == spec["digests"][str(rank)][6:26]
+        got = _digests(values, rank, spec["world_size"], steps, order=None)
+        assert got == spec["digests"][str(rank)][6 : 6 + steps]
+
+
+def test_own_state_holds_spans_not_tokens(data, tmp_path):
+    """Buffered lines are saved as spans: the state is a small fraction of the tokens
+    it stands for (fms-fsdp's holds every token)."""
+    spec = FIXTURE["cases"]["w1_long_lines"]
+    job = _save_own(spec, data, tmp_path, 7)
+    path = job / "fmsdata_fms_order" / "step_6_ckp" / "loader_state_0.fms"
+    state = load_state(str(path))["chain"]
+    buffered = sum(int(n) for n in state["preload"]["buffer"]["segments"]["n"])
+    assert buffered >= 6 * (spec["config"]["seq_length"] + 1)
+    assert len(state["preload"]["buffer"]["pool"]) == 0
+    held = sum(np.asarray(col).nbytes for col in state["preload"]["buffer"]["segments"].values())
+    assert held * 10 < buffered * 4  # under 10% of the tokens as int32
+
+
+def test_own_state_that_does_not_fit_the_data_is_refused(tmp_path):
+    """Spans are checked against the files on load: the same document counts with other
+    tokens is a StateMismatchError naming the state file, the file and the values."""
+    spec = FIXTURE["cases"]["w2_nw0"]
+    data = make_corpus(str(tmp_path / "data"), seed=FIXTURE["corpus_seed"])
+    job = _save_own(spec, data, tmp_path, 7)
+    shutil.rmtree(data)
+    make_corpus(data, seed=FIXTURE["corpus_seed"] + 1)  # same files and counts, new tokens
+    values = {**spec["config"], "data_path": data, "checkpoint_interval": 1000}
+    values["ckpt_save_path"] = values["ckpt_load_path"] = str(job)
+    with pytest.raises(StateMismatchError, match=r"loader_state_0\.fms: preload.*\.arrow"):
+        next(iter(get_data_loader(values, 0, 2, order=None)))
+
+
+def test_own_save_after_resuming_fms_fsdp_tokens_continues(data, tmp_path):
+    """Lines taken over from fms-fsdp's checkpoint (tokens, not spans) are saved with
+    their tokens while still buffered; resuming that save continues fms-fsdp's stream."""
+    spec = FIXTURE["checkpoints"]["ck_w2_nw0"]
+    run = spec["resumes"]["same"]
+    load = shutil.copytree(os.path.join(CKPTS, "ck_w2_nw0"), tmp_path / "load")
+    job = tmp_path / "job"
+    for rank in range(2):
+        values = {**spec["config"], "data_path": data, "checkpoint_interval": 2}
+        values.update(resuming_dataset=True, ckpt_load_path=str(load))
+        values["ckpt_save_path"] = str(tmp_path / f"s{rank}")
+        assert _digests(values, rank, 2, 3) == run["digests"][str(rank)][:3]
+        shutil.copytree(tmp_path / f"s{rank}", job, dirs_exist_ok=True)
+    saved = load_state(str(job / "fmsdata_fms_order" / "step_2_ckp" / "loader_state_0.fms"))
+    assert len(saved["chain"]["preload"]["buffer"]["pool"]) > 0
+    for rank in range(2):
+        values = {**spec["config"], "data_path": data, "checkpoint_interval": 1000}
+        values.update(resuming_dataset=True, ckpt_load_path=str(load))
+        values["ckpt_save_path"] = str(job)
+        got = _digests(values, rank, 2, run["steps"] - 2, order=None)
+        assert got == run["digests"][str(rank)][2:]
 
 
 def test_crafted_pth_is_refused_without_running(data, tmp_path):
@@ -122,7 +187,6 @@ def test_newest_step_without_loader_states_warns_and_uses_previous(data, tmp_pat
 
 
 def test_empty_document_first_in_single_file_shard_raises_instead_of_hanging(tmp_path):
-    import numpy as np
     import pyarrow as pa
 
     folder = tmp_path / "data" / "one"

@@ -29,7 +29,6 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-import os
 
 import numpy as np
 
@@ -37,6 +36,7 @@ from fmsdata.errors import EmptyDatasetError, StateMismatchError
 
 from .arrowdocs import ArrowDocs
 from .layout import ShardDocs
+from .spans import LIT, Segment
 
 __all__ = ["CHUNK", "DocStream"]
 
@@ -45,8 +45,12 @@ logger = logging.getLogger(__name__)
 CHUNK = 1024  # fms-fsdp's max_chunksize; get_data_loader never changes it
 
 
+Chunk = tuple[list[Segment], int, int]  # segments, number of tokens, last token
+
+
 class DocStream:
-    """Chunks of one logical shard of one dataset."""
+    """Chunks of one logical shard of one dataset, as spans (``spans``) with their size
+    and last token."""
 
     FIELDS = (
         "docset_index",
@@ -66,6 +70,7 @@ class DocStream:
         shard: int,
         seed: int,
         reader: ArrowDocs,
+        file_ids: dict[str, int],
         eos: int,
         bos: int | None,
         min_length: int = 3,
@@ -76,6 +81,7 @@ class DocStream:
         self.ends = list(np.cumsum(sizes)) if sizes else []
         self.n_docs = int(sum(sizes))
         self.reader, self.eos, self.bos, self.min_length = reader, eos, bos, min_length
+        self.file_ids = file_ids
         self.docset_index, self.chunk_index, self.lcg_state = 0, -1, seed + shard
         self.epochs_seen, self.tokens_seen, self.docs_seen = -1, 0, 0
         self.percent_seen: float = 0
@@ -121,40 +127,47 @@ class DocStream:
             if state < size:
                 return state
 
-    def _fetch(self, index: int) -> tuple[np.ndarray, int]:
+    def _fetch(self, index: int) -> tuple[tuple[np.ndarray, int, int], int]:
+        """``((stripped tokens, file id, document), lcg value)`` of position ``index``."""
         name, size, lo = self._locate(index)
         lcg = self._lcg(size)
-        path = os.path.join(self.folder, name)
-        doc = self.reader.get(path, lo + lcg)
-        if len(doc) == 0 and path not in self._warned:
-            self._warned.add(path)
+        fid = self.file_ids[name]
+        doc = self.reader.get(fid, lo + lcg)
+        if len(doc) == 0 and name not in self._warned:
+            self._warned.add(name)
             logger.warning(
-                "%s: document %d is empty after stripping; as in fms-fsdp, the positions of "
-                "logical shard %d that follow in this file draw it again and are skipped",
-                path,
+                "%s/%s: document %d is empty after stripping; as in fms-fsdp, the positions "
+                "of logical shard %d that follow in this file draw it again and are skipped",
+                self.folder,
+                name,
                 lo + lcg,
                 self.shard,
             )
-        return doc, lcg
+        return (doc, fid, lo + lcg), lcg
 
-    def _n_chunks(self, doc: np.ndarray) -> int:
-        n = len(doc) + (1 if self.bos is None else 2)
+    def _n_chunks(self, doc: tuple[np.ndarray, int, int]) -> int:
+        n = len(doc[0]) + (1 if self.bos is None else 2)
         return 0 if n < self.min_length else math.ceil(n / CHUNK)
 
-    def _chunk(self, doc: np.ndarray, j: int, n_chunks: int) -> np.ndarray:
+    def _chunk(self, doc: tuple[np.ndarray, int, int], j: int, n_chunks: int) -> Chunk:
+        tokens, fid, index = doc
         start, n = j * CHUNK, CHUNK
+        segs: list[Segment] = []
         if self.bos is not None:
             if j == 0:
                 n -= 1
+                segs.append((LIT, 0, 0, 1, self.bos))
             else:
                 start -= 1
-        piece = doc[start : start + n]
-        self.tokens_seen += len(piece)
-        head = [self.bos] if self.bos is not None and j == 0 else []
-        tail = [self.eos] if j == n_chunks - 1 else []
-        if head or tail:
-            return np.concatenate([np.asarray(head, np.int64), piece, np.asarray(tail, np.int64)])
-        return piece.astype(np.int64)
+        n = max(0, min(n, len(tokens) - start))
+        self.tokens_seen += n
+        if n:
+            segs.append((fid, index, start, n, int(tokens[start])))
+        size = n + (self.bos is not None and j == 0)
+        if j == n_chunks - 1:
+            segs.append((LIT, 0, 0, 1, self.eos))
+            return segs, size + 1, self.eos
+        return segs, size, int(tokens[start + n - 1])
 
     def _reopen(self) -> None:
         """Rebuild the document being emitted after a load of fmsdata's own state."""
@@ -169,7 +182,7 @@ class DocStream:
             n = self._n_chunks(doc)
             self._doc = (doc, n, self.chunk_index + 1, min(o["residual"], n), None)
 
-    def next_chunk(self) -> np.ndarray:
+    def next_chunk(self) -> Chunk:
         if self.origin is None:
             self.origin = {
                 "index": self.docset_index,
@@ -212,7 +225,7 @@ class DocStream:
                     self.epochs_seen += 1
                 self.docset_index = index
                 doc, lcg = self._fetch(index)
-                if len(doc) == 0:
+                if len(doc[0]) == 0:
                     continue
                 n = self._n_chunks(doc)
                 first = o["residual"] if i == 0 else 0
@@ -223,7 +236,7 @@ class DocStream:
                 self.docset_index, self.lcg_state = o["index"], o["lcg"]
                 o["phase"] = "residual"
                 doc, _ = self._fetch(o["index"])
-                if len(doc) == 0:
+                if len(doc[0]) == 0:
                     self._end_pass(check=False)
                     continue
                 n = self._n_chunks(doc)

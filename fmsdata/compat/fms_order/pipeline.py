@@ -38,6 +38,7 @@ from .packing import Packer
 from .preload import PreloadBuffer
 from .sampling import DatasetMix
 from .shardmix import ShardMix
+from .spans import Tokens
 
 __all__ = ["OWN_CHECKPOINTS", "WINDOW", "FmsOrderDataset", "fms_resume_source"]
 
@@ -46,7 +47,7 @@ logger = logging.getLogger(__name__)
 OWN_CHECKPOINTS = "fmsdata_fms_order"
 WINDOW = 10000  # fms-fsdp's PreloadBufferDataset size in get_data_loader
 _SUFFIX = ".fms"
-_VERSION = 1
+_VERSION = 2  # 2: buffered lines saved as spans of the documents
 
 
 def fms_resume_source(values: dict[str, Any]) -> tuple[str, str, int] | None:
@@ -74,7 +75,10 @@ class _Chain:
         strip = {int(x) for x in str(values["strip_tokens"]).split(",") if x.strip()}
         strip |= {t for t in (bos, eos, values["bol_token"], values["eol_token"]) if t is not None}
         cols = _split(values["col_name"])
-        reader = ArrowDocs(tuple(cols), frozenset(strip))
+        paths: list[str] = []  # the file table: buffered lines name files by position
+        names: list[str] = []
+        reader = ArrowDocs(paths, tuple(cols), frozenset(strip))
+        self.tokens = Tokens(reader, names)
         n_shards = values["logical_shards"]
         if n_shards <= 0 or n_shards % world:
             raise ConfigError(
@@ -87,9 +91,10 @@ class _Chain:
         for name in self.datasets:
             folder = os.path.join(values["data_path"], name)
             files = list_files(folder)
-            counts = meta_counts(folder) or {
-                f: reader.count(os.path.join(folder, f)) for f in files
-            }
+            file_ids = {f: len(paths) + i for i, f in enumerate(files)}
+            paths += [os.path.join(folder, f) for f in files]
+            names += [f"{name}/{f}" for f in files]
+            counts = meta_counts(folder) or {f: reader.count(file_ids[f]) for f in files}
             _, short = dataset_name(folder)
             streams = [
                 DocStream(
@@ -99,6 +104,7 @@ class _Chain:
                     k,
                     values["seed"],
                     reader,
+                    file_ids,
                     eos,
                     bos,
                 )
@@ -112,8 +118,10 @@ class _Chain:
                 f"({len(mixes)})"
             )
         self.mix = DatasetMix(mixes, weights, eos)
-        self.packer = Packer(self.mix.next_chunk, length, values["bol_token"], values["eol_token"])
-        self.preload = PreloadBuffer(self.packer.next_line, WINDOW, rank)
+        self.packer = Packer(
+            self.mix.next_chunk, self.tokens, length, values["bol_token"], values["eol_token"]
+        )
+        self.preload = PreloadBuffer(self.packer.next_line, self.tokens, WINDOW, rank)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -122,10 +130,14 @@ class _Chain:
             "mix": self.mix.state(),
         }
 
-    def load(self, state: dict[str, Any], whole: bool) -> None:
-        self.preload.load(state["preload"], whole)
-        self.packer.load(state["packer"], whole)
+    def load(self, state: dict[str, Any], whole: bool, where: str) -> None:
+        self.preload.load(state["preload"], whole, f"{where}: preload")
+        self.packer.load(state["packer"], whole, f"{where}: packer")
         self.mix.load(state["mix"], whole)
+
+    def next_line(self) -> np.ndarray:
+        """The next output line's tokens (int32)."""
+        return self.tokens.materialize(self.preload.next_line(), self.packer.length)
 
 
 def _split(value: Any) -> list[str]:
@@ -202,16 +214,23 @@ class FmsOrderDataset(IterableDataset):
         else:
             states = [from_fms(load_fms_file(path), path) for path in paths]
         if n_files == world:
-            chain.load(states[0], whole=True)
+            chain.load(states[0], whole=True, where=paths[0])
             return
+        # fms-fsdp's rescale re-deals the buffered lines; fmsdata's own states hold them as
+        # spans, decoded (and checked) per file, dealt, then encoded for the new buffer
+        buffers = [
+            chain.tokens.lines(s["preload"]["buffer"], f"{path}: preload.buffer")
+            if kind == "own"
+            else s["preload"]["buffer"]
+            for s, path in zip(states, paths, strict=True)
+        ]
+        lines = reshard(buffers, n_files, p, world, folder)
         merged = {
             "preload": {
                 "g_state": None,
-                "buffer": reshard(
-                    [s["preload"]["buffer"] for s in states], n_files, p, world, folder
-                ),
+                "buffer": chain.tokens.encode(lines) if kind == "own" else lines,
             },
-            "packer": {"buffer": np.zeros(0, np.int64)},
+            "packer": {"buffer": []},
             "mix": {"sample_iterator_states": []},
         }
         for i in range(len(chain.datasets)):
@@ -222,7 +241,7 @@ class FmsOrderDataset(IterableDataset):
                     for key in ("n_docs_remaining", "logical_shard_states")
                 }
             )
-        chain.load(merged, whole=False)
+        chain.load(merged, whole=False, where=folder)
 
     def _load_own(self, path: str) -> dict[str, Any]:
         state = load_state(path)
@@ -256,8 +275,7 @@ class FmsOrderDataset(IterableDataset):
         batch = self.values["batch_size"]
         ministep = 0
         while True:
-            line = chain.preload.next_line()
-            out: Any = torch.from_numpy(line.astype(np.int32))
+            out: Any = torch.from_numpy(chain.next_line())
             for fn in self.postprocess:
                 out = fn(out)
             yield out

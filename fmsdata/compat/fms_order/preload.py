@@ -6,7 +6,10 @@ it fills at two lines per output; each output is line ``i`` drawn by
 rank (not the DataLoader worker's), and slot ``i`` gets the next line (or, in a buffer
 larger than the window after a rescale, the last line, shrinking it by one).
 
-State keys: ``g_state`` (uint8), ``buffer`` (the lines, in slot order).
+Lines are span lists (``spans``), materialised only when output.
+
+State keys: ``g_state`` (uint8), ``buffer`` (the lines in slot order, as
+``Tokens.encode`` writes them; fms-fsdp's token lines are read too).
 """
 
 from __future__ import annotations
@@ -16,16 +19,18 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from .spans import Segment, Tokens
+
 __all__ = ["PreloadBuffer"]
 
 
 class PreloadBuffer:
-    def __init__(self, source: Callable[[], np.ndarray], window: int, rank: int):
-        self.source, self.window = source, window
+    def __init__(self, source: Callable[[], list[Segment]], tokens: Tokens, window: int, rank: int):
+        self.source, self.tokens, self.window = source, tokens, window
         self.generator = torch.Generator().manual_seed(rank)
-        self.buffer: list[np.ndarray] = []
+        self.buffer: list[list[Segment]] = []
 
-    def next_line(self) -> np.ndarray:
+    def next_line(self) -> list[Segment]:
         buf = self.buffer
         if len(buf) < self.window:
             buf.append(self.source())
@@ -39,10 +44,13 @@ class PreloadBuffer:
         return out
 
     def state(self) -> dict:
-        return {"g_state": self.generator.get_state().numpy().copy(), "buffer": list(self.buffer)}
+        return {
+            "g_state": self.generator.get_state().numpy().copy(),
+            "buffer": self.tokens.encode(self.buffer),
+        }
 
-    def load(self, state: dict, whole: bool) -> None:
+    def load(self, state: dict, whole: bool, where: str = "preload") -> None:
         if whole and state.get("g_state") is not None:
             g = np.asarray(state["g_state"], dtype=np.uint8)
             self.generator.set_state(torch.from_numpy(g.copy()))
-        self.buffer = [np.asarray(line, np.int64) for line in state["buffer"]]
+        self.buffer = self.tokens.lines(state["buffer"], f"{where}.buffer")

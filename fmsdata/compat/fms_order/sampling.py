@@ -12,8 +12,7 @@ State keys: ``tokens_seen``, ``current_iterator`` (-1 between documents) and
 
 from __future__ import annotations
 
-import numpy as np
-
+from .docstream import Chunk
 from .shardmix import ShardMix
 
 __all__ = ["DatasetMix"]
@@ -27,15 +26,15 @@ class DatasetMix:
         self.tokens_seen = [0] * len(mixes)
         self.current = -1
 
-    def next_chunk(self) -> np.ndarray:
+    def next_chunk(self) -> Chunk:
         if self.current == -1:
             seen = self.tokens_seen
             total = sum(seen) + 1e-9
             offsets = [self.weights[i] - seen[i] / total for i in range(len(seen))]
             self.current = max((d, i) for i, d in enumerate(offsets))[1]
         out = self.mixes[self.current].next_chunk()
-        self.tokens_seen[self.current] += len(out)
-        if out[-1] == self.eos:
+        self.tokens_seen[self.current] += out[1]
+        if out[2] == self.eos:
             self.current = -1
         return out
 

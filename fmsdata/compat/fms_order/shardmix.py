@@ -20,7 +20,7 @@ import torch
 
 from fmsdata.errors import EmptyDatasetError
 
-from .docstream import DocStream
+from .docstream import Chunk, DocStream
 
 __all__ = ["ShardMix"]
 
@@ -32,7 +32,7 @@ class ShardMix:
         self.current: int | None = None
         self.generator = torch.Generator().manual_seed(physical_rank)
 
-    def next_chunk(self) -> np.ndarray:
+    def next_chunk(self) -> Chunk:
         if self.current is None:
             if sum(self.remaining) <= 0:
                 raise EmptyDatasetError(f"No documents detected in {self.folder}")
@@ -40,7 +40,7 @@ class ShardMix:
             self.current = int(torch.multinomial(weights, 1, generator=self.generator).item())
         ind = self.current
         out = self.streams[ind].next_chunk()
-        if out[-1] != self.eos:
+        if out[2] != self.eos:
             return out
         self.current = None
         self.remaining[ind] -= 1
