@@ -283,7 +283,10 @@ def main() -> None:
             f"{tokens['vocab_size']}"
         )
 
-    log = open(args.hash_log, "a") if args.hash_log and rank == 0 else None
+    log = None
+    if args.hash_log and rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(args.hash_log)), exist_ok=True)
+        log = open(args.hash_log, "a")
     started = time.perf_counter()
     mean_loss = float("nan")
     for batch in loader:
