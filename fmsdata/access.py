@@ -11,11 +11,14 @@ open files stays bounded.
 from __future__ import annotations
 
 import collections
+import hashlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from fmsdata import filecounts
 from fmsdata.catalog import Catalog, DatasetFiles
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.base import FileHandler
@@ -24,6 +27,11 @@ from fmsdata.remote.cache import FileSource
 from fmsdata.stages.documents import Decoration
 
 __all__ = ["ReaderCache", "DatasetAccess", "count_mismatch", "make_accesses"]
+
+# Kept tokens of a dataset measured in this process, by (root, dataset, its files, decoration):
+# every shard of every chain built in the process asks the same question.
+_KEPT: dict[tuple[str, str, str, Decoration], int] = {}
+_KEPT_LOCK = threading.Lock()
 
 
 class ReaderCache:
@@ -96,6 +104,7 @@ class DatasetAccess:
         handler: Format handler.
         source: Local paths of the root's files (pulled into the cache if remote).
         readers: The worker's shared reader cache.
+        root: The data root (the key of counts shared in the process, ``filecounts``).
     """
 
     def __init__(
@@ -105,15 +114,16 @@ class DatasetAccess:
         handler: FileHandler,
         source: FileSource,
         readers: ReaderCache,
+        root: str = "",
     ):
         self.index = index
         self.files = files
         self.name = files.name
         self.handler = handler
+        self.root = root
         self._source = source
         self._readers = readers
         self._counts = files.docs.copy()
-        self._kept_tokens: dict[Decoration, int] = {}
 
     @property
     def num_files(self) -> int:
@@ -136,29 +146,62 @@ class DatasetAccess:
         self._source.prefetch(self.files.paths[file])
 
     def doc_count(self, file: int) -> int:
-        """Documents in a file: from the counts metadata, else by opening it (once)."""
+        """Documents in a file: known from the catalog or counted before in this process,
+        else by opening it (once per process: ``filecounts``)."""
         n = int(self._counts[file])
         if n < 0:
-            n = self.handler.num_docs(self.reader(file))
+            relative, size = self.files.paths[file], int(self.files.sizes[file])
+            seen = filecounts.recall(self.root, relative, size)
+            if seen is None:
+                n = self.handler.num_docs(self.reader(file))
+                filecounts.remember(self.root, relative, size, n)
+            else:
+                n = seen[0]
             self._counts[file] = n
         return n
 
-    def kept_tokens(self, decoration: Decoration) -> int:
-        """Tokens the packer sees from the whole dataset (decorated documents that are kept),
-        measured once per decoration: it decides whether a small dataset rotates."""
-        cache = self._kept_tokens
-        if decoration not in cache:
-            total = 0
-            for f in range(self.num_files):  # a remote root downloads them side by side
-                self.prefetch(f)
-            for f in range(self.num_files):
-                docs = np.arange(self.doc_count(f))
-                lengths, lead, trail, _ = self.measure(f, docs, decoration)
-                content = lengths - lead - trail
-                kept = content >= max(1, decoration.min_length)
-                total += int(content[kept].sum()) + decoration.extra * int(kept.sum())
-            cache[decoration] = total
-        return cache[decoration]
+    def holds_fewer_tokens(self, decoration: Decoration, budget: int) -> bool:
+        """Whether the packer sees fewer than ``budget`` tokens from the whole dataset
+        (decorated documents that are kept): it decides whether a small dataset rotates.
+
+        Decided from the per-file counts where they settle it, without opening a file:
+        a kept document gives its tokens, less at most the stripped ones, plus the
+        decoration's; a skipped one held fewer than ``min_length`` tokens after
+        stripping. Otherwise measured exactly, once per process (``_KEPT``).
+        """
+        docs, tokens = self.files.docs, self.files.tokens
+        if len(docs) and (docs >= 0).all() and (tokens >= 0).all():
+            n_docs, n_tokens = int(docs.sum()), int(tokens.sum())
+            stripped = 2 if decoration.strip else 0
+            least = n_tokens - n_docs * (stripped + max(1, decoration.min_length) - 1)
+            most = n_tokens + decoration.extra * n_docs
+            if least >= budget:
+                return False
+            if most < budget:
+                return True
+        return self._kept_tokens(decoration) < budget
+
+    def _kept_tokens(self, decoration: Decoration) -> int:
+        digest = hashlib.blake2b(digest_size=12)
+        for path, size in zip(self.files.paths, self.files.sizes.tolist()):
+            digest.update(f"{path}\0{size}\0".encode())
+        key = (self.root, self.name, digest.hexdigest(), decoration)
+        with _KEPT_LOCK:
+            known = _KEPT.get(key)
+        if known is not None:
+            return known
+        total = 0
+        for f in range(self.num_files):  # a remote root downloads them side by side
+            self.prefetch(f)
+        for f in range(self.num_files):
+            docs = np.arange(self.doc_count(f))
+            lengths, lead, trail, _ = self.measure(f, docs, decoration)
+            content = lengths - lead - trail
+            kept = content >= max(1, decoration.min_length)
+            total += int(content[kept].sum()) + decoration.extra * int(kept.sum())
+        with _KEPT_LOCK:
+            _KEPT[key] = total
+        return total
 
     def measure(
         self, file: int, docs: np.ndarray, decoration: Decoration
@@ -200,6 +243,6 @@ def make_accesses(
     catalog: Catalog, handler: FileHandler, source: FileSource, readers: ReaderCache
 ) -> list[DatasetAccess]:
     return [
-        DatasetAccess(i, files, handler, source, readers)
+        DatasetAccess(i, files, handler, source, readers, catalog.root)
         for i, files in enumerate(catalog.datasets)
     ]

@@ -3,7 +3,10 @@
 A data root (local path or fsspec URL) has one folder per dataset, each holding shard
 files, possibly nested. ``meta/*counts*.csv`` (header ``dataset/filename,documents,tokens``,
 the layout of the Bamba release) gives document counts without opening files; files it
-does not list are counted by opening them, lazily and only where a logical shard needs them.
+does not list are counted once per process (``fmsdata.filecounts``): on a remote root from
+the formats' metadata, read with range requests before the first shard starts
+(``fmsdata.metacount``); on a local one by opening them, lazily and only where a logical
+shard needs them.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from fmsdata import filecounts
 from fmsdata.errors import ConfigError, EmptyDatasetError, ShardFormatError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.remote.retry import retrying
-from fmsdata.remote.storage import Storage
+from fmsdata.remote.storage import Storage, is_local
 
 T = TypeVar("T")
 
@@ -42,13 +46,16 @@ class DatasetFiles:
         name: Folder name of the dataset under the root.
         paths: File paths relative to the root (``name/sub/shard.arrow``), sorted.
         sizes: Byte size of each file as listed.
-        docs: Document count per file from the counts metadata, -1 where unknown.
+        docs: Document count per file (counts metadata, the format's own metadata, or
+            counted before in this process), -1 where unknown.
+        tokens: Token count per file from the same sources, -1 where unknown.
     """
 
     name: str
     paths: tuple[str, ...]
     sizes: np.ndarray
     docs: np.ndarray
+    tokens: np.ndarray
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -152,8 +159,14 @@ def discover(
     datasets: Sequence[str] | None,
     handler: FileHandler,
     storage: Storage | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Catalog:
-    """List the datasets and shard files of a root (reached through ``storage``).
+    """List the datasets and shard files of a root (reached through ``storage``), with
+    each file's counts where known (see the module docstring).
+
+    Args:
+        progress: Called as ``progress(done, total)`` while the files of a remote root
+            are counted from their metadata (the CLI draws a bar with it).
 
     Raises:
         ConfigError: The root or a named dataset folder does not exist.
@@ -196,12 +209,17 @@ def discover(
                 f"dataset {name!r} ({folder}) holds no {handler.name} shard "
                 f"(looked for files ending in {', '.join(handler.extensions)})"
             )
-        docs = np.array([counts.get(p, (-1, -1))[0] for p in rel_paths], dtype=np.int64)
+        known = np.array([counts.get(p, (-1, -1)) for p in rel_paths], dtype=np.int64)
+        docs, tokens = known.reshape(-1, 2).T.copy()
+        for i in np.flatnonzero(docs < 0).tolist():
+            seen = filecounts.recall(root, rel_paths[i], sizes[i])
+            if seen is not None:
+                docs[i], tokens[i] = seen
         unknown = int((docs < 0).sum())
         if counts and unknown:
             logger.warning(
                 "%d file(s) of dataset %r are missing from the counts metadata and will be "
-                "opened to count them; run `fmsdata index %s` to refresh it",
+                "counted; run `fmsdata index %s` to refresh it",
                 unknown,
                 name,
                 root,
@@ -212,6 +230,13 @@ def discover(
                 paths=tuple(rel_paths),
                 sizes=np.array(sizes, dtype=np.int64),
                 docs=docs,
+                tokens=tokens,
             )
         )
+    if not is_local(fs):
+        # Remote: count what is left from the formats' metadata now, all files at once
+        # and in parallel, so no shard downloads a file only to count it.
+        from fmsdata.metacount import count_catalog  # (imports the handlers' readers)
+
+        count_catalog(root, found, handler, listing, progress)
     return Catalog(root=root, datasets=tuple(found))

@@ -1,4 +1,9 @@
-"""Count the documents and tokens of every shard of a root into ``meta/counts.csv``."""
+"""Count the documents and tokens of every shard of a root into ``meta/counts.csv``.
+
+A remote root is counted from the files' metadata with range requests where the format
+keeps its counts there (``fmsdata.metacount``), in parallel; only files of formats that do
+not are pulled through the local cache and opened.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,16 @@ import io
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
+from fmsdata import filecounts
 from fmsdata.catalog import COUNTS_HEADER, META_DIR, discover
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.derived import default_cache_dir
+from fmsdata.metacount import count_files
 from fmsdata.remote.cache import file_source
-from fmsdata.remote.storage import Storage
+from fmsdata.remote.retry import retrying
+from fmsdata.remote.storage import Storage, is_local
 
 __all__ = ["index_root", "write_counts"]
 
@@ -42,7 +51,9 @@ def index_root(
 ) -> tuple[str, list[tuple[str, int, int]]]:
     """Count every shard of ``root`` (in ``workers`` processes) and write the counts file.
 
-    Files of a remote root are pulled through the local cache (``cache_dir``) to be read.
+    Files of a remote root are counted from their metadata (range requests); those whose
+    format keeps no counts there are pulled through the local cache (``cache_dir``) and
+    opened.
 
     Returns:
         The path written and its rows ``(dataset/relative/path, documents, tokens)``.
@@ -55,7 +66,11 @@ def index_root(
         for ds in catalog.datasets
         for rel in ds.paths
     ]
+    order = {job[2]: i for i, job in enumerate(jobs)}
     rows = []
+    fs, _ = storage.filesystem(catalog.root)
+    if not is_local(fs):
+        rows, jobs = _count_from_metadata(catalog, handler, storage, jobs, on_file)
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
             for row in pool.map(_count, jobs, chunksize=8):
@@ -67,7 +82,48 @@ def index_root(
             rows.append(_count(job))
             if on_file is not None:
                 on_file()
+    rows.sort(key=lambda row: order[row[0]])  # catalog order, however they were counted
     return write_counts(catalog.root, rows, storage=storage), rows
+
+
+def _count_from_metadata(
+    catalog: Any,
+    handler: FileHandler,
+    storage: Storage,
+    jobs: list[tuple[FileHandler, str, str, Storage, str]],
+    on_file: Callable[[], None] | None,
+) -> tuple[list[tuple[str, int, int]], list[tuple[FileHandler, str, str, Storage, str]]]:
+    """Rows of the files counted from their metadata, and the jobs left (whole files)."""
+    fs, base = storage.filesystem(catalog.root)
+    root = catalog.root.rstrip("/")
+
+    def read(path: str, start: int, end: int) -> bytes:
+        url = root + path[len(base) :]
+        if end < 0:
+            return retrying(storage.retry, url, fs.cat_file, path, what="read")  # type: ignore[no-any-return]
+        return retrying(  # type: ignore[no-any-return]
+            storage.retry, url, fs.cat_file, path, start=start, end=end, what="read"
+        )
+
+    sizes = {rel: int(size) for ds in catalog.datasets for rel, size in zip(ds.paths, ds.sizes)}
+    relatives = [job[2] for job in jobs]
+    found = count_files(
+        base,
+        relatives,
+        [sizes[rel] for rel in relatives],
+        handler,
+        read,
+        tokens=True,
+        progress=None if on_file is None else lambda done, total: on_file(),
+    )
+    rows, left = [], []
+    for job, counts in zip(jobs, found):
+        if counts is None or counts[1] < 0:
+            left.append(job)
+            continue
+        rows.append((job[2], counts[0], counts[1]))
+        filecounts.remember(root, job[2], sizes[job[2]], counts[0], counts[1])
+    return rows, left
 
 
 def write_counts(

@@ -534,11 +534,17 @@ class FmsDataLoader(DataLoader):
         stage checks its own keys, types and ranges (loading the state into a chain built
         for that shard), each document stream its position against the shard's documents,
         and every saved span its dataset, file, document and end. Raises
-        StateMismatchError naming the path inside the state and the value."""
+        StateMismatchError naming the path inside the state and the value.
+
+        Document counts come from the catalog (shared by every shard of the process). A
+        remote root checks a span's end, and a buffered line's tokens, when its file
+        arrives to be read (the same errors, raised then): measuring them here would
+        download every file the saved lines point into before the first batch."""
         pending = {sid: state for sid, (state, _) in shards.items() if state is not None}
         if not pending:
             return
         context = source.shard_context(len(pending))
+        measure = not context.source.downloads
         try:
             accesses = {access.name: access for access in context.accesses}
             for sid, state in pending.items():
@@ -547,6 +553,10 @@ class FmsDataLoader(DataLoader):
                     with within("stages"):
                         pipeline.top.load_state_dict(state["stages"])
                     for path, stage in walk(pipeline.top):
+                        restored = getattr(stage, "measure_restored", None)
+                        if measure and callable(restored):
+                            with within(".".join(["stages", *path])):
+                                restored()
                         names = getattr(stage, "names", ())
                         for name, stream in zip(names, getattr(stage, "streams", ())):
                             with within(".".join(["stages", *path, "sources", name])):
@@ -557,6 +567,7 @@ class FmsDataLoader(DataLoader):
                         saved.span_datasets,
                         accesses,
                         context.recipe.decoration,
+                        measure,
                     )
         finally:
             context.close()

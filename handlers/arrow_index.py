@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RecordBatchIndex"]
+__all__ = ["RecordBatchIndex", "batch_rows", "footer_blocks", "footer_length"]
 
 _MAGIC = b"ARROW1"
 _CONTINUATION = 0xFFFFFFFF
@@ -146,3 +146,54 @@ class RecordBatchIndex:
         ):
             return None
         return start // itemsize, lengths
+
+
+def footer_blocks(tail: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Byte offset and metadata length of every record batch, from the last bytes of an
+    Arrow IPC file (``tail``, which must hold the whole footer); None when they do not
+    end like one. Lets a remote file's documents be counted from a range request."""
+    size = len(tail)
+    if size < 10 or bytes(tail[-6:]) != _MAGIC:
+        return None
+    footer_len = int(_read(tail, np.array([size - 10]), "<i4")[0])
+    footer = size - 10 - footer_len
+    if footer_len <= 0 or footer < 0:
+        return None
+    try:
+        root = _deref(tail, np.array([footer]))
+        batches_field = _field(tail, root, 3)
+        if batches_field[0] == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        vec = _deref(tail, root + batches_field)
+        n = int(_read(tail, vec, "<u4")[0])
+        blocks = vec[0] + 4 + 24 * np.arange(n, dtype=np.int64)
+        return _read(tail, blocks, "<i8"), _read(tail, blocks + 8, "<i4")
+    except IndexError:
+        return None
+
+
+def footer_length(tail: bytes) -> int | None:
+    """Bytes of the footer and trailer an Arrow IPC file ends with (from its last 10 bytes)."""
+    if len(tail) < 10 or tail[-6:] != _MAGIC:
+        return None
+    return int(np.frombuffer(tail[-10:-6], "<i4")[0]) + 10
+
+
+def batch_rows(buf: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
+    """The row count (``length``) of the record batch messages whose metadata starts at
+    ``positions`` of ``buf`` (each message's continuation prefix included); None when one
+    is not a record batch message."""
+    try:
+        prefix = np.where(_read(buf, positions, "<u4") == _CONTINUATION, 8, 4)
+        message = _deref(buf, positions + prefix)
+        header_type = _field(buf, message, 1)
+        header_field = _field(buf, message, 2)
+        if (header_type == 0).any() or (header_field == 0).any():
+            return None
+        if (_read(buf, message + header_type, "<u1") != _RECORD_BATCH).any():
+            return None
+        batch = _deref(buf, message + header_field)
+        length_field = _field(buf, batch, 0)
+        return np.where(length_field > 0, _read(buf, batch + length_field, "<i8"), 0)
+    except IndexError:
+        return None

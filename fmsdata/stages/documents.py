@@ -262,7 +262,7 @@ class DocumentStream:
         budget = self.n_shards * self.line_tokens
         if int(np.sum(self.access.files.sizes)) >= budget * _BYTES_PER_TOKEN:
             return False
-        return self.access.kept_tokens(self.decoration) < budget
+        return self.access.holds_fewer_tokens(self.decoration, budget)
 
     def _setup(self) -> None:
         if self._rows is not None:

@@ -27,6 +27,7 @@ from fmsdata.permute import hash_values
 from fmsdata.stages.base import LENGTH, DatasetRenumbering, SpanStage
 from fmsdata.stages.savedlines import (
     DocumentLengths,
+    SavedLines,
     pack_lines,
     resolve,
     unpack_lines,
@@ -75,7 +76,11 @@ class ShuffleBuffer(SpanStage):
         self.light = False
         self.key = key
         self.emitted = 0
-        self.buffer: list[np.ndarray] = []
+        # Lines as span arrays, or ints: lines of ``_restored`` (a loaded state) not measured
+        # yet. A restored line is measured against its files when it is handed out, so
+        # loading a state opens no file (see ``measure_restored``).
+        self.buffer: list[np.ndarray | int] = []
+        self._restored: SavedLines | None = None
         self._ops: list[int] = []
         self._pushed: list[np.ndarray] = []
         self._hashes: list[int] = []  # hash values for emissions _hash_start, ...
@@ -118,7 +123,8 @@ class ShuffleBuffer(SpanStage):
             if ops is not None:
                 ops.append(slot)
             self.emitted += 1
-            out.append(_take(buffer, slot))
+            line = _take(buffer, slot)
+            out.append(line if isinstance(line, np.ndarray) else self._measure(line))
         if self._open and not all(line[:, LENGTH].all() for line in out):
             raise self._unmeasured()
         return out
@@ -149,19 +155,55 @@ class ShuffleBuffer(SpanStage):
             return {"emitted": self.emitted}
         if self._open:
             raise self._unmeasured()
-        packed = pack_lines(self.buffer, to_end=self.documents is not None)
+        packed = pack_lines(self.buffer, self._restored, to_end=self.documents is not None)
         return {"emitted": self.emitted, BUFFER_KEY: packed}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
         self.emitted = need_count(state["emitted"], "emitted")
         with within(BUFFER_KEY):
-            self.buffer, self._open = resolve(unpack_lines(state[BUFFER_KEY]), self.documents)
+            saved = unpack_lines(state[BUFFER_KEY])
+            if self.documents is None:
+                self.buffer, self._open = resolve(saved, None)  # type: ignore[assignment]
+                self._restored = None
+            else:
+                self.buffer, self._open, self._restored = list(range(len(saved))), False, saved
         if len(self.buffer) > max(self.window, 0):
             raise StateMismatchError(
                 f"shuffle buffer state holds {len(self.buffer)} lines, more than "
                 f"shuffle_window={self.window}"
             )
         self._ops, self._pushed = [], []
+
+    def measure_restored(self) -> None:
+        """Measure every restored line now against its files (which opens them; a remote
+        root downloads them): what a resume's checks call where opening files is cheap,
+        so a state that does not fit the data is refused before anything runs.
+
+        Raises:
+            StateMismatchError: A restored span does not fit its document, or a line's
+                tokens differ from its saved counts (path relative to the buffer).
+        """
+        if self._restored is None:
+            return
+        with within(BUFFER_KEY):
+            lines, self._open = resolve(self._restored, self.documents)
+        self.buffer = [
+            lines[line] if not isinstance(line, np.ndarray) else line for line in self.buffer
+        ]
+        self._restored = None
+
+    def _measure(self, line: int) -> np.ndarray:
+        """Restored line ``line``, measured against its files as it is handed out (its
+        file is read now anyway)."""
+        saved = self._restored
+        assert saved is not None, "restored lines come with their saved form"
+        a, b = int(saved.offsets[line]), int(saved.offsets[line + 1])
+        one = SavedLines(saved.spans[a:b], np.array([0, b - a]), saved.tokens[line : line + 1])
+        with within(f"{BUFFER_KEY} (restored line {line})"):
+            lines, still_open = resolve(one, self.documents)
+        if still_open:
+            self._open = True
+        return lines[0]
 
     def settings(self) -> dict[str, Any]:
         return {"window": self.window}
@@ -174,6 +216,19 @@ class ShuffleBuffer(SpanStage):
     def held_spans(self, own: dict[str, Any]) -> np.ndarray:
         with within(BUFFER_KEY):
             return unpack_lines(own[BUFFER_KEY]).held()
+
+    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+        """The buffered lines (their spans, and their tokens per dataset from the saved
+        counts: most spans run to their document's end without a length) and the lines
+        this buffer handed out."""
+        with within(BUFFER_KEY):
+            saved = unpack_lines(own[BUFFER_KEY])
+        return {
+            "held": saved.held(),
+            "held_tokens": saved.tokens.sum(axis=0).tolist(),
+            "held_as": "buffered",
+            "counts": {"lines buffered": len(saved), "lines handed out": int(own["emitted"])},
+        }
 
 
 def _pull(source: Any, n: int) -> list[np.ndarray]:
