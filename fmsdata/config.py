@@ -100,6 +100,8 @@ class LoaderConfig:
             effect in the batch of step ``S``, counted from 0).
         schedule_interpolation: ``"step"`` (each point holds until the next) or
             ``"linear"`` (moves between points in ``schedule_resolution`` steps).
+        schedule_resolution: Cells of the grid a ``"linear"`` schedule moves on between two
+            points (its weights change at each cell's start).
         global_batch_size: Sequences per global step, for step-based schedules and skips.
         allow_mix_change: Accept a resumed state saved with other ``datasets`` / weights /
             schedule: each dataset continues from its own position, new ones start.
