@@ -23,6 +23,9 @@ EXTRAS = {
     "zstandard": "text",
     "ray": "ray",
     "matplotlib": "plot",
+    "torchtitan": "torchtitan",
+    "olmo_core": "olmo-core",
+    "pytorch_lightning": "lightning",
 }
 
 # fsspec protocols whose implementation an fmsdata extra installs.
