@@ -160,10 +160,20 @@ def plot_state(summary: Mapping[str, Any], path: str, title: str = "") -> None:
     shares.set_ylabel("share of tokens")
     shares.set_ylim(0, max(1e-9, float(max(realised.max(initial=0), *(target or [0])))) * 1.25)
     shares.yaxis.set_major_formatter(lambda v, _pos: f"{v:.0%}")
-    shares.set_title("token shares: delivered vs asked")
+    left_out = summary.get("left_out")
+    shares.set_title(
+        "token shares: delivered vs asked" + (" (not every line counted)" if left_out else "")
+    )
     shares.legend(fontsize="small")
     if title:
         fig.suptitle(title)
+    if left_out:
+        # The shares of a short run with lines in flight can be far from the weights: the
+        # figure says what it leaves out, as the text does.
+        import textwrap
+
+        fig.text(0.01, 0.005, textwrap.fill(f"note: {left_out}", 160), fontsize="small")
+        fig.get_layout_engine().set(rect=(0, 0.06, 1, 0.94))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

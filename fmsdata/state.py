@@ -30,7 +30,6 @@ to the caller.
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
 import json
@@ -44,8 +43,6 @@ from fmsdata.config import LoaderConfig, as_plain
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.stages.base import (
-    LENGTH,
-    START,
     DatasetRenumbering,
     Stage,
     held_spans,
@@ -68,7 +65,6 @@ from fmsdata.transport import WorkerItem
 
 __all__ = [
     "STATE_VERSION",
-    "DELIVERY_KEYS",
     "META_KEY",
     "pack_state",
     "unpack_state",
@@ -79,7 +75,6 @@ __all__ = [
     "mix_changed",
     "remix_shard",
     "span_names",
-    "shard_counts",
     "stage_state",
     "ConsumedState",
 ]
@@ -639,86 +634,3 @@ class ConsumedState:
 
     def advances(self) -> dict[int, int]:
         return dict(self._advance)
-
-
-def shard_counts(
-    shard_state: Any, fingerprint: Mapping[str, Any], span_datasets: Sequence[str]
-) -> dict[str, dict[str, int]]:
-    """What a logical shard's state says was delivered, per dataset of the mix.
-
-    The mixer counts the documents (and their tokens) that started in a packed line; of
-    those, some tokens are still in the shuffle buffer's lines and some are the unsent rest
-    of a document split across lines (the packer's carry). So, exactly::
-
-        delivered = taken - buffered - unsent
-
-    for tokens, and for documents (a document counts as delivered once all its pieces
-    were). Returns ``{name: {"taken_tokens", "taken_docs", "buffered_tokens",
-    "buffered_docs", "unsent_tokens", "unsent_docs", "delivered_tokens",
-    "delivered_docs"}}``. Lines emitted after the state (``advance``) are not in it.
-    """
-    names = list(fingerprint["datasets"])
-    counts = {name: dict.fromkeys(DELIVERY_KEYS, 0) for name in names}
-    if shard_state is None:
-        return counts
-    mixer = stage_state(shard_state, fingerprint, "mixer")
-    for name in names:
-        counts[name]["taken_tokens"] = int(mixer["tokens"].get(name, 0))
-        source = mixer["sources"].get(name)
-        counts[name]["taken_docs"] = int(source["docs"]) if source else 0
-    held: list[tuple[str, list[int]]] = []
-    if _has_role(fingerprint, "shuffle"):
-        shuffle = stage_state(shard_state, fingerprint, "shuffle")
-        saved = unpack_lines(shuffle[BUFFER_KEY])
-        # Buffered spans to a document's end have no length here: the lines' counts do.
-        for ds, tokens in enumerate(saved.tokens.sum(axis=0).tolist()):
-            name = span_datasets[ds]
-            if name in counts:
-                counts[name]["buffered_tokens"] += int(tokens)
-        held.extend(("buffered", span) for span in saved.held().tolist())
-    if _has_role(fingerprint, "packer"):
-        carry = stage_state(shard_state, fingerprint, "packer")["carry"]
-        if len(carry):
-            span = [int(v) for v in list(carry)[:5]]
-            held.append(("unsent", span))
-            name = span_datasets[span[0]]
-            if name in counts:
-                counts[name]["unsent_tokens"] += span[LENGTH]
-    # A document is delivered once all its pieces were: one with a piece held is not
-    # (unsent if its rest is the carry, else buffered). The same document held twice
-    # (from two epochs) shows as a start held twice.
-    pieces: dict[tuple[int, int, int], list[tuple[str, int]]] = {}
-    for where, span in held:
-        ds, file, doc = span[:3]
-        pieces.setdefault((ds, file, doc), []).append((where, span[START]))
-    for (ds, _, _), held_pieces in pieces.items():
-        name = span_datasets[ds]
-        if name in counts:
-            starts = collections.Counter(start for _, start in held_pieces)
-            times = max(starts.values())
-            unsent = any(where == "unsent" for where, _ in held_pieces)
-            counts[name]["unsent_docs"] += int(unsent)
-            counts[name]["buffered_docs"] += times - int(unsent)
-    for entry in counts.values():
-        for unit in ("tokens", "docs"):
-            entry[f"delivered_{unit}"] = (
-                entry[f"taken_{unit}"] - entry[f"buffered_{unit}"] - entry[f"unsent_{unit}"]
-            )
-    return counts
-
-
-# The per-dataset counts of ``shard_counts`` (delivered = taken - buffered - unsent).
-DELIVERY_KEYS = (
-    "taken_tokens",
-    "taken_docs",
-    "buffered_tokens",
-    "buffered_docs",
-    "unsent_tokens",
-    "unsent_docs",
-    "delivered_tokens",
-    "delivered_docs",
-)
-
-
-def _has_role(fingerprint: Mapping[str, Any], role: str) -> bool:
-    return any(stage.get("role") == role for stage in fingerprint.get("stages") or [])

@@ -484,4 +484,6 @@ def test_state_show_counts_what_was_delivered(tmp_path, capsys, window, workers,
     advance = sum(entry["advance"] for entry in saved["shards"])
     assert advance > 0  # a worker item was in flight
     assert f"lines delivered: {(11 + skip) * config['batch_size']:,}" in text
-    assert (f"note: {advance:,} of those lines" in text) == (advance > 0)
+    assert (f"note: {advance:,} of {(11 + skip) * config['batch_size']:,} lines" in text) == (
+        advance > 0
+    )

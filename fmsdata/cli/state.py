@@ -115,9 +115,12 @@ def _is_loader_key(key: str) -> bool:
 
 
 def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per dataset and per logical shard: epoch, position, documents, tokens, skips; and
-    what was delivered (``fmsdata.state.shard_counts``)."""
-    from fmsdata.state import DELIVERY_KEYS, STATE_VERSION, shard_counts, stage_state
+    """Per dataset and per logical shard: epoch, position, documents, tokens, skips; what
+    was delivered, and what each stage counts, as the stages report them
+    (``fmsdata.report``). ``left_out`` says what the counts leave out (lines emitted after
+    a shard's recorded state, stages this process cannot ask), None when they are exact."""
+    from fmsdata.report import DELIVERY_KEYS, shard_report, stage_types
+    from fmsdata.state import STATE_VERSION
 
     for state in states:
         if state.get("version") != STATE_VERSION:
@@ -128,11 +131,14 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     first = states[0]
     fingerprint = first["fingerprint"]
     names = list(fingerprint["datasets"])
+    types = stage_types()
     shards = []
     totals: dict[str, dict[str, float]] = {
-        name: {"docs": 0, "tokens": 0, "skipped": 0, "passes": 0.0, "size": 0} for name in names
+        name: {"skipped": 0, "passes": 0.0, "size": 0, **dict.fromkeys(DELIVERY_KEYS, 0)}
+        for name in names
     }
-    delivered = {name: dict.fromkeys(DELIVERY_KEYS, 0) for name in names}
+    stage_counts: dict[str, dict[str, int]] = {}
+    unknown: set[str] = set()
     lines = pending = 0
     for state in states:
         for entry in sorted(state["shards"], key=lambda e: e["id"]):
@@ -142,69 +148,86 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "datasets": {},
             }
             pending += row["advance"]
-            lines += row["advance"] + _emitted(entry["state"], fingerprint)
-            counts = shard_counts(entry["state"], fingerprint, state["span_datasets"])
-            mixer = stage_state(entry["state"], fingerprint, "mixer")
+            emitted = int(entry["state"]["emitted"]) if entry["state"] is not None else 0
+            lines += row["advance"] + emitted
+            report = shard_report(entry["state"], fingerprint, state["span_datasets"], types)
+            unknown.update(report.unknown)
+            for label, counts in report.counts.items():
+                total_counts = stage_counts.setdefault(label, {})
+                for key, value in counts.items():
+                    total_counts[key] = total_counts.get(key, 0) + value
             for name in names:
-                stream = mixer["sources"][name] if mixer and name in mixer["sources"] else None
-                size = int(stream["size"]) if stream else -1
+                got = report.datasets[name]
+                size = got["size"]
                 info: dict[str, Any] = {
-                    "epoch": int(stream["epoch"]) if stream else 0,
-                    "pos": int(stream["pos"]) if stream else 0,
+                    "epoch": got["epoch"],
+                    "pos": got["pos"],
                     "size": size,
-                    "docs": counts[name]["delivered_docs"],
-                    "skipped": int(stream["skipped"]) if stream else 0,
-                    "tokens": counts[name]["delivered_tokens"],
-                    "buffered_docs": counts[name]["buffered_docs"],
-                    "buffered_tokens": counts[name]["buffered_tokens"],
-                    "unsent_tokens": counts[name]["unsent_tokens"],
+                    "docs": got["delivered_docs"],
+                    "skipped": got["skipped"],
+                    "tokens": got["delivered_tokens"],
+                    "buffered_docs": got["buffered_docs"],
+                    "buffered_tokens": got["buffered_tokens"],
+                    "unsent_tokens": got["unsent_tokens"],
+                    "held_tokens": got["held_tokens"],
                 }
                 info["epochs_done"] = info["epoch"] + info["pos"] / size if size > 0 else None
                 row["datasets"][name] = info
                 total = totals[name]
-                for key in ("docs", "tokens", "skipped"):
-                    total[key] += info[key]
+                total["skipped"] += got["skipped"]
                 for key in DELIVERY_KEYS:
-                    delivered[name][key] += counts[name][key]
+                    total[key] += got[key]
                 if size > 0:
                     total["passes"] += info["epoch"] * size + info["pos"]
                     total["size"] += size
             shards.append(row)
     datasets = {
         name: {
-            "docs": t["docs"],
-            "tokens": t["tokens"],
-            **{key: delivered[name][key] for key in DELIVERY_KEYS},
+            "docs": t["delivered_docs"],
+            "tokens": t["delivered_tokens"],
+            **{key: t[key] for key in DELIVERY_KEYS},
             "skipped_docs": t["skipped"],
             "epochs_done": t["passes"] / t["size"] if t["size"] else None,
         }
         for name, t in totals.items()
     }
+    batch = fingerprint.get("global_batch_size")
+    skipped_steps = sum(int(n) for _, n in first["skips"])
     return {
-        "stage_counts": stage_counts(states),
+        "stage_counts": stage_counts,
         "version": first["version"],
         "world_size": first["world_size"],
         "steps": first["steps"],
         "skips": first["skips"],
+        "skipped_lines": skipped_steps * (lines // first["steps"]) if first["steps"] else 0,
         "logical_shards": fingerprint["logical_shards"],
         "weights": fingerprint.get("weights"),
         "weight_schedule": fingerprint.get("weight_schedule"),
+        "global_batch_size": batch,
         "lines": lines,
         "uncounted_lines": pending,
+        "unknown_stages": sorted(unknown),
+        "left_out": _left_out(pending, lines, sorted(unknown)),
         "datasets": datasets,
         "shards": shards,
     }
 
 
-def _emitted(shard_state: Any, fingerprint: dict[str, Any]) -> int:
-    """Lines a shard's state says it emitted (0 when not started or no shuffle stage)."""
-    from fmsdata.state import stage_state
-
-    if shard_state is None or not any(
-        s.get("role") == "shuffle" for s in fingerprint.get("stages") or []
-    ):
-        return 0
-    return int(stage_state(shard_state, fingerprint, "shuffle")["emitted"])
+def _left_out(pending: int, lines: int, unknown: Sequence[str]) -> str | None:
+    """What the token and document counts leave out, in words (None: nothing)."""
+    said = []
+    if pending:
+        said.append(
+            f"{pending:,} of {lines:,} lines delivered were emitted after their shard's "
+            "recorded state and are not in the token and document counts (pass --config "
+            "with the run's loader config to count them)"
+        )
+    if unknown:
+        said.append(
+            "what these stages hold is not subtracted (types this process has not "
+            f"imported): {', '.join(unknown)}"
+        )
+    return "; ".join(said) or None
 
 
 def settle_states(states: Sequence[dict[str, Any]], config: str) -> list[dict[str, Any]]:
@@ -216,30 +239,6 @@ def settle_states(states: Sequence[dict[str, Any]], config: str) -> list[dict[st
     loader = build_dataloader(config, rank=0, world_size=1)
     loader.load_state_dict(list(states))
     return [loader.snapshot(settle=True)]
-
-
-def stage_counts(states: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """Per stage that keeps a ``counts`` mapping in its own state (token-level filters and
-    transforms, fill-in-the-middle), those counts summed over every logical shard."""
-    out: dict[str, dict[str, int]] = {}
-    for stage in states[0]["fingerprint"].get("stages") or []:
-        path = stage.get("path")
-        if path is None:
-            continue
-        name = str(stage.get("stage", "?")).rsplit(".", 1)[-1]
-        if path:
-            name += " at " + "/".join(path)
-        for state in states:
-            for entry in state["shards"]:
-                node = entry["state"]["stages"] if entry["state"] else None
-                for key in path:
-                    node = node.get(key) if isinstance(node, dict) else None
-                counts = node.get("counts") if isinstance(node, dict) else None
-                if isinstance(counts, dict):
-                    total = out.setdefault(name, {})
-                    for key, value in counts.items():
-                        total[str(key)] = total.get(str(key), 0) + int(value)
-    return out
 
 
 def _fraction(value: float | None) -> str:
@@ -269,30 +268,33 @@ def run_show(args: argparse.Namespace) -> int:
         print("skips: " + ", ".join(f"{n} steps at step {at}" for at, n in summary["skips"]))
     mix = summary["weight_schedule"] or summary["weights"]
     print(f"mix: {mix if mix is not None else 'equal weights'}")
-    print(
-        f"lines delivered: {summary['lines']:,} (= steps x global batch size; the lines of "
-        "skipped steps are included: passed over, not trained on)"
+    skipped = (
+        f", {summary['skipped_lines']:,} of them in skipped steps (passed over, not trained "
+        "on; their documents and tokens are in the counts below)"
+        if summary["skipped_lines"]
+        else ""
     )
-    if summary["uncounted_lines"]:
-        print(
-            f"note: {summary['uncounted_lines']:,} of those lines were emitted after their "
-            "shard's recorded position (a worker item in flight); the token and document "
-            "counts below leave them out: pass --config with the run's loader config to "
-            "count them"
-        )
+    print(f"lines delivered: {summary['lines']:,} (= steps x global batch size{skipped})")
+    if summary["left_out"]:
+        print(f"note: {summary['left_out']}")
+    else:
+        print("the counts below are exact: every line delivered is in them")
     print(
         "\ndelivered = in lines handed out; buffered = in lines still in the shuffle buffer; "
-        "unsent = rest of a document split across lines, not handed out yet"
+        "unsent = rest of a document split across lines, not handed out yet; held = in "
+        "lines another stage holds"
     )
     print(
         f"{'dataset':16} {'delivered docs':>14} {'tokens':>14} {'buffered docs':>13} "
-        f"{'tokens':>10} {'unsent tokens':>13} {'skipped':>8} {'epochs done':>11}"
+        f"{'tokens':>10} {'unsent tokens':>13} {'held tokens':>11} {'skipped':>8} "
+        f"{'epochs done':>11}"
     )
     for name, total in summary["datasets"].items():
         print(
             f"{name:16} {total['docs']:14,} {total['tokens']:14,} {total['buffered_docs']:13,} "
             f"{total['buffered_tokens']:10,} {total['unsent_tokens']:13,} "
-            f"{total['skipped_docs']:8,} {_fraction(total['epochs_done']):>11}"
+            f"{total['held_tokens']:11,} {total['skipped_docs']:8,} "
+            f"{_fraction(total['epochs_done']):>11}"
         )
     header = f"{'shard':>5} {'dataset':16} {'epoch':>5} {'position':>17}"
     print(f"\n{header} {'delivered docs':>14} {'tokens':>14} {'buffered tokens':>15}")

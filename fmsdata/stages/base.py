@@ -147,6 +147,22 @@ class Stage(IterableDataset):
         "to the end of the document" (how a shuffle buffer saves most spans)."""
         return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int64)
 
+    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+        """What this stage's own saved state holds and counts, for ``fmsdata state show``
+        (``fmsdata.report``), which asks every stage of the chain and never reads a stage's
+        keys itself. Reads ``own`` only, never ``self``'s fields: with no config to build the
+        chain from, ``state show`` calls it on a stage made without ``__init__``.
+
+        Returns plain data, any of: ``held`` (``[n, SAVED_SPAN_WIDTH]`` spans taken from the
+        input and not handed out; default ``held_spans(own)``), ``held_tokens`` (tokens
+        ``held`` stands for, per dataset index of the spans, when spans run to their
+        document's end with length 0), ``held_as`` (how ``state show`` names them:
+        ``"buffered"``, ``"unsent"``; default ``"held"``), ``counts`` (``{name: int}``,
+        summed over logical shards and printed), ``datasets`` (the document source's
+        ``{name: {"taken_tokens", "taken_docs", "epoch", "pos", "size", "skipped"}}``).
+        """
+        return {"held": self.held_spans(own)}
+
     # -- generic -------------------------------------------------------------------------
 
     @property

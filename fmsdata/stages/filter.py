@@ -75,6 +75,10 @@ class DocumentTransform(TokenStage):
             raise StateMismatchError(f"{self.name}: counts must have the keys {COUNTS}")
         self.counts = {k: int(counts[k]) for k in COUNTS}
 
+    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+        """Its ``counts`` (lines, pieces seen, pieces and tokens dropped, trimmed, added)."""
+        return {"counts": {k: int(v) for k, v in own["counts"].items()}}
+
     def _piece(self, piece: np.ndarray, document_id: int) -> np.ndarray | None:
         out = self.fn(piece, document_id)
         if out is None:

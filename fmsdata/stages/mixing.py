@@ -237,6 +237,23 @@ class TokenShareMixer(Stage):
             "document_order": getattr(self.streams[0], "order", None) if self.streams else None,
         }
 
+    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+        """Per dataset: documents and tokens taken into lines, and where its stream is
+        (epoch, position of ``size`` documents, documents skipped as shorter than
+        ``min_length``). Holds no spans: what is taken and not handed out is held below."""
+        datasets = {}
+        for name, tokens in own["tokens"].items():
+            source = own["sources"].get(name) or {}
+            datasets[name] = {
+                "taken_tokens": int(tokens),
+                "taken_docs": int(source.get("docs", 0)),
+                "epoch": int(source.get("epoch", 0)),
+                "pos": int(source.get("pos", 0)),
+                "size": int(source.get("size", -1)),
+                "skipped": int(source.get("skipped", 0)),
+            }
+        return {"datasets": datasets}
+
     def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
         """Datasets kept continue from their own positions, new ones start at their
         beginning, removed ones are dropped; with ``change.rebase`` every share is measured

@@ -173,6 +173,10 @@ class LinePacker(SpanStage):
     def held_spans(self, own: dict[str, Any]) -> np.ndarray:
         return np.asarray(own["carry"], dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
 
+    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+        """The carry: the unsent rest of a split document (its length is saved)."""
+        return {"held": self.held_spans(own), "held_as": "unsent"}
+
 
 def _pieces(docs: MixedDocs, carry: np.ndarray | None) -> tuple[np.ndarray, int]:
     """Rows ``(ds, file, doc, start, length)`` for the carry (if any) then each document,

@@ -1,0 +1,179 @@
+"""What a saved loader state says was delivered, asked of each stage (``Stage.report``).
+
+Nothing here reads a stage's keys. The fingerprint records the chain (each stage's path in
+the shard state, its type and role); each stage's own part of a shard state goes to that
+stage type's ``report``, which says what it holds (spans taken from its input and not
+handed out), what it counts, and, for the document source, what it took per dataset. So,
+per dataset and exactly, for any chain::
+
+    delivered = taken - held
+
+``held`` is what every stage holds (the shuffle buffer's lines, the packer's unsent carry,
+a user stage's held lines), and a document counts as delivered once no stage holds a piece
+of it. Lines a shard emitted after its recorded state (``advance``: a worker item in
+flight) are not in its state: they are counted only once replayed (``state show
+--config``), and left out, and said to be, otherwise.
+
+A stage type is looked up among the ``Stage`` classes this process has imported (never
+imported by the name a state file gives); a stage of another type is named in
+``unknown`` and what it holds is not subtracted.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fmsdata.stages.base import LENGTH, SAVED_SPAN_WIDTH, START, Stage
+
+__all__ = ["DELIVERY_KEYS", "ShardReport", "shard_report", "stage_types"]
+
+# Per dataset: taken (by the document source), held (by the stages after it, by kind),
+# delivered = taken - buffered - unsent - held.
+DELIVERY_KEYS = (
+    "taken_tokens",
+    "taken_docs",
+    "buffered_tokens",
+    "buffered_docs",
+    "unsent_tokens",
+    "unsent_docs",
+    "held_tokens",
+    "held_docs",
+    "delivered_tokens",
+    "delivered_docs",
+)
+_HELD_AS = ("buffered", "unsent", "held")
+
+
+def stage_types() -> dict[str, type[Stage]]:
+    """Every ``Stage`` class this process has imported, by ``module.qualname`` (what the
+    fingerprint records)."""
+    found: dict[str, type[Stage]] = {}
+    pending: list[type[Stage]] = [Stage]
+    while pending:
+        cls = pending.pop()
+        found[f"{cls.__module__}.{cls.__qualname__}"] = cls
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def _own_parts(
+    stages: Sequence[Mapping[str, Any]], shard_state: Mapping[str, Any]
+) -> Iterator[tuple[Mapping[str, Any], dict[str, Any]]]:
+    """Each stage of the recorded chain with its own part of the shard's chain state (its
+    node less the keys its inputs' states sit under)."""
+    paths = [tuple(s["path"]) for s in stages if s.get("path") is not None]
+    for stage in stages:
+        if stage.get("path") is None:
+            continue  # the line writer: not in the shard state
+        path = tuple(stage["path"])
+        node = shard_state["stages"]
+        for key in path:
+            node = node[key]
+        inputs = {p[len(path)] for p in paths if len(p) == len(path) + 1 and p[: len(path)] == path}
+        yield stage, {k: v for k, v in node.items() if k not in inputs}
+
+
+class ShardReport:
+    """One logical shard's state as its stages report it.
+
+    Attributes:
+        datasets: Per dataset name, ``DELIVERY_KEYS`` counts plus the stream's ``epoch``,
+            ``pos``, ``size`` and ``skipped`` (as the document source reports them).
+        counts: Per stage name (``Type at path``), the counts it reports.
+        unknown: Stages of a type this process has not imported (not subtracted).
+    """
+
+    def __init__(self, names: Sequence[str]):
+        self.datasets: dict[str, dict[str, int]] = {
+            name: {
+                **dict.fromkeys(DELIVERY_KEYS, 0),
+                "epoch": 0,
+                "pos": 0,
+                "size": -1,
+                "skipped": 0,
+            }
+            for name in names
+        }
+        self.counts: dict[str, dict[str, int]] = {}
+        self.unknown: list[str] = []
+
+
+def shard_report(
+    shard_state: Any,
+    fingerprint: Mapping[str, Any],
+    span_datasets: Sequence[str],
+    types: Mapping[str, type[Stage]] | None = None,
+) -> ShardReport:
+    """What a logical shard's state (None: not started) says, per dataset of the mix and
+    per stage (see the module docstring). ``types``: the stage classes to ask (default:
+    ``stage_types()``)."""
+    out = ShardReport(list(fingerprint["datasets"]))
+    if shard_state is None:
+        return out
+    types = stage_types() if types is None else types
+    held: list[tuple[str, np.ndarray, Any]] = []  # (held_as, spans, tokens per dataset index)
+    for stage, own in _own_parts(fingerprint.get("stages") or [], shard_state):
+        path = list(stage["path"])
+        label = str(stage.get("stage", "?")).rsplit(".", 1)[-1] + (
+            " at " + "/".join(path) if path else ""
+        )
+        cls = types.get(str(stage.get("stage")))
+        if cls is None:
+            out.unknown.append(label)
+            continue
+        report = cls.__new__(cls).report(own)
+        for name, taken in (report.get("datasets") or {}).items():
+            if name in out.datasets:
+                out.datasets[name].update({k: int(v) for k, v in taken.items()})
+        if report.get("counts"):
+            out.counts[label] = {str(k): int(v) for k, v in report["counts"].items()}
+        spans = np.asarray(report.get("held", ()), dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
+        if len(spans):
+            as_ = report.get("held_as", "held")
+            held.append((as_ if as_ in _HELD_AS else "held", spans, report.get("held_tokens")))
+    _subtract_held(out.datasets, held, span_datasets)
+    return out
+
+
+def _subtract_held(
+    datasets: dict[str, dict[str, int]],
+    held: Sequence[tuple[str, np.ndarray, Any]],
+    span_datasets: Sequence[str],
+) -> None:
+    """Count what the stages hold and set ``delivered = taken - held``. A document is
+    delivered once no stage holds a piece of it; one held twice (from two epochs) shows
+    as a start held twice; a document with an unsent piece counts as unsent."""
+    for as_, spans, tokens in held:
+        per_ds = (
+            tokens
+            if tokens is not None
+            else np.bincount(spans[:, 0], weights=spans[:, LENGTH], minlength=1).tolist()
+        )
+        for ds, n in enumerate(per_ds):
+            name = span_datasets[ds] if ds < len(span_datasets) else None
+            if name in datasets:
+                datasets[name][f"{as_}_tokens"] += int(n)
+    pieces: dict[tuple[int, int, int], list[tuple[str, int]]] = {}
+    for as_, spans, _ in held:
+        for row in spans.tolist():
+            pieces.setdefault((row[0], row[1], row[2]), []).append((as_, row[START]))
+    for (ds, _, _), where in pieces.items():
+        name = span_datasets[ds] if ds < len(span_datasets) else None
+        if name not in datasets:
+            continue
+        times = max(collections.Counter(start for _, start in where).values())
+        kinds = {as_ for as_, _ in where}
+        first = next(k for k in ("unsent", "buffered", "held") if k in kinds)
+        datasets[name][f"{first}_docs"] += 1
+        if times > 1:  # the same document held from two epochs: the other pieces' kind
+            other = "buffered" if "buffered" in kinds else first
+            datasets[name][f"{other}_docs"] += times - 1
+    for entry in datasets.values():
+        for unit in ("tokens", "docs"):
+            entry[f"delivered_{unit}"] = entry[f"taken_{unit}"] - sum(
+                entry[f"{as_}_{unit}"] for as_ in _HELD_AS
+            )

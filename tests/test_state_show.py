@@ -1,0 +1,122 @@
+"""``fmsdata state show`` counts what the loader delivered, for any chain (G10, issue 23).
+
+The truth is counted independently of the state: from the token values of the batches
+(each corpus token value names its dataset, file, document and position). The counts
+come from the stages' own reports (``fmsdata.report``), so a chain without a shuffle
+buffer, a user's stage holding lines and skips are counted exactly once the lines in
+flight are replayed (``snapshot(settle=True)``, what ``state show --config`` reads).
+"""
+
+import json
+
+import pytest
+from support import FIRST_TOKEN, Ledger, base_config, corpus, roundtrip, take
+from test_user_stages import SwapPairs
+
+from fmsdata import build_dataloader
+from fmsdata.cli.main import main
+from fmsdata.cli.state import summarize
+from fmsdata.statefile import save_state
+
+
+def pack_only(shard):
+    """No shuffle buffer: lines leave the packer in order."""
+    return shard.pack(shard.documents())
+
+
+def swapped(shard):
+    """A user's stage that holds one line between two calls, over the packer."""
+    return SwapPairs(shard.pack(shard.documents()))
+
+
+def delivered_truth(info, config, batches):
+    """Per dataset, tokens and whole documents in ``batches``, from their token values."""
+    ledger = Ledger(info, config)
+    ledger.add_batches(batches)
+    assert ledger.counts.max() <= 1, "the test expects no document twice (one epoch)"
+    truth = {}
+    for d, name in enumerate(info.ranges):
+        docs = 0
+        for path in ledger.paths[d]:
+            firsts, lengths = info.files[path]
+            for first, length in zip(firsts.tolist(), lengths.tolist()):
+                docs += int(ledger.counts[first - FIRST_TOKEN : first + length - FIRST_TOKEN].all())
+        truth[name] = (int(ledger.dataset_tokens(name).sum()), docs)
+    return truth
+
+
+def shown(summary):
+    return {name: (d["tokens"], d["docs"]) for name, d in summary["datasets"].items()}
+
+
+@pytest.fixture(scope="module")
+def info(tmp_path_factory):
+    return corpus(tmp_path_factory.mktemp("show") / "data", docs_per_file=100)
+
+
+@pytest.mark.parametrize("stages", [pack_only, swapped], ids=["no-shuffle", "user-stage"])
+@pytest.mark.parametrize("workers", [0, 1])
+def test_counts_equal_what_was_delivered_for_any_chain(info, stages, workers):
+    config = base_config(info, num_workers=workers, bos_token=None, eos_token=None)
+    loader = build_dataloader(config, stages=stages)
+    batches = take(loader, 11)
+    summary = summarize([roundtrip(loader.snapshot(settle=True))])
+    assert summary["lines"] == 11 * config["batch_size"]
+    assert summary["left_out"] is None
+    assert shown(summary) == delivered_truth(info, config, batches)
+    if stages is swapped:  # SwapPairs holds a line: its tokens are counted as held
+        assert sum(d["held_tokens"] for d in summary["datasets"].values()) > 0
+
+
+@pytest.mark.parametrize("how", ["skip", "skip_steps"])
+@pytest.mark.parametrize("stages", [pack_only, None], ids=["no-shuffle", "default"])
+def test_skipped_steps_are_counted_and_said(info, how, stages):
+    """Skipped batches are passed over: their lines are consumed, counted in the totals
+    and named as skipped lines."""
+    config = base_config(info, bos_token=None, eos_token=None)
+    reference = take(build_dataloader(config, stages=stages), 14)
+    if how == "skip_steps":
+        config = {**config, "skip_steps": [[4, 3]]}
+    loader = build_dataloader(config, stages=stages)
+    got = take(loader, 4)
+    if how == "skip":
+        loader.skip(3)
+    got += take(loader, 7)
+    summary = summarize([roundtrip(loader.snapshot(settle=True))])
+    assert summary["steps"] == 14 and summary["lines"] == 14 * config["batch_size"]
+    assert summary["skipped_lines"] == 3 * config["batch_size"]
+    assert shown(summary) == delivered_truth(info, config, got + reference[4:7])
+
+
+def test_without_config_the_text_and_plot_say_what_they_leave_out(info, tmp_path, capsys):
+    figure = pytest.importorskip("matplotlib.figure")
+    config = base_config(info, num_workers=1, bos_token=None, eos_token=None)
+    loader = build_dataloader(config)
+    take(loader, 5)  # mid-item with a worker: lines past the recorded state
+    saved = roundtrip(loader.snapshot())
+    advance = sum(entry["advance"] for entry in saved["shards"])
+    assert advance > 0
+    save_state(str(tmp_path / "state.fms"), saved)
+    drawn = []
+    savefig = figure.Figure.savefig
+
+    def record(fig, *args, **kwargs):
+        drawn.extend(t.get_text() for t in fig.texts)
+        drawn.extend(ax.get_title() for ax in fig.axes)
+        return savefig(fig, *args, **kwargs)
+
+    plot = str(tmp_path / "state.png")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(figure.Figure, "savefig", record)
+        assert main(["state", "show", str(tmp_path / "state.fms"), "--plot", plot]) == 0
+    text = capsys.readouterr().out
+    said = f"{advance:,} of {5 * config['batch_size']:,} lines delivered were emitted after"
+    assert f"note: {said}" in text
+    assert any(said in t for t in drawn), drawn
+    assert any("not every line counted" in t for t in drawn), drawn
+    # With the config the lines are replayed: exact, and said to be.
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ["state", "show", str(tmp_path / "state.fms"), "--config", str(tmp_path / "config.json")]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "note:" not in text and "the counts below are exact" in text
