@@ -296,8 +296,6 @@ def _fms_order_loader(
             "file_type='arrow' raises a KeyError in fms-fsdp mamba-new (its users run "
             "'auto'); read here as 'auto' on Arrow shards"
         )
-    if values["fim_training"]:
-        raise ConfigError("fim_training with order='fms-fsdp' (mamba-fim) is not reproduced yet")
     for field in ("batch_size", "seq_length", "logical_shards", "seed", "checkpoint_interval"):
         _int(field, values[field])
     length = values["seq_length"] + (causal_lm in steps)

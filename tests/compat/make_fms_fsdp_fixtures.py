@@ -1,9 +1,13 @@
 """Run fms-fsdp's own loader (the oracle) on generated shards and record its batches.
 
     python tests/compat/make_fms_fsdp_fixtures.py [--peers ../shared/peers/fms-fsdp]
+    python tests/compat/make_fms_fsdp_fixtures.py --branch mamba-fim
 
-Imports ``fms_fsdp`` from the unmodified copy of its ``mamba-new`` branch (by ``sys.path``,
-here only), builds each case's corpus with ``fms_corpus.make_corpus`` and writes:
+Imports ``fms_fsdp`` from the unmodified copy of its ``mamba-new`` branch (or, with
+``--branch mamba-fim``, of ``mamba-fim``: one tree per process, both are package
+``fms_fsdp``) by ``sys.path``, here only, builds each case's corpus with
+``fms_corpus.make_corpus`` and writes (for mamba-fim: ``fms_fsdp_mamba_fim.json`` with its
+FIM cases and ``fms_ckpt_fim/``, same layout):
 
 - ``fixtures/fms_fsdp_mamba_new.json``: per case, its config, world size, workers and the
   SHA-256 digest (16 hex digits) of every batch of every rank; for checkpoint cases the
@@ -93,6 +97,34 @@ CKPT_CASES: dict[str, tuple[dict, int, int, int, list[tuple[str, int, int, int]]
 }
 
 
+# mamba-fim: name -> (config overrides, world size, steps); fim_training on, no BOS
+FIM_CASES: dict[str, tuple[dict, int, int]] = {
+    "fim_w1_psm": ({"psm_rate": 0.5}, 1, 30),
+    "fim_w2_mix": ({"psm_rate": 0.3, "spm_rate": 0.4}, 2, 25),
+    "fim_w1_spm_nw2": ({"spm_rate": 0.9, "num_workers": 2}, 1, 30),
+    "fim_w1_short_lines": ({"psm_rate": 0.5, "spm_rate": 0.5, "seq_length": 16}, 1, 30),
+    "fim_w1_falsy_tokens": (
+        {"psm_rate": 0.6, "spm_rate": 0.4, "fim_pre": 0, "fim_suf": None},
+        1,
+        20,
+    ),
+    "fim_w1_long_lines": (
+        {"psm_rate": 0.5, "spm_rate": 0.5, "seq_length": 1500, "batch_size": 1},
+        1,
+        10,
+    ),
+}
+FIM_CKPT_CASES: dict[str, tuple[dict, int, int, int, list[tuple[str, int, int, int]]]] = {
+    "fim_ck_w2_nw0": (
+        {"checkpoint_interval": 3, "psm_rate": 0.3, "spm_rate": 0.4},
+        2,
+        8,
+        6,
+        [("same", 2, 0, 10), ("to_w1", 1, 0, 10)],
+    ),
+}
+
+
 def _import_fms(tree: str):
     try:
         import transformers  # noqa: F401
@@ -123,6 +155,19 @@ def generator_probe() -> str:
         weights = torch.tensor([float((n * k) % 7) for k in range(1, 9)]) + 0.5
         draws.append(torch.multinomial(weights, 1, generator=g).item())
         draws.append(torch.randint(n, (1,), generator=g).item())
+    h = hashlib.sha256(json.dumps(draws).encode())
+    h.update(g.get_state().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def fim_generator_probe() -> str:
+    """Digest of the extra generator calls mamba-fim's FIM step makes (``rand`` of one
+    value, ``randint`` of two cut points, ``get_state`` after them)."""
+    g = torch.Generator().manual_seed(5)
+    draws = []
+    for n in range(10, 200):
+        draws.append(torch.rand([1], generator=g).item())
+        draws.append(torch.randint(0, n, [2], generator=g).tolist())
     h = hashlib.sha256(json.dumps(draws).encode())
     h.update(g.get_state().numpy().tobytes())
     return h.hexdigest()[:16]
@@ -186,36 +231,46 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     default_peers = os.path.join(HERE, "..", "..", "..", "shared", "peers", "fms-fsdp")
     parser.add_argument("--peers", default=os.path.normpath(default_peers))
+    parser.add_argument("--branch", choices=["mamba-new", "mamba-fim"], default="mamba-new")
     args = parser.parse_args()
-    train_config, get_data_loader = _import_fms(os.path.join(args.peers, "mamba-new"))
+    train_config, get_data_loader = _import_fms(os.path.join(args.peers, args.branch))
+    fim = args.branch == "mamba-fim"
+    base = {**BASE, "fim_training": True, "spm_rate": 0.0} if fim else BASE
+    stream_cases, ckpt_cases = (FIM_CASES, FIM_CKPT_CASES) if fim else (STREAM_CASES, CKPT_CASES)
+    commits = {
+        "mamba-new": "385c98d17d08ec01b82082901d61d28f4b23fa05",
+        "mamba-fim": "05030cc9e14d755aa34ea1d47b2ddb23bdd91017",
+    }
     out = {
-        "oracle": "fms-fsdp mamba-new 385c98d17d08ec01b82082901d61d28f4b23fa05",
+        "oracle": f"fms-fsdp {args.branch} {commits[args.branch]}",
         "torch": torch.__version__,
         "generator_probe": generator_probe(),
         "corpus_seed": 0,
-        "base": BASE,
+        "base": base,
         "cases": {},
         "checkpoints": {},
     }
-    ckpt_root = os.path.join(FIXTURES, "fms_ckpt")
+    if fim:
+        out["fim_generator_probe"] = fim_generator_probe()
+    ckpt_root = os.path.join(FIXTURES, "fms_ckpt_fim" if fim else "fms_ckpt")
     shutil.rmtree(ckpt_root, ignore_errors=True)
     with tempfile.TemporaryDirectory() as tmp:
         data = make_corpus(os.path.join(tmp, "data"), seed=0)
-        for name, (over, world, steps) in STREAM_CASES.items():
-            values = {**BASE, **over, "data_path": data}
+        for name, (over, world, steps) in stream_cases.items():
+            values = {**base, **over, "data_path": data}
             values["ckpt_save_path"] = values["ckpt_load_path"] = os.path.join(tmp, name)
             out["cases"][name] = {
-                "config": {**BASE, **over},
+                "config": {**base, **over},
                 "world_size": world,
                 "steps": steps,
                 "digests": run_job(train_config, get_data_loader, values, world, steps),
             }
             print(name, flush=True)
-        for name, (over, world, steps, keep, resumes) in CKPT_CASES.items():
+        for name, (over, world, steps, keep, resumes) in ckpt_cases.items():
             # Ranks run one after another here: each writes into its own folder (a later
             # rank would otherwise find the earlier ranks' checkpoints and resume from
             # them), and the kept step folder gathers all of them, as in a real job.
-            values = {**BASE, **over, "data_path": data}
+            values = {**base, **over, "data_path": data}
             kept = os.path.join(ckpt_root, name, "checkpoints", f"step_{keep}_ckp")
             digests = {}
             for r in range(world):
@@ -226,7 +281,7 @@ def main() -> None:
                 shutil.copytree(step_dir, kept, dirs_exist_ok=True)
             files = sorted(os.listdir(kept))
             record = {
-                "config": {**BASE, **over},
+                "config": {**base, **over},
                 "world_size": world,
                 "steps": steps,
                 "digests": digests,
@@ -251,7 +306,8 @@ def main() -> None:
                 }
             out["checkpoints"][name] = record
             print(name, flush=True)
-    with open(os.path.join(FIXTURES, "fms_fsdp_mamba_new.json"), "w") as f:
+    name = "fms_fsdp_mamba_fim.json" if fim else "fms_fsdp_mamba_new.json"
+    with open(os.path.join(FIXTURES, name), "w") as f:
         json.dump(out, f, indent=1, sort_keys=True)
         f.write("\n")
 

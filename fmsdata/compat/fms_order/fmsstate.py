@@ -152,6 +152,7 @@ def from_fms(state: dict[str, Any], path: str) -> dict[str, Any]:
             "buffer": state["PreloadBufferDataset.buffer"],
         },
         "packer": {"buffer": np.asarray(state["BufferDataset.buffer"], np.int64)},
+        "fim": {"g_state": state.get("FIMDataset.g_state")},  # mamba-fim's only
         "mix": {
             "tokens_seen": state["SamplingDataset.tokens_seen"],
             "current_iterator": state["SamplingDataset.current_iterator"],

@@ -32,6 +32,7 @@ from fmsdata.statefile import load_state, save_state
 
 from .arrowdocs import ArrowDocs
 from .docstream import DocStream
+from .fim import FimStep
 from .fmsstate import find_step_folder, from_fms, load_fms_file, reshard, shard_files
 from .layout import dataset_name, list_files, logical_docs, meta_counts
 from .packing import Packer
@@ -122,22 +123,44 @@ class _Chain:
             self.mix.next_chunk, self.tokens, length, values["bol_token"], values["eol_token"]
         )
         self.preload = PreloadBuffer(self.packer.next_line, self.tokens, WINDOW, rank)
+        self.fim: FimStep | None = None
+        if values["fim_training"]:
+            if bos is not None:
+                raise ConfigError(
+                    f"fim_training with bos_token={bos!r}: mamba-fim allows no BOS in FIM "
+                    "training (use fim_pre)"
+                )
+            self.fim = FimStep(
+                eos,
+                values["psm_rate"],
+                values["spm_rate"],
+                values["fim_pre"],
+                values["fim_mid"],
+                values["fim_suf"],
+                rank,
+            )
 
     def state(self) -> dict[str, Any]:
-        return {
+        out = {
             "preload": self.preload.state(),
             "packer": self.packer.state(),
             "mix": self.mix.state(),
         }
+        if self.fim is not None:
+            out["fim"] = self.fim.state()
+        return out
 
     def load(self, state: dict[str, Any], whole: bool, where: str) -> None:
         self.preload.load(state["preload"], whole, f"{where}: preload")
         self.packer.load(state["packer"], whole, f"{where}: packer")
         self.mix.load(state["mix"], whole)
+        if self.fim is not None:
+            self.fim.load(state.get("fim") or {}, whole)
 
     def next_line(self) -> np.ndarray:
-        """The next output line's tokens (int32)."""
-        return self.tokens.materialize(self.preload.next_line(), self.packer.length)
+        """The next output line's tokens (int32), FIM applied when configured."""
+        line = self.tokens.materialize(self.preload.next_line(), self.packer.length)
+        return line if self.fim is None else self.fim(line)
 
 
 def _split(value: Any) -> list[str]:
@@ -182,6 +205,12 @@ class FmsOrderDataset(IterableDataset):
                 "eol_token",
                 "strip_tokens",
                 "col_name",
+                "fim_training",
+                "psm_rate",
+                "spm_rate",
+                "fim_pre",
+                "fim_mid",
+                "fim_suf",
             )
         }
         self.fingerprint["length"] = length
