@@ -29,6 +29,9 @@ class ShardMix:
     def __init__(self, streams: list[DocStream], physical_rank: int, eos: int, folder: str):
         self.streams, self.rank, self.eos, self.folder = streams, physical_rank, eos, folder
         self.remaining = [s.n_docs for s in streams]
+        # the float counts multinomial draws over, kept in step with ``remaining`` (exact
+        # integers in float32) instead of a new tensor per document
+        self.weights = torch.tensor(self.remaining, dtype=torch.float)
         self.current: int | None = None
         self.generator = torch.Generator().manual_seed(physical_rank)
 
@@ -36,16 +39,17 @@ class ShardMix:
         if self.current is None:
             if sum(self.remaining) <= 0:
                 raise EmptyDatasetError(f"No documents detected in {self.folder}")
-            weights = torch.tensor(self.remaining, dtype=torch.float)
-            self.current = int(torch.multinomial(weights, 1, generator=self.generator).item())
+            self.current = int(torch.multinomial(self.weights, 1, generator=self.generator))
         ind = self.current
         out = self.streams[ind].next_chunk()
         if out[2] != self.eos:
             return out
         self.current = None
         self.remaining[ind] -= 1
+        self.weights[ind] -= 1
         if sum(self.remaining) == 0:
             self.remaining = [s.n_docs for s in self.streams]
+            self.weights = torch.tensor(self.remaining, dtype=torch.float)
             self.generator.manual_seed(self.rank)
         return out
 
@@ -66,5 +70,6 @@ class ShardMix:
                 g = np.asarray(state["g_state"], dtype=np.uint8)
                 self.generator.set_state(torch.from_numpy(g.copy()))
         self.remaining = [int(x) for x in state["n_docs_remaining"]]
+        self.weights = torch.tensor(self.remaining, dtype=torch.float)
         for stream, sub in zip(self.streams, state["logical_shard_states"], strict=True):
             stream.load(sub)
