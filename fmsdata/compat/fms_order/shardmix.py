@@ -29,11 +29,16 @@ class ShardMix:
     def __init__(self, streams: list[DocStream], physical_rank: int, eos: int, folder: str):
         self.streams, self.rank, self.eos, self.folder = streams, physical_rank, eos, folder
         self.remaining = [s.n_docs for s in streams]
-        # the float counts multinomial draws over, kept in step with ``remaining`` (exact
-        # integers in float32) instead of a new tensor per document
-        self.weights = torch.tensor(self.remaining, dtype=torch.float)
+        self._set_weights()
         self.current: int | None = None
         self.generator = torch.Generator().manual_seed(physical_rank)
+
+    def _set_weights(self) -> None:
+        """The float counts multinomial draws over: a float32 numpy array (exact integers)
+        kept in step with ``remaining``, seen by torch without a copy, instead of a new
+        tensor per document."""
+        self._counts = np.array(self.remaining, dtype=np.float32)
+        self.weights = torch.from_numpy(self._counts)
 
     def next_chunk(self) -> Chunk:
         if self.current is None:
@@ -46,10 +51,10 @@ class ShardMix:
             return out
         self.current = None
         self.remaining[ind] -= 1
-        self.weights[ind] -= 1
+        self._counts[ind] -= 1
         if sum(self.remaining) == 0:
             self.remaining = [s.n_docs for s in self.streams]
-            self.weights = torch.tensor(self.remaining, dtype=torch.float)
+            self._set_weights()
             self.generator.manual_seed(self.rank)
         return out
 
@@ -70,6 +75,6 @@ class ShardMix:
                 g = np.asarray(state["g_state"], dtype=np.uint8)
                 self.generator.set_state(torch.from_numpy(g.copy()))
         self.remaining = [int(x) for x in state["n_docs_remaining"]]
-        self.weights = torch.tensor(self.remaining, dtype=torch.float)
+        self._set_weights()
         for stream, sub in zip(self.streams, state["logical_shard_states"], strict=True):
             stream.load(sub)
