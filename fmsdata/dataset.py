@@ -293,8 +293,11 @@ class RankLineDataset(IterableDataset):
         if context.source.downloads:
             # Open every shard now so their first files download in parallel; local roots
             # open shards as rows reach them (first batch independent of the shard count).
+            # A shard that replays lines on opening reads its files to do so: it opens when
+            # its rows come, or a resume would download every shard's files first.
             for local in sorted(mine):
-                shard(local)
+                if not start.advance.get(self.shard_ids[local], 0):
+                    shard(local)
         emitted = start.emitted if start.emitted is not None else [0] * len(self.shard_ids)
         dealer = RowDealer(list(emitted))
         counts = item_batch_counts(config.batch_size, config.line_length, num_workers)
