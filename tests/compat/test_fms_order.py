@@ -17,7 +17,7 @@ from fms_corpus import batch_digest, make_corpus
 from make_fms_fsdp_fixtures import generator_probe
 
 from fmsdata.compat.fms_fsdp import get_data_loader
-from fmsdata.errors import EmptyDatasetError, StateMismatchError
+from fmsdata.errors import ConfigError, EmptyDatasetError, StateMismatchError
 from fmsdata.loader import FmsDataLoader
 from fmsdata.statefile import load_state
 
@@ -206,3 +206,43 @@ def test_order_is_fmsdata_without_fms_checkpoints(data, tmp_path):
     values["file_type"] = "arrow"
     assert isinstance(get_data_loader(values, 0, 1), FmsDataLoader)
     assert not isinstance(get_data_loader(values, 0, 1, order="fms-fsdp"), FmsDataLoader)
+
+
+@pytest.mark.parametrize("resume", ["to_w1", "to_w4", "to_w2_nw2"])
+def test_own_checkpoints_rescale_as_fms_fsdp_rescales(resume, data, tmp_path):
+    """fmsdata's own step_6 states of a 2-rank job, resumed on another world size or
+    worker count, continue exactly as fms-fsdp continues its own step_6 checkpoint there
+    (buffers re-dealt, each logical shard's pass restarted where its state says)."""
+    spec = FIXTURE["checkpoints"]["ck_w2_nw0"]
+    run = spec["resumes"][resume]
+    job = _save_own(spec, data, tmp_path, 7)
+    shutil.rmtree(job / "fmsdata_fms_order" / "step_3_ckp")
+    for rank in range(run["world_size"]):
+        values = {**spec["config"], "data_path": data, "num_workers": run["num_workers"]}
+        values.update(resuming_dataset=True, ckpt_load_path=str(job), checkpoint_interval=1000)
+        values["ckpt_save_path"] = str(job)
+        got = _digests(values, rank, run["world_size"], run["steps"], order=None)
+        assert got == run["digests"][str(rank)], f"{resume} rank {rank}"
+
+
+def _write_counts(data, rows):
+    os.makedirs(os.path.join(data, "meta"), exist_ok=True)
+    with open(os.path.join(data, "meta", "file_counts.csv"), "w") as f:
+        f.write("dataset/filename,documents,tokens\n")
+        f.writelines(f"corpus/code/{name},{n},0\n" for name, n in rows)
+
+
+def test_meta_counts_csv_gives_the_document_counts(tmp_path):
+    """A ``meta/*counts*.csv`` beside the dataset folder gives the document counts
+    (fms-fsdp reads it instead of the files): true counts give fms-fsdp's stream; a file
+    it does not list is a ConfigError naming the file."""
+    spec = FIXTURE["cases"]["w2_l8_one_dataset"]
+    data = make_corpus(str(tmp_path / "data"), seed=FIXTURE["corpus_seed"])
+    _write_counts(data, [("x/b.arrow", 11), ("a.arrow", 29), ("c.arrow", 5)])
+    for rank in range(2):
+        values = {**spec["config"], "data_path": data, "ckpt_save_path": str(tmp_path / "s")}
+        assert _digests(values, rank, 2, 10) == spec["digests"][str(rank)][:10]
+    _write_counts(data, [("x/b.arrow", 11), ("a.arrow", 29)])
+    values = {**spec["config"], "data_path": data, "ckpt_save_path": str(tmp_path / "s")}
+    with pytest.raises(ConfigError, match="c.arrow"):
+        next(iter(get_data_loader(values, 0, 2, order="fms-fsdp")))

@@ -264,6 +264,19 @@ class FmsOrderDataset(IterableDataset):
         }
         for i in range(len(chain.datasets)):
             subs = [s["mix"]["sample_iterator_states"][i] for s in states]
+            if kind == "own":
+                # fms-fsdp's rescale restarts each logical shard's pass where its state
+                # says; fmsdata's own states rescale the same way, so without ``origin``
+                subs = [
+                    {
+                        **sub,
+                        "logical_shard_states": [
+                            {k: v for k, v in shard.items() if k != "origin"}
+                            for shard in sub["logical_shard_states"]
+                        ],
+                    }
+                    for sub in subs
+                ]
             merged["mix"]["sample_iterator_states"].append(
                 {
                     key: reshard([sub[key] for sub in subs], n_files, p, world, folder)
