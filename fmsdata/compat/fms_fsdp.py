@@ -240,7 +240,8 @@ def get_data_loader(
 
         order: ``"fmsdata"`` (exact rescale, see the README) or ``"fms-fsdp"``: the
             batches fms-fsdp ``mamba-new`` yields for this config, rank, world size and
-            workers, bit for bit, resuming from its ``loader_state_*.pth`` checkpoints
+            workers, bit for bit (with ``fim_training``: ``mamba-fim``'s, FIM included),
+            resuming from its ``loader_state_*.pth`` checkpoints
             (``fmsdata.compat.fms_order``). None: ``"fms-fsdp"`` when there are
             checkpoints in that order to resume from (fms-fsdp's own or fmsdata's in its
             order) and no fmsdata-order ones, else ``"fmsdata"``.
