@@ -70,15 +70,21 @@ def read_metadata(root: str, storage: Storage | None = None) -> dict[str, Any] |
     Raises:
         ConfigError: The file exists but is not a JSON object.
     """
+    from fmsdata.remote.retry import retrying
     from fmsdata.remote.storage import Storage
 
-    fs, base = (storage or Storage()).filesystem(root)
+    storage = storage or Storage()
+    fs, base = storage.filesystem(root)
     path = f"{base}/{METADATA_FILE}"
-    if not fs.exists(path):
+    # Through the retry policy, as every remote read: an unreachable endpoint is a
+    # RemoteIOError naming the URL after the configured tries, never a raw client error.
+    url = f"{root.rstrip('/')}/{METADATA_FILE}"
+    try:
+        data = retrying(storage.retry, url, fs.cat_file, path)
+    except FileNotFoundError:
         return None
     try:
-        with fs.open(path, "rb") as handle:
-            metadata = json.loads(handle.read())
+        metadata = json.loads(data)
     except (ValueError, UnicodeDecodeError) as err:
         raise ConfigError(f"{root}/{METADATA_FILE} is not valid JSON: {err}") from None
     if not isinstance(metadata, dict):
