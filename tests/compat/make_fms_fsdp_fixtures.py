@@ -2,12 +2,14 @@
 
     python tests/compat/make_fms_fsdp_fixtures.py [--peers ../shared/peers/fms-fsdp]
     python tests/compat/make_fms_fsdp_fixtures.py --branch mamba-fim
+    python tests/compat/make_fms_fsdp_fixtures.py --out /tmp/live --cases w2_nw2,fim_w1_psm
 
-Imports ``fms_fsdp`` from the unmodified copy of its ``mamba-new`` branch (or, with
-``--branch mamba-fim``, of ``mamba-fim``: one tree per process, both are package
-``fms_fsdp``) by ``sys.path``, here only, builds each case's corpus with
-``fms_corpus.make_corpus`` and writes (for mamba-fim: ``fms_fsdp_mamba_fim.json`` with its
-FIM cases and ``fms_ckpt_fim/``, same layout):
+Each branch runs in a subprocess of its own (both are package ``fms_fsdp``; ``--branch``
+picks one, default both): it imports ``fms_fsdp`` from the unmodified copy of that branch
+by ``sys.path``, there only, builds the corpus with ``fms_corpus.make_corpus`` and writes
+into ``--out`` (default this folder's ``fixtures/``; ``--cases`` runs only the named
+stream and checkpoint cases, and needs ``--out``: the committed fixtures are whole). For
+``mamba-new``:
 
 - ``fixtures/fms_fsdp_mamba_new.json``: per case, its config, world size, workers and the
   SHA-256 digest (16 hex digits) of every batch of every rank; for checkpoint cases the
@@ -16,6 +18,10 @@ FIM cases and ``fms_ckpt_fim/``, same layout):
   tell a torch whose ``multinomial`` / ``randint`` draws differ (and skip, saying so);
 - ``fixtures/fms_ckpt/<case>/checkpoints/step_<N>_ckp/loader_state_<rank>.pth``: the
   checkpoints fms-fsdp wrote, which the tests resume from (they are a few KB).
+
+For ``mamba-fim`` the same layout: ``fms_fsdp_mamba_fim.json`` with its FIM cases and
+``fms_ckpt_fim/``. ``--peers`` defaults to ``$FMSDATA_FMS_FSDP_PEERS``, else
+``../shared/peers/fms-fsdp`` beside the repository (``peers_folder``).
 
 fms-fsdp's ``dataset_utils`` imports ``transformers.AutoTokenizer`` at the top and builds
 one in its ``auto`` handler even for Arrow files; where ``transformers`` is not installed a
@@ -30,6 +36,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import types
@@ -41,6 +48,15 @@ sys.path.insert(0, HERE)
 from fms_corpus import batch_digest, make_corpus  # noqa: E402
 
 FIXTURES = os.path.join(HERE, "fixtures")
+BRANCHES = ("mamba-new", "mamba-fim")
+COMMITS = {
+    "mamba-new": "385c98d17d08ec01b82082901d61d28f4b23fa05",
+    "mamba-fim": "05030cc9e14d755aa34ea1d47b2ddb23bdd91017",
+}
+OUTPUTS = {  # branch -> (digests file, checkpoint folder) under the output folder
+    "mamba-new": ("fms_fsdp_mamba_new.json", "fms_ckpt"),
+    "mamba-fim": ("fms_fsdp_mamba_fim.json", "fms_ckpt_fim"),
+}
 BASE = {
     "datasets": "lang=en/dataset=web,lang=de/dataset=wiki,code",
     "weights": "3,2,1",
@@ -227,22 +243,57 @@ def run_job(train_config, get_data_loader, values: dict, world: int, steps: int)
     }
 
 
+def peers_folder() -> str:
+    """fms-fsdp's reference trees: ``$FMSDATA_FMS_FSDP_PEERS`` if set, else
+    ``shared/peers/fms-fsdp`` beside the repository (CI puts ``shared/`` beside its clone)."""
+    env = os.environ.get("FMSDATA_FMS_FSDP_PEERS")
+    if env:
+        return env
+    return os.path.normpath(os.path.join(HERE, "..", "..", "..", "shared", "peers", "fms-fsdp"))
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    default_peers = os.path.join(HERE, "..", "..", "..", "shared", "peers", "fms-fsdp")
-    parser.add_argument("--peers", default=os.path.normpath(default_peers))
-    parser.add_argument("--branch", choices=["mamba-new", "mamba-fim"], default="mamba-new")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", default=None, help="fms-fsdp trees (default: peers_folder())")
+    parser.add_argument("--branch", choices=[*BRANCHES, "both"], default="both")
+    parser.add_argument("--out", default=None, help="output folder (default: fixtures/)")
+    parser.add_argument("--cases", default=None, help="comma-separated case names (with --out)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    train_config, get_data_loader = _import_fms(os.path.join(args.peers, args.branch))
-    fim = args.branch == "mamba-fim"
+    peers = args.peers or peers_folder()
+    out = args.out or FIXTURES
+    cases = None if args.cases is None else {c for c in args.cases.split(",") if c}
+    if cases is not None and os.path.abspath(out) == os.path.abspath(FIXTURES):
+        parser.error("--cases writes a part of the fixtures: give --out another folder")
+    if cases is not None:
+        known = {*STREAM_CASES, *CKPT_CASES, *FIM_CASES, *FIM_CKPT_CASES}
+        if cases - known:
+            parser.error(f"unknown cases {sorted(cases - known)}; known: {sorted(known)}")
+    if args.child:
+        run_branch(os.path.join(peers, args.branch), args.branch, out, cases)
+        return
+    os.makedirs(out, exist_ok=True)
+    for branch in BRANCHES if args.branch == "both" else (args.branch,):
+        # One process per branch: both trees are the package ``fms_fsdp``.
+        command = [sys.executable, os.path.abspath(__file__), "--child", "--branch", branch]
+        command += ["--peers", peers, "--out", out]
+        if args.cases is not None:
+            command += ["--cases", args.cases]
+        subprocess.run(command, check=True)
+
+
+def run_branch(tree: str, branch: str, out_dir: str, only: set[str] | None) -> None:
+    """Run one branch's cases (``only``: those named) in this process; write its outputs."""
+    train_config, get_data_loader = _import_fms(tree)
+    fim = branch == "mamba-fim"
     base = {**BASE, "fim_training": True, "spm_rate": 0.0} if fim else BASE
     stream_cases, ckpt_cases = (FIM_CASES, FIM_CKPT_CASES) if fim else (STREAM_CASES, CKPT_CASES)
-    commits = {
-        "mamba-new": "385c98d17d08ec01b82082901d61d28f4b23fa05",
-        "mamba-fim": "05030cc9e14d755aa34ea1d47b2ddb23bdd91017",
-    }
+    if only is not None:
+        stream_cases = {k: v for k, v in stream_cases.items() if k in only}
+        ckpt_cases = {k: v for k, v in ckpt_cases.items() if k in only}
+    json_name, ckpt_name = OUTPUTS[branch]
     out = {
-        "oracle": f"fms-fsdp {args.branch} {commits[args.branch]}",
+        "oracle": f"fms-fsdp {branch} {COMMITS[branch]}",
         "torch": torch.__version__,
         "generator_probe": generator_probe(),
         "corpus_seed": 0,
@@ -252,7 +303,7 @@ def main() -> None:
     }
     if fim:
         out["fim_generator_probe"] = fim_generator_probe()
-    ckpt_root = os.path.join(FIXTURES, "fms_ckpt_fim" if fim else "fms_ckpt")
+    ckpt_root = os.path.join(out_dir, ckpt_name)
     shutil.rmtree(ckpt_root, ignore_errors=True)
     with tempfile.TemporaryDirectory() as tmp:
         data = make_corpus(os.path.join(tmp, "data"), seed=0)
@@ -306,8 +357,7 @@ def main() -> None:
                 }
             out["checkpoints"][name] = record
             print(name, flush=True)
-    name = "fms_fsdp_mamba_fim.json" if fim else "fms_fsdp_mamba_new.json"
-    with open(os.path.join(FIXTURES, name), "w") as f:
+    with open(os.path.join(out_dir, json_name), "w") as f:
         json.dump(out, f, indent=1, sort_keys=True)
         f.write("\n")
 
