@@ -246,3 +246,44 @@ def test_meta_counts_csv_gives_the_document_counts(tmp_path):
     values = {**spec["config"], "data_path": data, "ckpt_save_path": str(tmp_path / "s")}
     with pytest.raises(ConfigError, match="c.arrow"):
         next(iter(get_data_loader(values, 0, 2, order="fms-fsdp")))
+
+
+@pytest.mark.parametrize("resume", ["same", "to_w1"])
+def test_fms_fsdp_token_lines_are_held_as_int32(resume, data, tmp_path):
+    """fms-fsdp's buffered lines (lists of ints in its .pth) are taken over into one int32
+    pool, as its batches are int32 (half of int64's 328 MB at 10,000 lines of 4,097), and
+    the continuation is still bit-identical, on the same and on another world size."""
+    spec = FIXTURE["checkpoints"]["ck_w2_nw0"]
+    run = spec["resumes"][resume]
+    load = shutil.copytree(os.path.join(CKPTS, "ck_w2_nw0"), tmp_path / "load")
+    step = load / "checkpoints" / spec["kept"]
+    saved = [torch.load(step / f"loader_state_{r}.pth", weights_only=True) for r in range(2)]
+    lines = [len(x) for s in saved for x in s["PreloadBufferDataset.buffer"]]
+    for rank in range(run["world_size"]):
+        values = {**spec["config"], "data_path": data, "resuming_dataset": True}
+        values.update(ckpt_load_path=str(load), ckpt_save_path=str(tmp_path / f"s{rank}"))
+        dataset = get_data_loader(values, rank, run["world_size"], order=None).dataset
+        chain, _, _ = dataset.build()
+        pool = chain.tokens.pool
+        assert pool.dtype == np.int32
+        if resume == "same":
+            carry = len(saved[rank]["BufferDataset.buffer"])
+            held = sum(len(x) for x in saved[rank]["PreloadBufferDataset.buffer"])
+            assert len(pool) == held + carry
+        else:
+            assert len(pool) >= sum(lines)  # both ranks' lines, re-dealt to one
+        got = _digests(values, rank, run["world_size"], run["steps"], order=None)
+        assert got == run["digests"][str(rank)], f"{resume} rank {rank}"
+
+
+def test_fms_fsdp_token_outside_int32_is_refused(data, tmp_path):
+    spec = FIXTURE["checkpoints"]["ck_w2_nw0"]
+    load = shutil.copytree(os.path.join(CKPTS, "ck_w2_nw0"), tmp_path / "load")
+    path = load / "checkpoints" / spec["kept"] / "loader_state_0.pth"
+    state = torch.load(path, weights_only=True)
+    state["PreloadBufferDataset.buffer"][3][5] = 2**40
+    torch.save(state, path)
+    values = {**spec["config"], "data_path": data, "resuming_dataset": True}
+    values.update(ckpt_load_path=str(load), ckpt_save_path=str(tmp_path / "s"))
+    with pytest.raises(StateMismatchError, match=r"loader_state_0\.pth.*buffer\[3\].*int32"):
+        next(iter(get_data_loader(values, 0, 2, order=None)))

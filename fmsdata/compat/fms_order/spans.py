@@ -9,7 +9,9 @@ segments ``(source, doc, start, n, first)``:
   ``source`` in the chain's file table;
 - ``LIT``: one literal token (BOS, EOS, BOL, EOL), its value in ``first``;
 - ``POOL``: tokens ``start .. start+n-1`` of the pool, the tokens of lines taken over from
-  an fms-fsdp checkpoint (which holds no spans); they leave with those lines.
+  an fms-fsdp checkpoint (which holds no spans); they leave with those lines. The pool is
+  int32, as fms-fsdp's batches are (10,000 lines of 4,097 tokens: 164 MB, not 328 MB
+  as int64); a token outside int32 is a ``StateMismatchError``.
 
 ``first`` is the value of a segment's first token: the packer compares edges without
 reading the file, and a saved state is checked against the data with it on load. Lines are
@@ -50,6 +52,16 @@ def _narrow(values: np.ndarray) -> np.ndarray:
     return values.astype(np.int64)
 
 
+def _check_int32(values: np.ndarray, where: str) -> None:
+    """Token values must fit int32 (fms-fsdp's ``torch.IntTensor`` lines)."""
+    if values.dtype.kind not in "iu":
+        raise StateMismatchError(f"{where}: tokens of type {values.dtype}, expected integers")
+    info = np.iinfo(np.int32)
+    lo, hi = int(values.min()), int(values.max())
+    if lo < info.min or hi > info.max:
+        raise StateMismatchError(f"{where}: token values {lo}..{hi} do not fit int32")
+
+
 class Tokens:
     """Where a chain's tokens come from: its files (by id) and the pool.
 
@@ -60,7 +72,7 @@ class Tokens:
 
     def __init__(self, docs: ArrowDocs, names: list[str]):
         self.docs, self.names = docs, names  # the chain fills ``names`` as it lists files
-        self.pool = np.zeros(0, np.int64)
+        self.pool = np.zeros(0, np.int32)
 
     # -- values and edits --------------------------------------------------------------
     def value(self, seg: Segment, pos: int) -> int:
@@ -117,18 +129,23 @@ class Tokens:
         return out
 
     # -- fms-fsdp's token lines ---------------------------------------------------------
-    def adopt(self, lines: list[Any]) -> list[list[Segment]]:
-        """Lines of tokens (an fms-fsdp checkpoint's) as pool segments, appended to the
-        pool."""
-        arrays = [np.asarray(line, np.int64).reshape(-1) for line in lines]
+    def adopt(self, lines: list[Any], where: str = "buffer") -> list[list[Segment]]:
+        """Lines of tokens (an fms-fsdp checkpoint's: lists of ints, or arrays) as pool
+        segments, appended to the pool. Each line is copied straight into the int32 pool,
+        so no int64 copy of all of them exists at once."""
+        sizes = [line.size if isinstance(line, np.ndarray) else len(line) for line in lines]
         offset = len(self.pool)
+        pool = np.empty(offset + sum(sizes), np.int32)
+        pool[:offset] = self.pool
         out = []
-        for array in arrays:
-            n = len(array)
-            out.append([(POOL, 0, offset, n, int(array[0]))] if n else [])
+        for i, (line, n) in enumerate(zip(lines, sizes)):
+            if n:
+                array = np.asarray(line).reshape(-1)
+                _check_int32(array, f"{where}[{i}]")
+                pool[offset : offset + n] = array
+            out.append([(POOL, 0, offset, n, int(pool[offset]))] if n else [])
             offset += n
-        if arrays:
-            self.pool = np.concatenate([self.pool, *arrays])
+        self.pool = pool
         return out
 
     # -- state ------------------------------------------------------------------------
@@ -137,7 +154,7 @@ class Tokens:
         fms-fsdp's lines of tokens (a list), taken over as pool segments."""
         if isinstance(saved, dict):
             return self.decode(saved, where)
-        return self.adopt(saved)
+        return self.adopt(saved, where)
 
     def encode(self, lines: list[list[Segment]]) -> dict[str, Any]:
         """``lines`` as plain arrays: the files they name and their segments."""
@@ -196,7 +213,10 @@ class Tokens:
         seg = state["segments"]
         cols = [np.asarray(seg[k], np.int64) for k in ("source", "doc", "start", "n", "first")]
         table = np.stack(cols, axis=1) if cols[0].size else np.zeros((0, 5), np.int64)
-        pool = np.asarray(state["pool"], np.int64)
+        pool = np.asarray(state["pool"])
+        if len(pool):
+            _check_int32(pool, f"{where}.pool")
+        pool = pool.astype(np.int32, copy=False)
         offset = len(self.pool)
         if len(pool):
             self.pool = np.concatenate([self.pool, pool])
