@@ -287,3 +287,23 @@ def test_fms_fsdp_token_outside_int32_is_refused(data, tmp_path):
     values.update(ckpt_load_path=str(load), ckpt_save_path=str(tmp_path / "s"))
     with pytest.raises(StateMismatchError, match=r"loader_state_0\.pth.*buffer\[3\].*int32"):
         next(iter(get_data_loader(values, 0, 2, order=None)))
+
+
+@pytest.mark.parametrize("resume", ["same", "to_w1"])
+def test_next_stage_resumes_own_checkpoints_from_ckpt_load_path(resume, data, tmp_path):
+    """A next stage (``resuming_dataset``, a new ``ckpt_save_path``) continues fmsdata's own
+    saves in this order from ``ckpt_load_path``, as fms-fsdp continues its .pth from there:
+    order detected, the step count restarted (the next save is the new stage's step 3)."""
+    spec = FIXTURE["checkpoints"]["ck_w2_nw0"]
+    run = spec["resumes"][resume]
+    job = _save_own(spec, data, tmp_path, 7)
+    shutil.rmtree(job / "fmsdata_fms_order" / "step_3_ckp")
+    for rank in range(run["world_size"]):
+        values = {**spec["config"], "data_path": data, "num_workers": run["num_workers"]}
+        values.update(resuming_dataset=True, ckpt_load_path=str(job))
+        # one folder per rank: run one after another, a later rank would restart from an
+        # earlier one's new saves (in a job all ranks start before anyone saves)
+        values["ckpt_save_path"] = str(tmp_path / f"next{rank}")
+        got = _digests(values, rank, run["world_size"], 4, order=None)
+        assert got == run["digests"][str(rank)][:4], f"{resume} rank {rank}"
+        assert os.listdir(tmp_path / f"next{rank}" / "fmsdata_fms_order") == ["step_3_ckp"]

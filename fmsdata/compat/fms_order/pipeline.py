@@ -13,7 +13,8 @@ Checkpoints, like fms-fsdp's, are written by whoever produces the lines when bat
 state files: JSON and ``.npy`` in a zip, never unpickled). Unlike fms-fsdp's they also
 hold where each logical shard's pass started, so resuming continues the uninterrupted
 stream exactly. At start a worker resumes from, in order: the newest such folder under
-``ckpt_save_path``; fms-fsdp's own checkpoints by its rules.
+``ckpt_save_path``; fms-fsdp's own checkpoints there; with ``resuming_dataset``, the same
+two under ``ckpt_load_path`` (``fms_resume_source``).
 """
 
 from __future__ import annotations
@@ -49,22 +50,24 @@ OWN_CHECKPOINTS = "fmsdata_fms_order"
 WINDOW = 10000  # fms-fsdp's PreloadBufferDataset size in get_data_loader
 _SUFFIX = ".fms"
 _VERSION = 2  # 2: buffered lines saved as spans of the documents
+_SOURCES = (("own", OWN_CHECKPOINTS, _SUFFIX), ("fms", "checkpoints", ".pth"))
 
 
 def fms_resume_source(values: dict[str, Any]) -> tuple[str, str, int] | None:
     """``(kind, folder, step)`` a worker would resume from: ``"own"`` (fmsdata's saves
-    in this order), ``"fms"`` (fms-fsdp's) or None; ``step`` is the step count kept."""
-    save = values["ckpt_save_path"]
-    found = find_step_folder(os.path.join(save, OWN_CHECKPOINTS), _SUFFIX)
-    if found:
-        return "own", found[0], found[1]
-    found = find_step_folder(os.path.join(save, "checkpoints"))
-    if found:
-        return "fms", found[0], found[1]
+    in this order), ``"fms"`` (fms-fsdp's) or None; ``step`` is the step count kept.
+
+    fms-fsdp's rule, with fmsdata's own saves looked for first in each place: a restarted
+    job's ``ckpt_save_path`` (step count kept), else with ``resuming_dataset`` the
+    ``ckpt_load_path`` of the stage before (step count restarted at 0)."""
+    places = [(values["ckpt_save_path"], True)]
     if values["resuming_dataset"]:
-        found = find_step_folder(os.path.join(values["ckpt_load_path"], "checkpoints"))
-        if found:
-            return "fms", found[0], 0
+        places.append((values["ckpt_load_path"], False))
+    for root, keep_step in places:
+        for kind, sub, suffix in _SOURCES:
+            found = find_step_folder(os.path.join(root, sub), suffix)
+            if found:
+                return kind, found[0], found[1] if keep_step else 0
     return None
 
 
