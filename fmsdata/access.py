@@ -22,7 +22,7 @@ from fmsdata import filecounts
 from fmsdata.catalog import Catalog, DatasetFiles
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.base import FileHandler
-from fmsdata.handlers.mapping import MappedFile, live_mappings
+from fmsdata.handlers.mapping import MappedFile, recording
 from fmsdata.remote.cache import FileSource
 from fmsdata.stages.documents import Decoration
 
@@ -60,15 +60,15 @@ class ReaderCache:
             for mapped in self._mapped[key]:
                 mapped.check_unchanged()  # a cut mapped file would kill the process (SIGBUS)
             return entry[1]
-        before = set(live_mappings())
         try:
-            reader = handler.open(path())
+            with recording() as mapped:  # this open's mappings, the others not looked at
+                reader = handler.open(path())
         except BaseException:
             if on_close is not None:
                 on_close()
             raise
         self._open[key] = (handler, reader, on_close)
-        self._mapped[key] = [m for k, m in live_mappings().items() if k not in before]
+        self._mapped[key] = mapped
         while len(self._open) > self.capacity:
             old_key, old = self._open.popitem(last=False)
             del self._mapped[old_key]

@@ -4,16 +4,29 @@ Handlers read tokens as views of memory-mapped files. Pages touched through a ma
 count in the process's resident memory until unmapped, so a long run over many open files
 would grow its RSS with the corpus; ``release`` drops them (the kernel keeps them in the
 page cache, a later read maps them again) and keeps a worker's memory flat.
+
+Reading a page of a mapping whose file was cut short kills the process with SIGBUS, which
+leaves no Python message. So a DataLoader worker, and a process whose fault note runs
+(``fault_note``), keep the list of their mapped files in a small file named by the pid
+(``list_path``) that outlives them: the main process checks a dead worker's list, and the
+fault note's stack dump points to it. The list is a journal (a line appended per file
+mapped or closed, rewritten when mostly closed lines), so a process holding thousands of
+mappings pays O(1) per file opened, and every line is written before the file's first
+page is read.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import itertools
 import mmap
 import os
 import sys
 import tempfile
+import threading
 import weakref
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -24,7 +37,9 @@ __all__ = [
     "MappedFile",
     "changed_in_dead_workers",
     "forget_worker_lists",
-    "live_mappings",
+    "list_path",
+    "mapped_paths",
+    "recording",
     "resident_file_bytes",
 ]
 
@@ -50,8 +65,14 @@ class MappedFile:
             self._map: mmap.mmap | None = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         self.stamp = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
         self.bytes = np.frombuffer(self._map, dtype=np.uint8)
-        _LIVE[id(self)] = self
-        _publish()
+        key = next(_SERIAL)
+        _OPEN[key] = (path, self.stamp)
+        # Dropped without ``close``, the mapping is still forgotten (once) when collected.
+        self._forget = weakref.finalize(self, _unmapped, key)
+        self._forget.atexit = False
+        _mapped(key)
+        for made in getattr(_RECORDERS, "stack", ()):
+            made.append(self)
 
     def check_unchanged(self) -> None:
         """Raise ``ShardFormatError`` naming the file if it was rewritten in place since it
@@ -79,21 +100,36 @@ class MappedFile:
         """
         self.bytes = self._CLOSED
         self._map = None
-        try:
-            if _LIVE.pop(id(self), None) is not None:
-                _publish()
-        except (AttributeError, TypeError):  # interpreter shutdown: module globals are gone
-            pass
+        with contextlib.suppress(AttributeError, TypeError):  # shutdown: globals are gone
+            self._forget()
         return self._CLOSED
 
 
-# This process's open mappings (weak: a reader dropped without close frees its mapping).
-_LIVE: weakref.WeakValueDictionary[int, MappedFile] = weakref.WeakValueDictionary()
+# This process's open mappings, oldest first: serial key -> (path, stamp).
+_OPEN: dict[int, tuple[str, tuple[int, int, int]]] = {}
+_SERIAL = itertools.count()
+_RECORDERS = threading.local()
+_NEWEST = 8  # files the fault note names inline (faulthandler cuts a name at 500 characters)
 
 
-def live_mappings() -> dict[int, MappedFile]:
-    """This process's open mappings by id (a copy)."""
-    return dict(_LIVE.items())  # items() defers removals by the collector: a safe copy
+@contextlib.contextmanager
+def recording() -> Iterator[list[MappedFile]]:
+    """The files mapped by this thread inside the block, listed as they are mapped: what a
+    reader cache checks at each access, found without looking at the other mappings."""
+    made: list[MappedFile] = []
+    stack = getattr(_RECORDERS, "stack", None)
+    if stack is None:
+        stack = _RECORDERS.stack = []
+    stack.append(made)
+    try:
+        yield made
+    finally:
+        stack.remove(made)
+
+
+def mapped_paths() -> list[str]:
+    """The paths of this process's open mappings, oldest first (a copy)."""
+    return [path for path, _ in list(_OPEN.values())]
 
 
 def _change(path: str, stamp: tuple[int, int, int]) -> str | None:
@@ -111,11 +147,61 @@ def _change(path: str, stamp: tuple[int, int, int]) -> str | None:
     )
 
 
-_FINALIZER = None
-
-
-def _list_path(pid: int) -> str:
+def list_path(pid: int) -> str:
+    """Where process ``pid`` lists its mapped files (while it is a DataLoader worker or
+    its fault note runs)."""
     return os.path.join(tempfile.gettempdir(), f"fmsdata-maps-{pid}.tsv")
+
+
+_HEADER = (
+    "# files mapped by process {pid}: '+ key size mtime_ns inode path' mapped, '- key' closed\n"
+)
+
+
+class _Journal:
+    """This process's list of mapped files, appended a line at a time (``O_APPEND`` writes
+    reach the file before the process can fault) and rewritten from ``_OPEN`` once most of
+    its lines are closed ones, so its size stays proportional to the open mappings."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.path = list_path(self.pid)
+        self.lines = 0
+        self.fd = -1
+        self.rewrite()
+
+    def rewrite(self) -> None:
+        lines = [_HEADER.format(pid=self.pid)]
+        lines += [_added(key, path, stamp) for key, (path, stamp) in list(_OPEN.items())]
+        try:
+            with open(self.path + ".tmp", "w", encoding="utf-8") as out:
+                out.write("".join(lines))
+            os.replace(self.path + ".tmp", self.path)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError:
+            fd = -1  # only a diagnosis is lost
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd, self.lines = fd, len(lines)
+
+    def add(self, line: str) -> None:
+        if self.fd < 0:
+            return
+        try:
+            os.write(self.fd, line.encode())
+        except OSError:
+            return
+        self.lines += 1
+        if self.lines > 2 * len(_OPEN) + 64:
+            self.rewrite()
+
+
+def _added(key: int, path: str, stamp: tuple[int, int, int]) -> str:
+    return f"+\t{key}\t{stamp[0]}\t{stamp[1]}\t{stamp[2]}\t{path}\n"
+
+
+_journal: _Journal | None = None
+_FINALIZER = None
 
 
 def _in_worker() -> bool:
@@ -123,32 +209,93 @@ def _in_worker() -> bool:
     return data is not None and data.get_worker_info() is not None
 
 
-def _publish() -> None:
-    """In a DataLoader worker, keep the list of mapped files in a small file named by the
-    pid, for the main process to check if the worker dies (a SIGBUS leaves no message);
-    in any process, tell the fault note which files are mapped."""
-    fault_note.update(m.path for m in _LIVE.values())
-    if not _in_worker():
-        return
-    path = _list_path(os.getpid())
-    if not _LIVE:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        return
-    global _FINALIZER
-    if _FINALIZER is None:  # workers end through multiprocessing, which runs finalizers
+def _listing() -> _Journal | None:
+    """This process's journal if it keeps one (a DataLoader worker, or a process whose
+    fault note runs), opened with every open mapping the first time."""
+    global _journal, _FINALIZER
+    if _journal is not None:
+        if _journal.pid == os.getpid():
+            return _journal
+        with contextlib.suppress(OSError):  # inherited through fork: the parent's
+            os.close(_journal.fd)
+        _journal = None
+    if not (fault_note.running() or _in_worker()):
+        return None
+    _journal = _Journal()
+    if _in_worker():  # workers end through multiprocessing, which runs finalizers
         import multiprocessing.util
 
         _FINALIZER = multiprocessing.util.Finalize(
             None, forget_worker_lists, args=([os.getpid()],), exitpriority=0
         )
-    lines = "".join(f"{m.stamp[0]}\t{m.stamp[1]}\t{m.stamp[2]}\t{m.path}\n" for m in _LIVE.values())
-    try:
-        with open(path + ".tmp", "w", encoding="utf-8") as out:
-            out.write(lines)
-        os.replace(path + ".tmp", path)
-    except OSError:
-        pass  # only a diagnosis is lost
+    else:
+        atexit.register(forget_worker_lists, [os.getpid()])
+    return _journal
+
+
+def _tell_note(journal: _Journal | None) -> None:
+    if fault_note.running():
+        newest = [path for path, _ in itertools.islice(reversed(_OPEN.values()), _NEWEST)]
+        fault_note.update(newest, len(_OPEN), journal.path if journal is not None else None)
+
+
+# Held while the list changes: threads may map files side by side; re-entered when a
+# mapping dropped without ``close`` is collected in the middle of a change.
+_LOCK = threading.RLock()
+
+
+_fork_hooked = False
+
+
+def _new_lock_after_fork() -> None:
+    global _LOCK
+    _LOCK = threading.RLock()
+
+
+def _mapped(key: int) -> None:
+    global _fork_hooked
+    if not _fork_hooked:  # a fork while another thread holds the lock would keep it held
+        os.register_at_fork(after_in_child=_new_lock_after_fork)
+        _fork_hooked = True
+    with _LOCK:
+        journal = _listing()
+        if journal is not None:
+            path, stamp = _OPEN[key]
+            journal.add(_added(key, path, stamp))
+        _tell_note(journal)
+
+
+def _unmapped(key: int) -> None:
+    with _LOCK:
+        if _OPEN.pop(key, None) is None:
+            return
+        journal = _listing()
+        if journal is not None:
+            journal.add(f"-\t{key}\n")
+        _tell_note(journal)
+
+
+def publish() -> None:
+    """List every open mapping now (the fault note calls it when it starts)."""
+    with _LOCK:
+        journal = _listing()
+        if journal is not None:
+            journal.rewrite()
+        _tell_note(journal)
+
+
+def _read_list(path: str) -> dict[str, tuple[str, tuple[int, int, int]]]:
+    """The mappings a journal leaves open (a last line cut by the process's death skipped)."""
+    found: dict[str, tuple[str, tuple[int, int, int]]] = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            fields = line.rstrip("\n").split("\t")
+            if fields[0] == "+" and len(fields) == 6 and line.endswith("\n"):
+                size, mtime, inode = (int(v) for v in fields[2:5])
+                found[fields[1]] = (fields[5], (size, mtime, inode))
+            elif fields[0] == "-" and len(fields) == 2:
+                found.pop(fields[1], None)
+    return found
 
 
 def changed_in_dead_workers(pids: list[int]) -> list[str]:
@@ -156,26 +303,24 @@ def changed_in_dead_workers(pids: list[int]) -> list[str]:
     since they were mapped; their lists are removed."""
     found = []
     for pid in pids:
-        path = _list_path(pid)
+        path = list_path(pid)
         try:
-            with open(path, encoding="utf-8") as handle:
-                lines = handle.read().splitlines()
+            mapped = _read_list(path)
             os.unlink(path)
-        except OSError:
+        except (OSError, ValueError):
             continue
-        for line in lines:
-            size, mtime, inode, name = line.split("\t", 3)
-            problem = _change(name, (int(size), int(mtime), int(inode)))
+        for name, stamp in mapped.values():
+            problem = _change(name, stamp)
             if problem is not None:
                 found.append(f"{name}: {problem}")
     return found
 
 
 def forget_worker_lists(pids: list[int]) -> None:
-    """Remove the mapped-file lists of workers that ended."""
+    """Remove the mapped-file lists of processes that ended."""
     for pid in pids:
         with contextlib.suppress(OSError):
-            os.unlink(_list_path(pid))
+            os.unlink(list_path(pid))
 
 
 def resident_file_bytes() -> int | None:

@@ -1,6 +1,6 @@
 """Shards changing under a running loader: the message names the file, whether the change
 is seen before a read (every access checks the mapped files), in a worker that a SIGBUS
-kills, or in a process with 0 workers that it kills (the stack dump names the files)."""
+kills, or in a process with 0 workers that it kills (the stack dump points to the list of mapped files)."""
 
 import os
 import re
@@ -16,7 +16,7 @@ from support import take
 
 from fmsdata import build_dataloader
 from fmsdata.errors import ShardFormatError
-from fmsdata.handlers import MegatronHandler, register_handler
+from fmsdata.handlers import MegatronHandler, mapping, register_handler
 from fmsdata.handlers.mapping import MappedFile
 
 DOCS = [np.arange(100 * i + 5, 100 * i + 5 + 40 + i % 13, dtype=np.uint16) for i in range(400)]
@@ -120,4 +120,12 @@ def test_zero_workers_sigbus_names_the_mapped_files(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == -signal.SIGBUS
     assert "Fatal Python error: Bus error" in result.stderr
-    assert re.search(r'File "<fmsdata: mapped shard files: [^>]*part_00[01]\.bin', result.stderr)
+    # The dump points to the list of mapped files, written before any of them was read (the
+    # newest names inline follow it when the note thread has run since: not waited for).
+    note = re.search(
+        r'File "<fmsdata: mapped shard files: \d+, all listed in ([^;]+);', result.stderr
+    )
+    assert note, result.stderr[-2000:]
+    listed = mapping._read_list(note.group(1))
+    os.unlink(note.group(1))
+    assert any(re.search(r"part_00[01]\.bin$", name) for name, _ in listed.values())

@@ -1,0 +1,108 @@
+"""The list of mapped files a process keeps for its own death (handlers/mapping.py): one
+line per file mapped or closed, rewritten once mostly closed lines, so what a process
+writes grows with the files it opens, not with files opened x files open; read back it
+gives exactly the open mappings; a reader cache sees only the mappings its open made."""
+
+import os
+
+import pytest
+
+from fmsdata.access import ReaderCache
+from fmsdata.handlers import fault_note, mapping
+from fmsdata.handlers.mapping import MappedFile
+
+
+@pytest.fixture
+def listing(monkeypatch):
+    """This process keeps its list as a DataLoader worker does; removed afterwards."""
+    monkeypatch.setattr(mapping, "_in_worker", lambda: True)
+    monkeypatch.setattr(mapping, "_journal", None)
+    written = {"lines": 0}
+    add, rewrite = mapping._Journal.add, mapping._Journal.rewrite
+
+    def counted_add(self, line):
+        written["lines"] += 1
+        add(self, line)
+
+    def counted_rewrite(self):
+        written["lines"] += len(mapping._OPEN) + 1
+        rewrite(self)
+
+    monkeypatch.setattr(mapping._Journal, "add", counted_add)
+    monkeypatch.setattr(mapping._Journal, "rewrite", counted_rewrite)
+    yield written
+    journal = mapping._journal
+    if journal is not None and journal.fd >= 0:
+        os.close(journal.fd)
+    mapping.forget_worker_lists([os.getpid()])
+
+
+def files(tmp_path, n):
+    paths = []
+    for i in range(n):
+        path = tmp_path / f"part_{i:04d}.bin"
+        path.write_bytes(bytes([i % 256]) * 16)
+        paths.append(str(path))
+    return paths
+
+
+def test_the_list_grows_with_files_opened_not_with_files_open(tmp_path, listing):
+    paths = files(tmp_path, 600)
+    maps = [MappedFile(p) for p in paths]  # 600 open at once
+    for m in maps[::2]:
+        m.close()
+    # Rewriting the whole list at each open would write 600 * 601 / 2 = 180,300 lines.
+    assert listing["lines"] <= 3 * 900 + 64
+    listed = mapping._read_list(mapping.list_path(os.getpid()))
+    assert sorted(name for name, _ in listed.values()) == sorted(paths[1::2])
+    for m in maps[1::2]:
+        m.close()
+
+
+def test_a_dead_process_list_names_the_open_file_that_changed(tmp_path, listing):
+    paths = files(tmp_path, 5)
+    maps = [MappedFile(p) for p in paths]
+    maps[0].close()
+    os.truncate(paths[0], 1)  # closed: not named
+    os.truncate(paths[3], 1)
+    found = mapping.changed_in_dead_workers([os.getpid()])
+    assert len(found) == 1 and found[0].startswith(f"{paths[3]}: changed while being read")
+    assert not os.path.exists(mapping.list_path(os.getpid()))  # read once, then removed
+    for m in maps[1:]:
+        m.close()
+
+
+def test_a_mapping_dropped_without_close_leaves_the_list(tmp_path, listing):
+    (path,) = files(tmp_path, 1)
+    mapped = MappedFile(path)
+    assert path in mapping.mapped_paths()
+    del mapped
+    assert path not in mapping.mapped_paths()
+    assert mapping._read_list(mapping.list_path(os.getpid())) == {}
+
+
+def test_a_reader_cache_keeps_only_the_mappings_of_its_own_open(tmp_path):
+    paths = files(tmp_path, 3)
+
+    class Handler:
+        def open(self, path):
+            return MappedFile(path)
+
+        def close(self, reader):
+            reader.close()
+
+    other = MappedFile(paths[0])  # mapped by someone else: not this cache's to check
+    cache = ReaderCache(2)
+    reader = cache.get("a", Handler(), lambda: paths[1])
+    assert cache._mapped["a"] == [reader]
+    cache.close()
+    other.close()
+
+
+def test_the_note_names_the_list_before_the_newest_files():
+    name = fault_note._name(840, "/tmp/fmsdata-maps-7.tsv", ["/d/b.npy", "/d/a.npy"])
+    assert name == (
+        "<fmsdata: mapped shard files: 840, all listed in /tmp/fmsdata-maps-7.tsv; "
+        "newest: /d/b.npy, /d/a.npy>"
+    )
+    assert len(name) < 500  # faulthandler prints the first 500 characters
