@@ -27,9 +27,31 @@ place of ``MambaLMHeadModel`` (DDP over gloo so it runs on CPU; FSDP over NCCL o
     torchrun --nproc_per_node 1 examples/fms_fsdp_bamba.py ... --batch_size 8 \\
         --ckpt_load_path runs/a --resuming_dataset True --ckpt_save_path runs/b
 
-``--order fms-fsdp`` or ``--order fmsdata`` (not a train_config field) picks the data order
-(see get_data_loader). ``--batch_log FILE`` (not a train_config field either) appends
-each rank's rows per step as hashes to ``FILE.rank<R>``, so runs can be compared.
+Those commands use fmsdata's order: exact on any number of ranks (stage b's steps are the
+ones run a would have taken next). ``--order`` (not a train_config field: get_data_loader's
+``order``) picks the other one:
+
+- ``--order fms-fsdp``: the batches fms-fsdp's own loader (``mamba-new``; with
+  ``--fim_training True``, ``mamba-fim``) yields for this config, rank, world size and
+  ``num_workers``, bit for bit, so a Bamba run keeps its data sequence. It continues
+  fms-fsdp's ``loader_state_*.pth`` and its own saves
+  (``ckpt_save_path/fmsdata_fms_order/step_<N>_ckp``); on another world size it rescales
+  as fms-fsdp does (buffers re-dealt), so the next stage's steps are fms-fsdp's, not run
+  a's next ones:
+
+      torchrun --nproc_per_node 2 examples/fms_fsdp_bamba.py --order fms-fsdp ... \
+          --ckpt_save_path runs/a
+      torchrun --nproc_per_node 1 examples/fms_fsdp_bamba.py --order fms-fsdp ... \
+          --ckpt_load_path runs/a --resuming_dataset True --ckpt_save_path runs/b
+
+- ``--order fmsdata``: fmsdata's order, as above;
+- unset: fms-fsdp's order where there are checkpoints in that order to continue (a run
+  moved from fms-fsdp), else fmsdata's.
+
+``--batch_log FILE`` (not a train_config field either) appends each rank's rows per step
+as hashes to ``FILE.rank<R>``, with ``digest``: SHA-256 (16 hex digits) of the step's input
+then label as int32, as ``tests/compat`` records fms-fsdp's batches, so runs can be
+compared with each other and with fms-fsdp's.
 """
 
 from __future__ import annotations
@@ -203,7 +225,11 @@ def train(cfg, model, rank, train_loader, optimizer, checkpointer, start_step, t
         tokens_seen += input.numel() * dist.get_world_size()
         if log is not None:
             rows = [hashlib.sha1(bytes(str(row), "ascii")).hexdigest() for row in input.tolist()]
-            log.write(json.dumps({"step": batch_idx, "rows": rows}) + "\n")
+            digest = hashlib.sha256()
+            for part in (input, label):
+                digest.update(part.to(torch.int32).contiguous().numpy().tobytes())
+            row = {"step": batch_idx, "rows": rows, "digest": digest.hexdigest()[:16]}
+            log.write(json.dumps(row) + "\n")
         if rank == 0 and batch_idx % cfg.report_interval == 0:
             print(f"step {batch_idx}: loss {loss.item():.3f}, tokens {tokens_seen}", flush=True)
         if batch_idx % cfg.checkpoint_interval == 0:
