@@ -26,7 +26,8 @@ For ``mamba-fim`` the same layout: ``fms_fsdp_mamba_fim.json`` with its FIM case
 fms-fsdp's ``dataset_utils`` imports ``transformers.AutoTokenizer`` at the top and builds
 one in its ``auto`` handler even for Arrow files; where ``transformers`` is not installed a
 stand-in module is put in ``sys.modules`` (the tokenizer is never called on Arrow data).
-The script is not part of the test suite: tests compare against what it wrote.
+Most tests compare against what it wrote (so they run anywhere); ``test_fms_fsdp_live.py``
+also runs it on a few cases, where fms-fsdp's trees are at hand.
 """
 
 from __future__ import annotations
