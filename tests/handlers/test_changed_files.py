@@ -1,6 +1,7 @@
 """Shards changing under a running loader: the message names the file, whether the change
 is seen before a read (every access checks the mapped files), in a worker that a SIGBUS
-kills, or in a process with 0 workers that it kills (the stack dump points to the list of mapped files)."""
+kills, or in a process with 0 workers that it kills (the stack dump points to the list of
+mapped files)."""
 
 import os
 import re
