@@ -160,6 +160,8 @@ def discover(
     handler: FileHandler,
     storage: Storage | None = None,
     progress: Callable[[int, int], None] | None = None,
+    counts_dir: str | None = None,
+    count: bool = True,
 ) -> Catalog:
     """List the datasets and shard files of a root (reached through ``storage``), with
     each file's counts where known (see the module docstring).
@@ -167,6 +169,11 @@ def discover(
     Args:
         progress: Called as ``progress(done, total)`` while the files of a remote root
             are counted from their metadata (the CLI draws a bar with it).
+        counts_dir: Folder of the on-disk counts cache (``filecounts.load_disk``): a remote
+            root's files counted from their metadata are kept there, keyed by path, size
+            and version as listed, and a later process reads them instead of the footers.
+        count: Off, a remote root's unknown counts are left unknown (-1): for a caller
+            that reads the metadata itself (``fmsdata index`` also wants tokens).
 
     Raises:
         ConfigError: The root or a named dataset folder does not exist.
@@ -189,6 +196,7 @@ def discover(
         names = list(datasets)
     counts = read_counts(root, names, storage)
     found = []
+    versions: dict[str, str] = {}
     for name in names:
         folder = f"{base}/{name}"
         if not listing.call("stat", fs.isdir, folder):
@@ -204,6 +212,7 @@ def discover(
         for full in handler.select(sorted(files)):
             rel_paths.append(full[len(base) + 1 :])
             sizes.append(int(files[full].get("size") or 0))
+            versions[rel_paths[-1]] = _version(files[full])
         if not rel_paths:
             raise EmptyDatasetError(
                 f"dataset {name!r} ({folder}) holds no {handler.name} shard "
@@ -233,10 +242,61 @@ def discover(
                 tokens=tokens,
             )
         )
-    if not is_local(fs):
+    if not is_local(fs) and count:
         # Remote: count what is left from the formats' metadata now, all files at once
         # and in parallel, so no shard downloads a file only to count it.
         from fmsdata.metacount import count_catalog  # (imports the handlers' readers)
 
-        count_catalog(root, found, handler, listing, progress)
+        if counts_dir is None:
+            count_catalog(root, found, handler, listing, progress)
+        else:
+            _count_with_disk_cache(root, found, handler, listing, progress, counts_dir, versions)
     return Catalog(root=root, datasets=tuple(found))
+
+
+def _version(entry: dict[str, Any]) -> str:
+    """What a listing says of a file's version (its ETag, else its modification time)."""
+    for field in ("ETag", "etag", "md5Hash", "mtime", "LastModified", "last_modified", "updated"):
+        value = entry.get(field)
+        if value is not None:
+            return str(value).replace("\t", " ").replace("\n", " ")
+    return ""
+
+
+def _count_with_disk_cache(
+    root: str,
+    found: list[DatasetFiles],
+    handler: FileHandler,
+    listing: _Listing,
+    progress: Callable[[int, int], None] | None,
+    counts_dir: str,
+    versions: dict[str, str],
+) -> None:
+    """``count_catalog`` with the on-disk counts cache: files it knows (same path, size
+    and version) are not read; what was counted is written back."""
+    from fmsdata.metacount import count_catalog
+
+    cached = filecounts.load_disk(counts_dir, root)
+    known = 0
+    for ds in found:
+        for i in np.flatnonzero(ds.docs < 0).tolist():
+            hit = cached.get((ds.paths[i], int(ds.sizes[i]), versions[ds.paths[i]]))
+            if hit is not None:
+                ds.docs[i], ds.tokens[i] = hit
+                filecounts.remember(root, ds.paths[i], int(ds.sizes[i]), *hit)
+                known += 1
+    unknown = sum(int((ds.docs < 0).sum()) for ds in found)
+    if known:
+        logger.info("%d file count(s) of %s read from the counts cache", known, root)
+    if not unknown:
+        return
+    count_catalog(root, found, handler, listing, progress)
+    keep = {
+        (path, int(size), versions[path]): (int(d), int(t))
+        for ds in found
+        for path, size, d, t in zip(
+            ds.paths, ds.sizes.tolist(), ds.docs.tolist(), ds.tokens.tolist()
+        )
+        if d >= 0
+    }
+    filecounts.save_disk(counts_dir, root, keep)

@@ -229,7 +229,13 @@ class RankLineDataset(IterableDataset):
                 if self.config.datasets is None
                 else [*self.config.datasets, *self.drain_datasets]
             )
-            catalog = discover(self.config.data_path, names, self.handler, self.storage)
+            catalog = discover(
+                self.config.data_path,
+                names,
+                self.handler,
+                self.storage,
+                counts_dir=os.path.join(self.config.cache_dir or default_cache_dir(), "counts"),
+            )
             if self.data_fingerprint is not None and catalog.fingerprint() != self.data_fingerprint:
                 raise StateMismatchError(
                     f"the files under {self.config.data_path!r} changed while the loader ran "

@@ -18,7 +18,7 @@ from fmsdata import filecounts
 from fmsdata.catalog import COUNTS_HEADER, META_DIR, discover
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.derived import default_cache_dir
-from fmsdata.metacount import count_files
+from fmsdata.metacount import count_files, logged_progress
 from fmsdata.remote.cache import file_source
 from fmsdata.remote.retry import retrying
 from fmsdata.remote.storage import Storage, is_local
@@ -48,19 +48,21 @@ def index_root(
     on_file: Callable[[], None] | None = None,
     storage: Storage | None = None,
     cache_dir: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[str, list[tuple[str, int, int]]]:
     """Count every shard of ``root`` (in ``workers`` processes) and write the counts file.
 
-    Files of a remote root are counted from their metadata (range requests); those whose
-    format keeps no counts there are pulled through the local cache (``cache_dir``) and
-    opened.
+    Files of a remote root are counted from their metadata (range requests; each footer
+    read once); those whose format keeps no counts there are pulled through the local
+    cache (``cache_dir``) and opened. ``on_file()`` and ``progress(done, total)`` are
+    called as each file is counted (the CLI draws a bar; a long listing is also logged).
 
     Returns:
         The path written and its rows ``(dataset/relative/path, documents, tokens)``.
     """
     storage = storage or Storage()
     cache_dir = cache_dir or os.path.join(default_cache_dir(), "remote")
-    catalog = discover(root, datasets, handler, storage)
+    catalog = discover(root, datasets, handler, storage, count=False)
     jobs = [
         (handler, catalog.root, rel, storage, cache_dir)
         for ds in catalog.datasets
@@ -68,20 +70,27 @@ def index_root(
     ]
     order = {job[2]: i for i, job in enumerate(jobs)}
     rows = []
+    total, done = len(jobs), [0]
+    report = logged_progress(progress, f"indexing {root}")
+
+    def counted() -> None:
+        done[0] += 1
+        if on_file is not None:
+            on_file()
+        report(done[0], total)
+
     fs, _ = storage.filesystem(catalog.root)
     if not is_local(fs):
-        rows, jobs = _count_from_metadata(catalog, handler, storage, jobs, on_file)
+        rows, jobs = _count_from_metadata(catalog, handler, storage, jobs, counted)
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
             for row in pool.map(_count, jobs, chunksize=8):
                 rows.append(row)
-                if on_file is not None:
-                    on_file()
+                counted()
     else:
         for job in jobs:
             rows.append(_count(job))
-            if on_file is not None:
-                on_file()
+            counted()
     rows.sort(key=lambda row: order[row[0]])  # catalog order, however they were counted
     return write_counts(catalog.root, rows, storage=storage), rows
 

@@ -25,6 +25,7 @@ import concurrent.futures
 import json
 import logging
 import posixpath
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,7 +34,7 @@ import numpy as np
 from fmsdata import filecounts
 from fmsdata.handlers.arrow_index import batch_rows, footer_blocks, footer_length
 
-__all__ = ["count_catalog", "count_files", "metadata_counter", "THREADS"]
+__all__ = ["count_catalog", "count_files", "logged_progress", "metadata_counter", "THREADS"]
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +205,24 @@ def count_files(
     return out
 
 
+def logged_progress(
+    progress: Callable[[int, int], None] | None, what: str, every: float = 10.0
+) -> Callable[[int, int], None]:
+    """``progress`` (the CLI's bar, if any), and a log line every ``every`` seconds of a
+    long listing: a loader that must count thousands of files says how far it is."""
+    last = [time.monotonic()]
+
+    def report(done: int, total: int) -> None:
+        if progress is not None:
+            progress(done, total)
+        now = time.monotonic()
+        if now - last[0] >= every and done < total:
+            last[0] = now
+            logger.info("%s: %d of %d file(s)", what, done, total)
+
+    return report
+
+
 def count_catalog(
     root: str,
     datasets: Sequence[Any],
@@ -224,6 +243,8 @@ def count_catalog(
     jobs = [(ds, i) for ds in datasets for i in np.flatnonzero(ds.docs < 0).tolist()]
     if not jobs:
         return
+    logger.info("counting the documents of %d file(s) of %s from their metadata", len(jobs), root)
+    started = time.monotonic()
     results = count_files(
         listing.base,
         [ds.paths[i] for ds, i in jobs],
@@ -231,8 +252,9 @@ def count_catalog(
         handler,
         read,
         tokens=False,
-        progress=progress,
+        progress=logged_progress(progress, f"counting {root}"),
     )
+    logger.info("counted %d file(s) of %s in %.1f s", len(jobs), root, time.monotonic() - started)
     left = 0
     for (ds, i), result in zip(jobs, results):
         if result is None:

@@ -34,8 +34,18 @@ def run(args: argparse.Namespace) -> int:
     handler = handler_from_args(args)
     datasets = [d for d in args.datasets.split(",") if d] if args.datasets else None
     with Progress(None, "files", label="counting ") as progress:
+
+        def bar(done: int, total: int) -> None:
+            progress.total = total
+            progress.update(done - progress.done)
+
         target, rows = index_root(
-            args.root, handler, datasets, args.workers, progress.update, storage_from_args(args)
+            args.root,
+            handler,
+            datasets,
+            args.workers,
+            storage=storage_from_args(args),
+            progress=bar,
         )
     docs = sum(r[1] for r in rows)
     tokens = sum(r[2] for r in rows)

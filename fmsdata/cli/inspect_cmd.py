@@ -112,7 +112,7 @@ def _files(path: str, handler, storage) -> tuple[str, dict[str, list[str]]]:
     listed = sorted(p for p, e in fs.find(base, detail=True).items() if e["type"] == "file")
     chosen = [p[len(base) + 1 :] for p in handler.select(listed)]
     if not chosen:
-        catalog = discover(path, None, handler, storage)
+        catalog = discover(path, None, handler, storage, count=False)  # paths only
         return catalog.root, {ds.name: list(ds.paths) for ds in catalog.datasets}
     if any("/" not in p for p in chosen):
         return path, {name: chosen}
