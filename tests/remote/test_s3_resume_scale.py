@@ -9,6 +9,8 @@ counts was counted by downloading it).
 """
 
 import collections
+import os
+import pathlib
 
 import pytest
 from s3local import upload_tree
@@ -20,6 +22,7 @@ from fmsdata.handlers import ArrowDocHandler
 from fmsdata.indexing import index_root
 from fmsdata.remote.cache import RemoteFiles
 from fmsdata.remote.storage import Storage
+from fmsdata.remote.usage import LOCK_SUFFIX
 
 pytestmark = pytest.mark.remote
 
@@ -121,3 +124,55 @@ def test_index_of_an_s3_root_reads_no_shard_body(roots, s3, bucket, tmp_path, pu
     _, local_rows = index_root(roots.root, ArrowDocHandler())
     assert sorted(remote_rows) == sorted(local_rows)
     assert not pulls
+
+
+def _cache_bytes(folder):
+    return sum(
+        os.path.getsize(os.path.join(d, f))
+        for d, _, names in os.walk(folder)
+        for f in names
+        if not f.endswith(LOCK_SUFFIX) and ".partial" not in f
+    )
+
+
+def test_a_small_remote_cache_stays_bounded_through_a_resume(
+    roots, s3, bucket, tmp_path, pulls, monkeypatch
+):
+    """remote_cache_gb holds during a start and a resume: after every batch the cache
+    holds at most the limit, plus the files readers have pinned, plus the files the
+    prefetch threads just fetched (kept until read); it evicts, and batches stay exact."""
+    sources = []
+    init = RemoteFiles.__init__
+
+    def recorded(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        sources.append(self)
+
+    monkeypatch.setattr(RemoteFiles, "__init__", recorded)
+    sizes = [os.path.getsize(p) for p in pathlib.Path(roots.root).rglob("*.arrow")]
+    limit = 4 * max(sizes)
+    config = {
+        **_config(roots, s3, bucket, tmp_path, "counted", "cache-run"),
+        "remote_cache_gb": limit / 1e9,
+    }
+    run = build_dataloader(config)
+    head = take(run, 12)
+    state = run.state_dict()
+    reference = take(build_dataloader({**config, "remote_cache_gb": 100.0}), 24)
+    assert_same_batches(reference[:12], head)
+    cache = tmp_path / "cache-small"
+    resumed = build_dataloader({**config, "cache_dir": str(cache)})
+    resumed.load_state_dict(state)
+    batches, worst = iter(resumed), 0
+    pulls.clear()
+    for want in reference[12:]:
+        assert_same_batches([want], [next(batches)])
+        pinned = sum(
+            os.path.getsize(source._target(name)) for source in sources for name in source._pins
+        )
+        held = _cache_bytes(cache)
+        assert held <= limit + pinned + 4 * max(sizes), (held, limit, pinned)
+        worst = max(worst, held)
+    pulled = sum(pulls.values())
+    assert pulled > 2 * limit // max(sizes)  # more files went through than the limit holds
+    assert _cache_bytes(cache) < sum(sizes)  # and some were evicted
