@@ -1,10 +1,11 @@
 """Turn lines of spans into token rows, reading only the slices the spans name.
 
-All spans of a batch part are handled together: where each span lands and where the
-BOS/EOS/BOL/EOL/pad tokens go come from vectorized arithmetic on the span columns (the
-delimiters are placed with one scatter each). Tokens are copied from the documents'
-memory-mapped buffers one slice per long span and one vectorized gather per file for the
-short ones, so short documents cost no per-span Python.
+All spans of a batch part are handled together, in compiled loops
+(``fmsdata.stages.kernels``): one pass over the spans lays the rows out (where each
+span's tokens land, BOS/EOS/BOL/EOL and padding written in place), then one pass per file
+copies its pieces straight from the memory-mapped token buffer into the rows, checking
+that every token fits an int32 row. Formats without a flat token buffer are read through
+their handler one span at a time.
 """
 
 from __future__ import annotations
@@ -15,40 +16,18 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ShardFormatError
-from fmsdata.stages.base import BASE, DLEN, DOC, DS, FILE, LENGTH, START
+from fmsdata.stages.base import BASE, DLEN, DOC, DS, FILE
 from fmsdata.stages.documents import Decoration
+from fmsdata.stages.kernels import COPIED, TOKEN_OUT_OF_RANGE, copy_pieces, lay_out_lines
 
 __all__ = ["LineWriter"]
 
 _INT32_MAX = 2**31 - 1
-# Spans at least this long are copied one slice each (a memcpy beats an index gather);
-# shorter ones are gathered per file in one vectorized operation.
-_SLICE_MIN = 256
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorized.
-
-    ``lengths`` must be positive.
-    """
-    steps = np.ones(int(lengths.sum()), dtype=np.int64)
-    steps[0] = starts[0]
-    heads = np.cumsum(lengths[:-1])
-    steps[heads] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
-    return np.cumsum(steps, out=steps)
-
-
-def _check_int32(piece: np.ndarray, access: Any, file: int, doc: int) -> None:
-    """Rows are int32: refuse token ids that do not fit (64-bit token files only)."""
-    if (
-        piece.dtype.itemsize > 4
-        and len(piece)
-        and (int(piece.max()) > _INT32_MAX or int(piece.min()) < 0)
-    ):
-        raise ShardFormatError(
-            f"{access.path(file)}: document {doc} holds a token id outside [0, 2**31): "
-            f"{int(piece.max()) if int(piece.max()) > _INT32_MAX else int(piece.min())}"
-        )
+def _token(token: int | None) -> int:
+    """A delimiter for the kernels: -1 for none (token ids are non-negative)."""
+    return -1 if token is None else token
 
 
 class LineWriter:
@@ -80,7 +59,6 @@ class LineWriter:
         self.eol = eol
         self.pad = pad
         self.vocab_size = vocab_size
-        self.slice_min = _SLICE_MIN
         self._first_file: np.ndarray | None = None  # each dataset's first dense file number
 
     def fingerprint(self) -> dict[str, Any]:
@@ -99,52 +77,44 @@ class LineWriter:
         }
 
     def write(self, lines: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
-        """Fill row ``k`` of ``out`` from ``lines[k]``; return the non-pad token count per row."""
+        """Fill row ``k`` of ``out`` from ``lines[k]``; return the non-pad token count per row.
+
+        Raises:
+            ShardFormatError: A token does not fit an int32 row, or is outside
+                ``vocab_size``; or the spans name more tokens than their documents or rows
+                hold (the files changed since the spans were made).
+        """
         n_rows, width = out.shape
+        assert out.flags.c_contiguous, "rows are written through a flat view"
         if n_rows == 0:
             return np.zeros(0, dtype=np.int64)
         counts = np.fromiter((len(line) for line in lines), dtype=np.int64, count=n_rows)
-        spans = np.concatenate(lines)
+        spans = np.ascontiguousarray(np.concatenate(lines), dtype=np.int64)
         if (spans[:, DLEN] < 0).any():
             self._find_facts(spans)
-
-        bos, eos = self.decoration.bos, self.decoration.eos
-        has_bos, has_eos = int(bos is not None), int(eos is not None)
-        content = spans[:, DLEN] - has_bos - has_eos
-        start = spans[:, START]
-        end = start + spans[:, LENGTH]
-        with_bos = (start == 0) & bool(has_bos)
-        first = start - has_bos + with_bos  # first content token of the span
-        n_copy = np.maximum(np.minimum(end - has_bos, content) - first, 0)
-        with_eos = (end - has_bos > content) & bool(has_eos)
-        row = np.repeat(np.arange(n_rows), counts)
-        written = with_bos + n_copy + with_eos
-        fill = np.bincount(row, weights=written, minlength=n_rows).astype(np.int64)
-        fill += (self.bol is not None) + (self.eol is not None)
-        if self.pad is None and (fill != width).any():
+        dst = np.empty(len(spans), dtype=np.int64)
+        first = np.empty(len(spans), dtype=np.int64)
+        n_copy = np.empty(len(spans), dtype=np.int64)
+        fill = lay_out_lines(
+            spans,
+            counts,
+            out,
+            _token(self.bol),
+            _token(self.eol),
+            _token(self.pad),
+            _token(self.decoration.bos),
+            _token(self.decoration.eos),
+            dst,
+            first,
+            n_copy,
+        )
+        if (fill > width).any() or (self.pad is None and (fill != width).any()):
             raise ShardFormatError(
-                f"hard-packed lines came out as {fill.tolist()} tokens, not {width}: their "
-                "spans name more tokens than the documents hold now (the files changed since "
-                "the spans were made) or a stage changed the lines' spans"
+                f"lines of {width} tokens came out as {fill.tolist()} tokens: their spans "
+                "name more or fewer tokens than the documents hold now (the files changed "
+                "since the spans were made) or a stage changed the lines' spans"
             )
-
-        # Where each span's first token lands in the flattened rows.
-        head = int(self.bol is not None)
-        before = np.cumsum(written) - written
-        row_first = np.cumsum(counts) - counts
-        at = row * width + head + before - np.repeat(before[row_first], counts)
-        flat_out = out.reshape(-1)
-        if head:
-            out[:, 0] = self.bol
-        if has_bos:
-            flat_out[at[with_bos]] = bos
-        if has_eos:
-            flat_out[(at + with_bos + n_copy)[with_eos]] = eos
-        if self.eol is not None:
-            out[np.arange(n_rows), fill - 1] = self.eol
-        if self.pad is not None and (fill < width).any():
-            out[np.arange(width)[None, :] >= fill[:, None]] = self.pad
-        self._copy(spans, flat_out, at + with_bos, first, n_copy)
+        self._copy(spans, out.reshape(-1), dst, first, n_copy)
         if self.vocab_size is not None:
             self._check_vocab(spans, out)
         return fill
@@ -157,46 +127,69 @@ class LineWriter:
         first: np.ndarray,
         n_copy: np.ndarray,
     ) -> None:
-        """Copy each span's tokens into place.
-
-        Long spans are one slice copy each (a memcpy; the loop walks span metadata, never
-        tokens). Short spans, where the per-span Python cost would dominate, are gathered
-        per file in one vectorized operation: index arrays for source and destination,
-        built with ``np.repeat``/``cumsum``.
-        """
+        """Copy each span's tokens into place: one compiled pass per file over its pieces
+        (``copy_pieces``), and the handler's own reads for formats without a flat token
+        buffer."""
         keys, group = self._files(spans)
-        sources = [self._source(*key) for key in keys]
-        # Copies between equal dtypes are plain memcpy: int32 rows take uint32 tokens through
-        # a same-width view (ids of 2**31 and above then read as negative; the caller checks).
-        views = {flat_out.dtype: flat_out, np.dtype(np.uint32): flat_out.view(np.uint32)}
-        targets = [
-            views.get(source[0].dtype, flat_out) if source[0] is not None else flat_out
-            for source in sources
-        ]
-        slow = (spans[:, BASE] < 0) | np.array([source[3] for source in sources], dtype=bool)[group]
-        src = first + spans[:, BASE]
-        fast = ~slow & (n_copy > 0)
-        long = np.flatnonzero(fast & (n_copy >= self.slice_min))
-        for g, d, s, n in zip(
-            group[long].tolist(), dst[long].tolist(), src[long].tolist(), n_copy[long].tolist()
-        ):
-            targets[g][d : d + n] = sources[g][0][s : s + n]
-        short = np.flatnonzero(fast & (n_copy < self.slice_min))
-        if short.size:
-            short = short[np.argsort(group[short], kind="stable")]
-            lengths = n_copy[short]
-            into = _ranges(dst[short], lengths)
-            take = _ranges(src[short], lengths)
-            ends = np.cumsum(lengths)
-            cuts = np.searchsorted(group[short], np.arange(len(sources) + 1))
-            for g in np.flatnonzero(np.diff(cuts)).tolist():
-                a = int(ends[cuts[g] - 1]) if cuts[g] else 0
-                b = int(ends[cuts[g + 1] - 1])
-                targets[g][into[a:b]] = sources[g][0][take[a:b]]
-        for i in np.flatnonzero(slow & (n_copy > 0)).tolist():
-            n = int(n_copy[i])
-            piece = self._slow_piece(spans[i], sources[group[i]], int(first[i]), n)
-            flat_out[int(dst[i]) : int(dst[i]) + n] = piece
+        order = np.argsort(group, kind="stable")
+        cuts = np.searchsorted(group[order], np.arange(len(keys) + 1))
+        # A span without a buffer position (base -1) in a file with a buffer is refused as
+        # out of bounds rather than copied from the wrong place.
+        src = np.where(spans[:, BASE] < 0, -1, first + spans[:, BASE])
+        for g, (ds, file) in enumerate(keys):
+            access = self.accesses[ds]
+            buffer = access.handler.token_buffer(access.reader(file))
+            a, b = int(cuts[g]), int(cuts[g + 1])
+            if buffer is None:
+                for i in order[a:b].tolist():
+                    n, at = int(n_copy[i]), int(dst[i])
+                    if n:
+                        piece = self._handler_piece(spans[i], access, file, int(first[i]), n)
+                        flat_out[at : at + n] = piece
+                continue
+            source = buffer[0].view()
+            source.flags.writeable = False  # one compiled signature per dtype, not two
+            outcome, i = copy_pieces(source, flat_out, dst, src, n_copy, order, a, b)
+            if outcome != COPIED:
+                self._refuse(outcome, spans[i], access, file, buffer[0])
+
+    def _handler_piece(
+        self, span: np.ndarray, access: Any, file: int, first: int, n: int
+    ) -> np.ndarray:
+        """A span's tokens read through the handler (formats without a flat token
+        buffer), checked to fit an int32 row."""
+        doc = int(span[DOC])
+        strip = self.decoration.strip
+        tokens = access.handler.get(access.reader(file), doc)
+        lead = int(bool(strip) and len(tokens) > 0 and int(tokens[0]) in strip)
+        piece = access.handler.slice(tokens, lead + first, n)
+        if len(piece) != n:
+            raise ShardFormatError(
+                f"{access.path(file)}: document {doc} holds fewer tokens than its spans "
+                f"name ({len(piece)} from token {lead + first}, not {n}): the file changed "
+                "since the spans were made"
+            )
+        if len(piece) and (int(piece.max()) > _INT32_MAX or int(piece.min()) < 0):
+            self._refuse(TOKEN_OUT_OF_RANGE, span, access, file, piece)
+        return piece
+
+    def _refuse(
+        self, outcome: int, span: np.ndarray, access: Any, file: int, tokens: np.ndarray
+    ) -> None:
+        """Raise the ShardFormatError for a piece ``copy_pieces`` stopped at."""
+        doc = int(span[DOC])
+        if outcome == TOKEN_OUT_OF_RANGE:
+            values = access.handler.get(access.reader(file), doc)
+            bad = values[(values < 0) | (values > _INT32_MAX)]
+            shown = int(bad[0]) if bad.size else "?"
+            raise ShardFormatError(
+                f"{access.path(file)}: document {doc} holds a token id outside [0, 2**31): {shown}"
+            )
+        raise ShardFormatError(
+            f"{access.path(file)}: document {doc} (token {int(span[BASE])} on, "
+            f"{len(tokens)} tokens in the file) does not hold the tokens its spans name: "
+            "the file changed since the spans were made"
+        )
 
     def _files(self, spans: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
         """The ``(dataset, file)`` pairs the spans read, and each span's index into them:
@@ -212,30 +205,6 @@ class LineWriter:
         ds = np.searchsorted(first, used, side="right") - 1
         keys = list(zip(ds.tolist(), (used - first[ds]).tolist()))
         return keys, number[global_file]
-
-    def _slow_piece(self, span: np.ndarray, source: tuple, first: int, n: int) -> np.ndarray:
-        """A span's tokens through the handler: formats without a flat token buffer, and
-        64-bit token files (whose values must be checked to fit int32 rows)."""
-        flat, access, file, _ = source
-        doc = int(span[DOC])
-        if flat is not None and span[BASE] >= 0:
-            at = int(span[BASE]) + first
-            piece = flat[at : at + n]
-        else:
-            strip = self.decoration.strip
-            tokens = access.handler.get(access.reader(file), doc)
-            lead = int(bool(strip) and len(tokens) > 0 and int(tokens[0]) in strip)
-            piece = access.handler.slice(tokens, lead + first, n)
-        _check_int32(piece, access, file, doc)
-        return piece
-
-    def _source(self, ds: int, file: int) -> tuple[np.ndarray | None, Any, int, bool]:
-        """(flat token buffer or None, access, file, whether pieces need a range check)."""
-        access = self.accesses[ds]
-        buffer = access.handler.token_buffer(access.reader(file))
-        flat = None if buffer is None else buffer[0]
-        wide = flat is None or flat.dtype.itemsize > 4
-        return flat, access, file, wide
 
     def _find_facts(self, spans: np.ndarray) -> None:
         """Fill in ``dlen`` and ``base`` of spans restored from a saved state."""

@@ -4,8 +4,9 @@
 of a split document, the *carry*, starts the next line). ``pad`` packing never splits a
 document that fits in a line: when the next document does not fit, the line is closed and
 padded; only documents longer than a whole line are cut. Lines are planned for a whole
-read-ahead block at once (vectorized for hard packing) and handed out one at a time; each
-hand-out commits exactly the documents that started in that line.
+read-ahead block at once (one compiled pass for hard packing, ``kernels.plan_hard_lines``)
+and handed out one at a time; each hand-out commits exactly the documents that started in
+that line.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from fmsdata.stages.base import (
     empty_spans,
     restore_spans,
 )
+from fmsdata.stages.kernels import plan_hard_lines
 from fmsdata.stages.mixing import MixedDocs, TokenShareMixer
 from fmsdata.statecheck import need_int, need_list
 
@@ -198,39 +200,14 @@ def _plan_hard(
     docs: MixedDocs, carry: np.ndarray | None, capacity: int
 ) -> tuple[_Plan, MixedDocs, np.ndarray | None]:
     rows, head = _pieces(docs, carry)
-    lengths = rows[:, LENGTH]
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    n_lines = int(ends[-1]) // capacity
+    spans, offsets, first_line, carries = plan_hard_lines(rows, capacity)
+    n_lines = len(offsets) - 1
     if n_lines == 0:
         return _empty_plan(), docs, carry
-    first = starts // capacity
-    last = np.minimum((ends - 1) // capacity, n_lines - 1)
-    counts = np.where(first < n_lines, last - first + 1, 0)
-    owner = np.repeat(np.arange(len(rows)), counts)
-    rank = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
-    line = first[owner] + rank
-    lo = np.maximum(line * capacity, starts[owner])
-    hi = np.minimum((line + 1) * capacity, ends[owner])
-    spans = rows[owner]
-    spans[:, START] += lo - starts[owner]
-    spans[:, LENGTH] = hi - lo
-    offsets = np.searchsorted(line, np.arange(n_lines + 1))
-    doc_first = first[head:]
+    doc_first = first_line[head:]
     commits = np.bincount(doc_first[doc_first < n_lines], minlength=n_lines)
-    # A carry exists after line j when a row straddles the boundary (j + 1) * capacity.
-    bounds = (np.arange(n_lines) + 1) * capacity
-    straddle = np.searchsorted(ends, bounds, side="right")
-    carries = np.zeros((n_lines, SPAN_WIDTH), dtype=np.int64)
-    has = straddle < len(rows)
-    has[has] = starts[straddle[has]] < bounds[has]
-    idx = straddle[has]
-    carries[has] = rows[idx]
-    carries[has, START] += bounds[has] - starts[idx]
-    carries[has, LENGTH] = ends[idx] - bounds[has]
     started = np.flatnonzero(doc_first >= n_lines)
-    cut = int(started[0]) if started.size else len(docs)
-    pending = docs.tail(cut)
+    pending = docs.tail(int(started[0]) if started.size else len(docs))
     plan_carry = carries[-1] if carries[-1, LENGTH] > 0 else None
     return _Plan(spans, offsets, commits, carries), pending, plan_carry
 

@@ -1,0 +1,244 @@
+"""Compiled loops (numba) for the per-token and per-span work of a worker.
+
+What numpy cannot do without per-token index arrays or dozens of passes over the spans is
+done here in one compiled pass: laying lines out and copying document pieces into them
+(``fmsdata.stages.materialize``), and splitting a run of documents into hard-packed lines
+(``fmsdata.stages.packing``). There is one code path: these kernels are the
+implementation, not an accelerated copy of a numpy one.
+
+Compiled code is cached on disk, so reruns and DataLoader workers load it instead of
+compiling again (a few hundred milliseconds per kernel and argument dtype; loading takes
+milliseconds). The cache is numba's own: ``__pycache__`` beside this file, or the folder
+named by the ``NUMBA_CACHE_DIR`` environment variable (set it where the installation is
+read-only, e.g. to a folder under the job's scratch space); where no writable place is
+found, numba's per-user cache folder. When none of them can be written, each kernel is
+compiled in memory on first use in every process, with one logged warning: slower to
+start, never wrong.
+
+Kernels are compiled (or loaded from the cache) on their first call, never at import:
+importing fmsdata neither imports numba nor creates a folder. The first call in a process
+costs about half a second with a warm cache (numba sets up its compiler once).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fmsdata.stages.base import DLEN, LENGTH, START
+
+__all__ = ["copy_pieces", "lay_out_lines", "plan_hard_lines"]
+
+_log = logging.getLogger(__name__)
+_INT32_MAX = 2**31 - 1
+
+# copy_pieces outcomes: every piece copied, a token that does not fit int32 rows, a piece
+# outside its file's token buffer.
+COPIED, TOKEN_OUT_OF_RANGE, PIECE_OUT_OF_BOUNDS = 0, 1, 2
+
+
+class _Kernel:
+    """A function compiled with ``numba.njit`` on its first call (cached on disk where a
+    cache location can be written; see the module docstring)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, func: Callable[..., Any]):
+        self.func = func
+        self.compiled: Any = None
+        self.__doc__ = func.__doc__
+        self.__name__ = func.__name__
+
+    def __call__(self, *args: Any) -> Any:
+        compiled = self.compiled
+        if compiled is None:
+            compiled = self._compile()
+        return compiled(*args)
+
+    def _compile(self) -> Any:
+        with self._lock:
+            if self.compiled is None:
+                import numba  # here, not at import: importing fmsdata compiles nothing
+
+                try:
+                    self.compiled = numba.njit(cache=True, nogil=True)(self.func)
+                except RuntimeError as error:  # numba found no writable cache location
+                    _log.warning(
+                        "%s: compiled code cannot be cached on disk (%s); compiling it in "
+                        "memory in every process. Set NUMBA_CACHE_DIR to a writable folder.",
+                        self.__name__,
+                        error,
+                    )
+                    self.compiled = numba.njit(nogil=True)(self.func)
+            return self.compiled
+
+
+@_Kernel
+def lay_out_lines(
+    spans: np.ndarray,
+    counts: np.ndarray,
+    out: np.ndarray,
+    bol: int,
+    eol: int,
+    pad: int,
+    bos: int,
+    eos: int,
+    dst: np.ndarray,
+    first: np.ndarray,
+    n_copy: np.ndarray,
+) -> np.ndarray:
+    """Write each row's delimiters and padding, and say where each span's tokens go.
+
+    Row ``r`` of ``out`` is ``[bol] pieces of counts[r] spans [eol] [pad...]``; a span is
+    ``[bos] document tokens [eos]`` cut to its ``start``/``length`` (``dlen`` counts the
+    decorated document; an empty span writes nothing). A delimiter argument below 0 means
+    none. Fills ``dst`` (flat index into ``out`` of the span's first document token),
+    ``first`` (index of that token in the stripped document) and ``n_copy`` (document
+    tokens to copy), and returns the tokens each row holds before padding. Nothing is
+    written past a row's end: a row whose spans name more tokens than it holds comes back
+    with a fill above the row width.
+    """
+    n_rows, width = out.shape
+    has_bos = 1 if bos >= 0 else 0
+    has_eos = 1 if eos >= 0 else 0
+    fill = np.empty(n_rows, np.int64)
+    i = 0
+    for r in range(n_rows):
+        at = 0
+        if bol >= 0:
+            if width > 0:
+                out[r, 0] = bol
+            at = 1
+        for _ in range(counts[r]):
+            content = spans[i, DLEN] - has_bos - has_eos
+            start = spans[i, START]
+            length = spans[i, LENGTH]
+            end = start + length
+            begin = start - has_bos if start > 0 else 0
+            if has_bos and start == 0 and length > 0:
+                if at < width:
+                    out[r, at] = bos
+                at += 1
+            n = min(end - has_bos, content) - begin
+            if n < 0:
+                n = 0
+            dst[i] = r * width + at
+            first[i] = begin
+            n_copy[i] = n
+            at += n
+            if has_eos and length > 0 and end - has_bos > content:
+                if at < width:
+                    out[r, at] = eos
+                at += 1
+            i += 1
+        if eol >= 0:
+            if at < width:
+                out[r, at] = eol
+            at += 1
+        fill[r] = at
+        if pad >= 0:
+            for c in range(at, width):
+                out[r, c] = pad
+    return fill
+
+
+@_Kernel
+def copy_pieces(
+    source: np.ndarray,
+    out: np.ndarray,
+    dst: np.ndarray,
+    src: np.ndarray,
+    n_copy: np.ndarray,
+    order: np.ndarray,
+    begin: int,
+    end: int,
+) -> tuple[int, int]:
+    """Copy the pieces ``order[begin:end]`` of one file's token buffer into ``out``.
+
+    Piece ``i`` is ``source[src[i] : src[i] + n_copy[i]]``, written at ``out[dst[i]:]``
+    (``out`` is the flattened int32 rows). Returns ``(COPIED, -1)``, or the outcome and the
+    piece that stopped the copy (empty pieces are skipped): ``TOKEN_OUT_OF_RANGE`` for a
+    token outside ``[0, 2**31)`` (it would not fit an int32 row), ``PIECE_OUT_OF_BOUNDS``
+    for a piece that is not inside the buffer (the file changed since its spans were
+    made). One pass over the tokens, no index arrays: the loop over a piece compiles to a
+    vectorized widening copy.
+    """
+    size = source.shape[0]
+    room = out.shape[0]
+    for k in range(begin, end):
+        i = order[k]
+        n = n_copy[i]
+        if n == 0:
+            continue
+        s = src[i]
+        d = dst[i]
+        if s < 0 or s + n > size or d < 0 or d + n > room:
+            return PIECE_OUT_OF_BOUNDS, i
+        low = high = np.int64(source[s])
+        for t in range(n):
+            value = np.int64(source[s + t])
+            out[d + t] = value
+            low = min(low, value)
+            high = max(high, value)
+        if low < 0 or high > _INT32_MAX:
+            return TOKEN_OUT_OF_RANGE, i
+    return COPIED, -1
+
+
+@_Kernel
+def plan_hard_lines(
+    rows: np.ndarray, capacity: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Cut a run of span rows into lines of exactly ``capacity`` tokens, in one pass.
+
+    ``rows`` holds spans (document pieces, the first may be a carried remainder) back to
+    back; only whole lines are cut (``sum(lengths) // capacity`` of them). Returns
+    ``(spans, offsets, first_line, carries)``: the lines' spans (line ``j`` is
+    ``spans[offsets[j]:offsets[j + 1]]``), the line each row starts in, and per line the
+    remainder of the row cut at its end (a zero row where no row is cut there).
+    """
+    width = rows.shape[1]
+    total = 0
+    for r in range(rows.shape[0]):
+        total += rows[r, LENGTH]
+    n_lines = total // capacity
+    n_spans = 0
+    at = 0
+    for r in range(rows.shape[0]):  # pieces: one per line a row touches within n_lines
+        length = rows[r, LENGTH]
+        if length > 0 and at < n_lines * capacity:
+            last = min(at + length, n_lines * capacity) - 1
+            n_spans += last // capacity - at // capacity + 1
+        at += length
+    spans = np.empty((n_spans, width), np.int64)
+    offsets = np.zeros(n_lines + 1, np.int64)
+    first_line = np.empty(rows.shape[0], np.int64)
+    carries = np.zeros((n_lines, width), np.int64)
+    at = 0
+    k = 0
+    for r in range(rows.shape[0]):
+        length = rows[r, LENGTH]
+        first_line[r] = at // capacity
+        done = 0
+        while done < length and at < n_lines * capacity:
+            line = at // capacity
+            take = min(length - done, (line + 1) * capacity - at)
+            for c in range(width):
+                spans[k, c] = rows[r, c]
+            spans[k, START] = rows[r, START] + done
+            spans[k, LENGTH] = take
+            k += 1
+            done += take
+            at += take
+            offsets[line + 1] = k
+            if at == (line + 1) * capacity and done < length:
+                for c in range(width):
+                    carries[line, c] = rows[r, c]
+                carries[line, START] = rows[r, START] + done
+                carries[line, LENGTH] = length - done
+        at += length - done
+    return spans, offsets, first_line, carries
