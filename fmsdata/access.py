@@ -35,10 +35,21 @@ _KEPT_LOCK = threading.Lock()
 
 
 class ReaderCache:
-    """Open readers by key, closing the least recently used beyond ``capacity``."""
+    """Open readers by key, closing the least recently used beyond ``capacity``.
 
-    def __init__(self, capacity: int):
+    Args:
+        capacity: Readers kept open at most.
+        over_limit: Whether the files behind the readers take more room than allowed (a
+            remote cache beyond ``remote_cache_gb``, where an open reader pins its file):
+            then readers are closed, least recently used first, down to ``floor``, so
+            their files can be evicted.
+        floor: Readers kept open however full the cache (each stream's current file).
+    """
+
+    def __init__(self, capacity: int, over_limit: Callable[[], bool] | None = None, floor: int = 1):
         self.capacity = max(1, capacity)
+        self.over_limit = over_limit
+        self.floor = max(1, floor)
         self._open: collections.OrderedDict[
             Any, tuple[FileHandler, Any, Callable[[], None] | None]
         ] = collections.OrderedDict()
@@ -69,7 +80,9 @@ class ReaderCache:
             raise
         self._open[key] = (handler, reader, on_close)
         self._mapped[key] = mapped
-        while len(self._open) > self.capacity:
+        while len(self._open) > self.capacity or (
+            self.over_limit is not None and len(self._open) > self.floor and self.over_limit()
+        ):
             old_key, old = self._open.popitem(last=False)
             del self._mapped[old_key]
             self._close(*old)

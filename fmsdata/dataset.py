@@ -249,13 +249,19 @@ class RankLineDataset(IterableDataset):
         catalog = self.catalog()
         # Each stream reads one file at a time, and buffered lines point into a few more.
         open_files = self.config.open_files or 2 * n_shards * len(catalog.datasets) + 16
-        readers = ReaderCache(open_files)
         source = file_source(
             catalog.root,
             self.storage,
             os.path.join(self.config.cache_dir or default_cache_dir(), "remote"),
             int(self.config.remote_cache_gb * (1 << 30)),
             self.handler.companions,
+        )
+        # An open reader pins its file in a remote cache: beyond remote_cache_gb, readers
+        # close (least recently used) down to one per stream, so their files can go.
+        readers = ReaderCache(
+            open_files,
+            over_limit=getattr(source, "over_limit", None),
+            floor=n_shards * len(catalog.datasets) + 16,
         )
         accesses = make_accesses(catalog, self.handler, source, readers)
         recipe = ShardRecipe.from_config(self.config, self.mix_names)

@@ -214,6 +214,10 @@ class RemoteFiles:
                 del self._pins[name]
             os.close(fd)  # drops the shared lock
 
+    def over_limit(self) -> bool:
+        """Whether the cache holds more than ``limit_bytes`` (as this process counts it)."""
+        return self.usage.total > self.limit_bytes
+
     def prefetch(self, relative: str) -> None:
         if os.path.exists(self._target(relative)):
             return
