@@ -152,10 +152,35 @@ class Ledger:
         self.end = max(end for _, end in info.ranges.values())
         self.counts = np.zeros(self.end - self.first, dtype=np.int64)
         self.has_bos = config.get("bos_token") is not None
+        self.config = dict(config)
         catalog = discover(
             info.root, config.get("datasets"), ArrowDocHandler(config.get("col_name", "tokens"))
         )
         self.paths = [list(ds.paths) for ds in catalog.datasets]
+
+    def rotation(self, ds: int, n_shards: int) -> np.ndarray | None:
+        """The portion order of dataset ``ds`` when it rotates, else None. Whether it rotates
+        is the stream's own decision (a function of the data and the config); the order is
+        the documented keyed permutation of the shards (the identity when sequential)."""
+        from fmsdata.permute import derive_key, permute
+        from fmsdata.stages.documents import Decoration, DocumentStream
+
+        name = list(self.info.ranges)[ds]
+        decoration = Decoration(
+            bos=self.config.get("bos_token"),
+            eos=self.config.get("eos_token"),
+            min_length=self.config.get("min_length", 1),
+        )
+        order = self.config.get("document_order", "random")
+        seed = self.config.get("seed", 42)
+        line = self.config.get("seq_length", 4096) + 1
+        access = accesses(self.info, [name], self.config.get("col_name", "tokens"))[0]
+        stream = DocumentStream(access, 0, n_shards, seed, decoration, order, line)
+        if not stream._rotates():
+            return None
+        if order == "sequential":
+            return np.arange(n_shards)
+        return permute(np.arange(n_shards), n_shards, derive_key(seed, name, "portions"))
 
     def add_batches(self, batches: Iterable[Batch]) -> None:
         for batch in batches:
@@ -175,14 +200,15 @@ class Ledger:
         hi = size if length == 0 else min(start + length - self.has_bos, size)
         return np.arange(int(firsts[doc]) + lo, int(firsts[doc]) + max(hi, lo), dtype=np.int64)
 
-    def add_state(self, state: dict[str, Any], chain: Any = None) -> None:
+    def add_state(self, state: dict[str, Any], every_stage: bool = False) -> None:
         """Count the tokens held inside a rank state: buffered lines and packer carries
-        (with ``chain``, a loader's ``dataset.chain()``: whatever any stage holds)."""
+        (with ``every_stage``: whatever any stage of the recorded chain holds, asked of
+        each stage type's ``held_spans``)."""
         for entry in state["shards"]:
             if entry["state"] is None:
                 continue
-            if chain is not None:
-                for row in held_spans(chain, entry["state"]["stages"]).tolist():
+            if every_stage:
+                for row in _held_by_every_stage(entry["state"], state["fingerprint"]).tolist():
                     self.add_tokens(self.span_tokens(*row))
                 continue
             shuffle = stage_state(entry["state"], state["fingerprint"], "shuffle")
@@ -233,8 +259,14 @@ def check_exactly_once_per_epoch(
 ) -> None:
     """G4 accounting: with ``states`` settled (advance 0) and the ledger holding every
     emitted batch plus those states, each document of a logical shard is seen exactly
-    ``epoch`` times, or once more if the shard's walk passed it in the current epoch."""
-    from fmsdata.stages.documents import shard_fragments
+    ``epoch`` times, or once more if the shard's walk passed it in the current epoch.
+
+    A small dataset that rotates (README "Document order") reads, in epoch ``e``, the
+    portion of shard ``order[(at + e) % n_shards]`` (``order[at]`` the shard itself): each
+    portion's documents are then seen once for every completed epoch any shard spent on it,
+    and the documents seen once more than that add up to the positions of the shards
+    partway through it."""
+    from fmsdata.stages.documents import all_fragments, shard_fragments
 
     entries = {e["id"]: e for state in states for e in state["shards"]}
     fingerprint = states[0]["fingerprint"]
@@ -242,14 +274,17 @@ def check_exactly_once_per_epoch(
     for ds, name in enumerate(ledger.info.ranges):
         files = [ledger.info.files[p] for p in ledger.paths[ds]]
         counts = np.array([len(firsts) for firsts, _ in files])
+        walks = {}
         for sid in range(n_shards):
             entry = entries[sid]
             assert entry["advance"] == 0, "settle the states first"
             mixer = stage_state(entry["state"], fingerprint, "mixer")
             stream = mixer["sources"][name] if mixer else None
-            epoch, pos = (stream["epoch"], stream["pos"]) if stream else (0, 0)
+            walks[sid] = (stream["epoch"], stream["pos"]) if stream else (0, 0)
+
+        def seen_of(rows: np.ndarray) -> np.ndarray:
             per_doc = []
-            for f, lo, hi in shard_fragments(counts, n_shards, sid).tolist():
+            for f, lo, hi in rows.tolist():
                 firsts, lengths = files[f]
                 for d in range(lo, hi):
                     seen = ledger.counts[
@@ -257,14 +292,34 @@ def check_exactly_once_per_epoch(
                     ]
                     assert (seen == seen[0]).all(), f"document {d} of {name} partly emitted"
                     per_doc.append(int(seen[0]))
-            per_doc_arr = np.array(per_doc)
-            assert set(per_doc_arr.tolist()) <= {epoch, epoch + 1}, (
-                name,
-                sid,
-                epoch,
-                sorted(set(per_doc)),
-            )
-            assert int((per_doc_arr == epoch + 1).sum()) == pos, (name, sid, pos)
+            return np.array(per_doc, dtype=np.int64)
+
+        order = ledger.rotation(ds, n_shards)
+        if order is None:
+            for sid, (epoch, pos) in walks.items():
+                per_doc = seen_of(shard_fragments(counts, n_shards, sid))
+                assert set(per_doc.tolist()) <= {epoch, epoch + 1}, (
+                    name,
+                    sid,
+                    epoch,
+                    sorted(set(per_doc.tolist())),
+                )
+                assert int((per_doc == epoch + 1).sum()) == pos, (name, sid, pos)
+            continue
+        rows, owner = all_fragments(counts, n_shards)
+        at = {int(q): i for i, q in enumerate(order)}
+        full = np.zeros(n_shards, dtype=np.int64)  # completed epochs spent on each portion
+        partial: dict[int, list[int]] = {q: [] for q in range(n_shards)}
+        for sid, (epoch, pos) in walks.items():
+            for e in range(epoch):
+                full[order[(at[sid] + e) % n_shards]] += 1
+            if pos:
+                partial[int(order[(at[sid] + epoch) % n_shards])].append(pos)
+        for q in range(n_shards):
+            per_doc = seen_of(rows[owner == q]) - full[q]
+            assert per_doc.min(initial=0) >= 0, (name, "portion", q, per_doc.tolist())
+            assert per_doc.max(initial=0) <= len(partial[q]), (name, "portion", q)
+            assert int(per_doc.sum()) == sum(partial[q]), (name, "portion", q, partial[q])
 
 
 def run_torchrun(script: str, ranks: int, args: Sequence[str], cwd: str, timeout: int) -> str:
