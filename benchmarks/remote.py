@@ -12,7 +12,13 @@ Figures:
 - download: MB/s of ``fmsdata download`` with 1 and with 8 jobs;
 - cache trim: the bookkeeping a download into a cache of 10,000 files costs, a full rescan
   of the folder (what every download paid before the running total) beside the running
-  total, under the limit and at it (one eviction per download); no S3 involved.
+  total, under the limit and at it (one eviction per download); no S3 involved;
+- start and resume at scale (issue 27): a root of ``--start-files`` Arrow files in two
+  datasets, one rank owning ``--start-shards`` logical shards, the cache empty before each
+  start: seconds to the first batch and the files and bytes pulled by then, for a fresh
+  start, a resume after ``--start-steps`` batches, and a fresh start on the same root
+  without ``meta/counts.csv`` (counted from the files' metadata), beside the same root
+  read from local disk (loopback S3, no added latency).
 
 Loopback moto is a single Python process on the same two cores, so absolute S3 rates say
 little; the ratios to local disk and between job counts are what to read.
@@ -20,6 +26,7 @@ little; the ratios to local disk and between job counts are what to read.
     python benchmarks/remote.py            # 2 x 16 shards of ~0.5 M tokens
     python benchmarks/remote.py --quick    # 2 x 8 shards
     python benchmarks/remote.py --trim-only  # only the cache trim figures (a few seconds)
+    python benchmarks/remote.py --starts-only  # only the start and resume rows
 
 Prints a table and writes ``benchmarks/results/remote.json``.
 """
@@ -128,6 +135,216 @@ def trim_cost(folder: str, files: int = 10_000, downloads: int = 500) -> dict[st
     return results
 
 
+def starts_root(server: S3Server, scratch: str, files: int) -> tuple[str, list[str]]:
+    """The resume benchmark's root of ``files`` Arrow files on local disk, and in bucket
+    ``starts`` with its counts (``counted/``) and without (``bare/``); once per run."""
+    from resume import make_root
+
+    local = os.path.join(scratch, f"root{files}")
+    client = server.client()
+    if os.path.exists(os.path.join(local, "meta", "counts.csv")):
+        listed = client.list_objects_v2(Bucket="starts", Prefix="bare/")
+        if listed.get("KeyCount"):
+            return local, [o["Key"] for o in listed.get("Contents", [])]
+    make_root(local, files)
+    client.create_bucket(Bucket="starts")
+    upload_tree(client, "starts", local, "counted")
+    keys = upload_tree(client, "starts", os.path.join(local, "web"), "bare/web")
+    keys += upload_tree(client, "starts", os.path.join(local, "code"), "bare/code")
+    return local, keys
+
+
+def held_rows(
+    server: S3Server,
+    scratch: str,
+    files: int,
+    shards_list: list[int],
+    steps: int,
+    cache_gb: float = 100.0,
+) -> list[dict[str, Any]]:
+    """Measured, per logical shards L and datasets D: the most files one rank (0 workers)
+    held open (readers, memory maps, cache pins) and the files it prefetched, over a fresh
+    start and ``steps`` batches, then a resume from there and ``steps`` more, over S3
+    (loopback), with the file cache trimmed to ``cache_gb`` (``cache_mb``: the most it
+    held after a batch); and the most readers open on local disk."""
+    from resume import config as resume_config
+
+    from fmsdata import filecounts
+    from fmsdata.access import ReaderCache
+    from fmsdata.handlers import mapping
+    from fmsdata.remote.cache import RemoteFiles
+
+    local, _ = starts_root(server, scratch, files)
+    high = {"readers": 0, "mapped": 0, "pinned": 0, "cache_mb": 0.0}
+    prefetched: set[str] = set()
+    sources: list[RemoteFiles] = []
+    get, init, fetch_ahead = ReaderCache.get, RemoteFiles.__init__, RemoteFiles._prefetch
+
+    def note() -> None:
+        high["readers"] = max(high["readers"], max((len(c._open) for c in caches), default=0))
+        high["mapped"] = max(high["mapped"], len(mapping.mapped_paths()))
+        high["pinned"] = max(high["pinned"], sum(len(s._pins) for s in sources))
+
+    caches: list[Any] = []
+
+    def counted_get(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self not in caches:
+            caches.append(self)
+        reader = get(self, *args, **kwargs)
+        note()
+        return reader
+
+    def recorded(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        sources.append(self)
+
+    def counted_prefetch(self: Any, relative: str) -> str:
+        prefetched.add(relative)
+        return fetch_ahead(self, relative)  # type: ignore[no-any-return]
+
+    ReaderCache.get = counted_get  # type: ignore[method-assign]
+    RemoteFiles.__init__ = recorded  # type: ignore[method-assign]
+    RemoteFiles._prefetch = counted_prefetch  # type: ignore[method-assign]
+
+    def run(root: str, shards: int, datasets: list[str], cache: str, state: Any = None) -> Any:
+        filecounts.forget_all()
+        high.update(readers=0, mapped=0, pinned=0, cache_mb=0.0)
+        prefetched.clear()
+        caches.clear()
+        sources.clear()
+        config = {
+            **resume_config(root, shards),
+            "datasets": datasets,
+            "weights": [0.7, 0.3][: len(datasets)],
+            "cache_dir": cache,
+            "remote_cache_gb": cache_gb,
+        }
+        if root.startswith("s3://"):
+            config["endpoint_url"] = server.url
+        loader = build_dataloader(config)
+        if state is not None:
+            loader.load_state_dict(state)
+        batches = iter(loader)
+        for _ in range(steps):
+            next(batches)
+            note()
+            held = sum(
+                os.path.getsize(os.path.join(d, f))
+                for d, _, names in os.walk(os.path.join(cache, "remote"))
+                for f in names
+            )
+            high["cache_mb"] = max(high["cache_mb"], held / 1e6)
+        return loader.state_dict()
+
+    rows = []
+    try:
+        for shards in shards_list:
+            for datasets in (["web"], ["web", "code"]):
+                row: dict[str, Any] = {"shards": shards, "datasets": len(datasets)}
+                tag = f"{shards}-{len(datasets)}"
+                for label, root in (("s3", "s3://starts/counted"), ("local", local)):
+                    cache = os.path.join(scratch, f"held-{label}-{tag}")
+                    state = run(root, shards, datasets, cache + "-a")
+                    row[f"{label}_start"] = {**high, "prefetched": len(prefetched)}
+                    run(root, shards, datasets, cache + "-b", state)
+                    row[f"{label}_resume"] = {**high, "prefetched": len(prefetched)}
+                rows.append(row)
+                s3s, s3r, loc = row["s3_start"], row["s3_resume"], row["local_resume"]
+                print(
+                    f"L={shards:<5} D={len(datasets)}  s3 start: {s3s['readers']:5} open "
+                    f"{s3s['pinned']:5} pinned {s3s['prefetched']:5} prefetched | s3 resume: "
+                    f"{s3r['readers']:5} open {s3r['pinned']:5} pinned "
+                    f"{s3r['prefetched']:5} prefetched {s3r['cache_mb']:7.1f} MB cached | "
+                    f"local resume: {loc['readers']:5} open",
+                    flush=True,
+                )
+    finally:
+        ReaderCache.get = get  # type: ignore[method-assign]
+        RemoteFiles.__init__ = init  # type: ignore[method-assign]
+        RemoteFiles._prefetch = fetch_ahead  # type: ignore[method-assign]
+        filecounts.forget_all()
+    return rows
+
+
+def start_rows(server: S3Server, scratch: str, files: int, shards: int, steps: int) -> list:
+    """Fresh start, resume and fresh start without counts over S3 (loopback), and fresh
+    start and resume from local disk: seconds to the first batch, files and bytes pulled."""
+    from resume import config as resume_config  # the resume benchmark's loader
+
+    from fmsdata import filecounts
+    from fmsdata.remote.cache import RemoteFiles
+
+    local, keys = starts_root(server, scratch, files)
+    pulled: list[int] = []
+    download = RemoteFiles._download
+
+    def counted(self: Any, relative: str, target: str) -> None:
+        download(self, relative, target)
+        pulled.append(os.path.getsize(target))
+
+    RemoteFiles._download = counted  # type: ignore[method-assign]
+
+    def start(label: str, root: str, state: Any = None, counts: str = "") -> dict[str, Any]:
+        """One start with an empty file cache (``counts``: a counts cache to start with)."""
+        filecounts.forget_all()  # as in a fresh process
+        pulled.clear()
+        cache = os.path.join(scratch, "cache-" + label.replace(" ", "-").replace(",", ""))
+        if counts:
+            shutil.copytree(os.path.join(counts, "counts"), os.path.join(cache, "counts"))
+        config = {**resume_config(root, shards), "cache_dir": cache}
+        if root.startswith("s3://"):
+            config["endpoint_url"] = server.url
+        begin = time.perf_counter()
+        loader = build_dataloader(config)
+        if state is not None:
+            loader.load_state_dict(state)
+        next(iter(loader))
+        row = {
+            "case": label,
+            "first_batch_s": time.perf_counter() - begin,
+            "files_pulled": len(pulled),
+            "bytes_pulled": sum(pulled),
+        }
+        print(
+            f"{label:44} {row['first_batch_s']:8.2f} s {row['files_pulled']:7} files "
+            f"{row['bytes_pulled'] / 1e6:9.1f} MB",
+            flush=True,
+        )
+        return row
+
+    def saved(root: str) -> Any:
+        config = {**resume_config(root, shards), "cache_dir": os.path.join(scratch, "c-save")}
+        if root.startswith("s3://"):
+            config["endpoint_url"] = server.url
+        loader = build_dataloader(config)
+        batches = iter(loader)
+        for _ in range(steps):
+            next(batches)
+        return loader.state_dict()
+
+    print(f"\n{files:,} files, {shards} logical shards, resume after {steps} batches")
+    try:
+        s3_state, local_state = saved("s3://starts/counted"), saved(local)
+        rows = [
+            start("s3, fresh start", "s3://starts/counted"),
+            start("s3, resume", "s3://starts/counted", s3_state),
+            start("s3, fresh start without counts.csv", "s3://starts/bare"),
+            start(
+                "s3, same, counts cached by a first process",
+                "s3://starts/bare",
+                counts=os.path.join(scratch, "cache-s3-fresh-start-without-counts.csv"),
+            ),
+            start("local disk, fresh start", local),
+            start("local disk, resume", local, local_state),
+        ]
+    finally:
+        RemoteFiles._download = download  # type: ignore[method-assign]
+        filecounts.forget_all()
+    for row in rows:
+        row.update(files=files, shards=shards, steps=steps, root_files=len(keys))
+    return rows
+
+
 def print_trim(trim: dict[str, float], files: int) -> None:
     print(
         f"\n{'cache trim, ' + str(files) + ' files cached':32} {'per download':>12} {'ratio':>10}"
@@ -145,7 +362,45 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=0.03, help="seconds added per GET")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "remote.json"))
     parser.add_argument("--trim-only", action="store_true", help="only the cache trim figures")
+    parser.add_argument("--starts-only", action="store_true", help="only the start rows")
+    parser.add_argument("--start-files", type=int, default=2000, help="files of the start rows")
+    parser.add_argument("--start-shards", type=int, default=256, help="their logical shards")
+    parser.add_argument("--start-steps", type=int, default=100, help="batches before the save")
+    parser.add_argument(
+        "--held-shards", default="16,64,256", help="logical shards of the files-held rows"
+    )
+    parser.add_argument("--held-only", action="store_true", help="only the files-held rows")
+    parser.add_argument("--held-cache-gb", type=float, default=100.0, help="their remote_cache_gb")
     args = parser.parse_args()
+    if args.held_only:
+        for key, value in CREDENTIALS.items():
+            os.environ[key.upper()] = value
+        os.environ["AWS_DEFAULT_REGION"] = REGION
+        scratch = tempfile.mkdtemp(prefix="fmsdata-remote-")
+        server = S3Server()
+        try:
+            shards = [int(v) for v in args.held_shards.split(",")]
+            held = held_rows(server, scratch, args.start_files, shards, 50, args.held_cache_gb)
+        finally:
+            server.stop()
+            shutil.rmtree(scratch, ignore_errors=True)
+        write_results(args.out, {"held": held, "remote_cache_gb": args.held_cache_gb})
+        return 0
+    if args.starts_only:
+        for key, value in CREDENTIALS.items():
+            os.environ[key.upper()] = value
+        os.environ["AWS_DEFAULT_REGION"] = REGION
+        scratch = tempfile.mkdtemp(prefix="fmsdata-remote-")
+        server = S3Server()
+        try:
+            rows = start_rows(
+                server, scratch, args.start_files, args.start_shards, args.start_steps
+            )
+        finally:
+            server.stop()
+            shutil.rmtree(scratch, ignore_errors=True)
+        write_results(args.out, {"starts": rows})
+        return 0
     trim_files = 10_000
     with tempfile.TemporaryDirectory(prefix="fmsdata-trim-") as folder:
         trim = trim_cost(folder, trim_files)
@@ -196,6 +451,9 @@ def main() -> int:
                 dest = os.path.join(scratch, f"download-{label}-{jobs}")
                 results[f"download {label}, {jobs} job(s)"] = download(endpoint, dest, jobs)
                 shutil.rmtree(dest)
+        results["starts"] = start_rows(
+            server, scratch, args.start_files, args.start_shards, args.start_steps
+        )
     finally:
         proxy.stop()
         server.stop()
