@@ -3,7 +3,7 @@
 Document and file order are pure functions of a key derived from (seed, dataset, logical
 shard, epoch, ...). A few rounds of invertible integer mixing over the next power-of-two domain,
 with cycle walking back into ``range(n)``, give a bijection whose value at any position costs a few
-vectorized integer operations: no order is ever materialized, and resuming at position p
+integer operations: no order is ever materialized, and resuming at position p
 needs nothing but p.
 """
 
@@ -13,6 +13,8 @@ import hashlib
 from collections.abc import Sequence
 
 import numpy as np
+
+from fmsdata.compiled import compiled
 
 __all__ = ["derive_key", "permute", "Permutations", "hash_index", "hash_values"]
 
@@ -82,19 +84,9 @@ def _round_table(keys: np.ndarray, bits: np.ndarray) -> np.ndarray:
     return table
 
 
-def _scramble(x: np.ndarray, mask: np.ndarray, shift: np.ndarray, rounds: np.ndarray) -> np.ndarray:
-    """A bijection of each element's ``range(2**bits)``: add, multiply by an odd number,
-    xor-shift, per round (``rounds[:, r]`` holds round r's addend and multiplier)."""
-    for r in range(_ROUNDS):
-        x = (x + rounds[:, 2 * r]) & mask
-        x = (x * rounds[:, 2 * r + 1]) & mask
-        x ^= x >> shift
-    return x
-
-
 class Permutations:
     """Many keyed permutations at once: permutation g is of ``range(sizes[g])`` with key
-    ``keys[g]``. Round constants are derived once, so applying costs only vectorized work.
+    ``keys[g]``. Round constants are derived once; applying is one compiled loop (``_apply``).
 
     Args:
         sizes: Size of each permuted range.
@@ -112,27 +104,41 @@ class Permutations:
         Returns:
             int64 array of permuted values, the shape of ``positions``.
         """
-        positions = np.asarray(positions, dtype=np.int64)
-        out = np.zeros(len(positions), dtype=np.uint64)
-        n = self.sizes[groups].astype(np.uint64)
-        live = np.flatnonzero(n > 1)  # a range of one element maps to 0
-        if not live.size:
-            return out.astype(np.int64)
-        g = groups[live]
-        bits = self._bits[g]
-        mask = (np.uint64(1) << bits) - np.uint64(1)
-        shift = (bits + np.uint64(1)) >> np.uint64(1)
-        rounds = self._table[g]
-        limit = n[live]
-        x = _scramble(positions[live].astype(np.uint64), mask, shift, rounds)
-        # Cycle walking: values that land outside range(n) are scrambled again until they
-        # return; each domain is under twice its range, so this takes about two passes.
-        outside = np.flatnonzero(x >= limit)
-        while outside.size:
-            x[outside] = _scramble(x[outside], mask[outside], shift[outside], rounds[outside])
-            outside = outside[x[outside] >= limit[outside]]
-        out[live] = x
-        return out.astype(np.int64)
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        groups = np.ascontiguousarray(groups, dtype=np.int64)
+        return _apply(positions, groups, self.sizes, self._bits, self._table)
+
+
+@compiled
+def _apply(
+    positions: np.ndarray,
+    groups: np.ndarray,
+    sizes: np.ndarray,
+    bits: np.ndarray,
+    table: np.ndarray,
+) -> np.ndarray:
+    """``Permutations.apply`` one element at a time (compiled): scramble the position
+    within the next power-of-two domain, again while it lands outside ``range(n)`` (cycle
+    walking; each domain is under twice its range, so about two passes)."""
+    out = np.zeros(len(positions), np.int64)
+    one = np.uint64(1)
+    for i in range(len(positions)):
+        g = groups[i]
+        n = np.uint64(sizes[g])
+        if n <= one:  # a range of one element maps to 0
+            continue
+        mask = (one << bits[g]) - one
+        shift = (bits[g] + one) >> one
+        x = np.uint64(positions[i])
+        while True:
+            for r in range(_ROUNDS):
+                x = (x + table[g, 2 * r]) & mask
+                x = (x * table[g, 2 * r + 1]) & mask
+                x ^= x >> shift
+            if x < n:
+                break
+        out[i] = np.int64(x)
+    return out
 
 
 def permute(positions: np.ndarray, n: int, key: int) -> np.ndarray:

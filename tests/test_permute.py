@@ -71,3 +71,42 @@ def test_round_table_equals_the_per_key_rule():
             row.append((state & mask) | 1)
         expected.append(row)
     assert _round_table(np.array(keys, dtype=np.uint64), bits).tolist() == expected
+
+
+def reference_position(position, n, key):
+    """Position ``position`` of the keyed permutation of ``range(n)``, in Python ints one
+    round at a time (the rule ``Permutations.apply`` compiles)."""
+    from fmsdata.permute import _ROUNDS, _mix_int
+
+    if n <= 1:
+        return 0
+    bits = (n - 1).bit_length()
+    mask, shift, state, rounds = (1 << bits) - 1, (bits + 1) >> 1, key, []
+    for _ in range(_ROUNDS):
+        state = _mix_int(state + 0x9E3779B97F4A7C15)
+        addend = state & mask
+        state = _mix_int(state + 0x9E3779B97F4A7C15)
+        rounds.append((addend, (state & mask) | 1))
+    x = position
+    while True:
+        for addend, multiplier in rounds:
+            x = (x + addend) & mask
+            x = (x * multiplier) & mask
+            x ^= x >> shift
+        if x < n:
+            return x
+
+
+@given(
+    sizes=st.lists(st.integers(1, 2**40), min_size=1, max_size=6),
+    keys=st.lists(st.integers(0, 2**64 - 1), min_size=6, max_size=6),
+    picks=st.lists(st.tuples(st.integers(0, 5), st.floats(0, 1, exclude_max=True)), max_size=40),
+)
+def test_permutations_apply_matches_a_position_by_position_reference(sizes, keys, picks):
+    from fmsdata.permute import Permutations
+
+    orders = Permutations(sizes, keys[: len(sizes)])
+    groups = np.array([g % len(sizes) for g, _ in picks], dtype=np.int64)
+    positions = np.array([int(u * sizes[g]) for g, (_, u) in zip(groups, picks)], dtype=np.int64)
+    got = orders.apply(positions, groups).tolist()
+    assert got == [reference_position(int(p), sizes[g], keys[g]) for p, g in zip(positions, groups)]

@@ -6,34 +6,19 @@ done here in one compiled pass: laying lines out and copying document pieces int
 (``fmsdata.stages.packing``). There is one code path: these kernels are the
 implementation, not an accelerated copy of a numpy one.
 
-Compiled code is cached on disk, so reruns and DataLoader workers load it instead of
-compiling again (a few hundred milliseconds per kernel and argument dtype; loading takes
-milliseconds). The cache is numba's own: ``__pycache__`` beside this file, or the folder
-named by the ``NUMBA_CACHE_DIR`` environment variable (set it where the installation is
-read-only, e.g. to a folder under the job's scratch space); where no writable place is
-found, numba's per-user cache folder. When none of them can be written, each kernel is
-compiled in memory on first use in every process, with one logged warning: slower to
-start, never wrong.
-
-Kernels are compiled (or loaded from the cache) on their first call, never at import:
-importing fmsdata neither imports numba nor creates a folder. The first call in a process
-costs about half a second with a warm cache (numba sets up its compiler once).
+Each kernel is compiled on its first call and cached on disk (``fmsdata.compiled`` says
+where, and what happens when the cache cannot be written).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 
+from fmsdata.compiled import compiled
 from fmsdata.stages.base import DLEN, LENGTH, START
 
 __all__ = ["copy_pieces", "lay_out_lines", "plan_hard_lines"]
 
-_log = logging.getLogger(__name__)
 _INT32_MAX = 2**31 - 1
 
 # copy_pieces outcomes: every piece copied, a token that does not fit int32 rows, a piece
@@ -41,43 +26,7 @@ _INT32_MAX = 2**31 - 1
 COPIED, TOKEN_OUT_OF_RANGE, PIECE_OUT_OF_BOUNDS = 0, 1, 2
 
 
-class _Kernel:
-    """A function compiled with ``numba.njit`` on its first call (cached on disk where a
-    cache location can be written; see the module docstring)."""
-
-    _lock = threading.Lock()
-
-    def __init__(self, func: Callable[..., Any]):
-        self.func = func
-        self.compiled: Any = None
-        self.__doc__ = func.__doc__
-        self.__name__ = func.__name__
-
-    def __call__(self, *args: Any) -> Any:
-        compiled = self.compiled
-        if compiled is None:
-            compiled = self._compile()
-        return compiled(*args)
-
-    def _compile(self) -> Any:
-        with self._lock:
-            if self.compiled is None:
-                import numba  # here, not at import: importing fmsdata compiles nothing
-
-                try:
-                    self.compiled = numba.njit(cache=True, nogil=True)(self.func)
-                except RuntimeError as error:  # numba found no writable cache location
-                    _log.warning(
-                        "%s: compiled code cannot be cached on disk (%s); compiling it in "
-                        "memory in every process. Set NUMBA_CACHE_DIR to a writable folder.",
-                        self.__name__,
-                        error,
-                    )
-                    self.compiled = numba.njit(nogil=True)(self.func)
-            return self.compiled
-
-
-@_Kernel
+@compiled
 def lay_out_lines(
     spans: np.ndarray,
     counts: np.ndarray,
@@ -146,7 +95,7 @@ def lay_out_lines(
     return fill
 
 
-@_Kernel
+@compiled
 def copy_pieces(
     source: np.ndarray,
     out: np.ndarray,
@@ -189,7 +138,7 @@ def copy_pieces(
     return COPIED, -1
 
 
-@_Kernel
+@compiled
 def plan_hard_lines(
     rows: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

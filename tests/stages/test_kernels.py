@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fmsdata.compiled import compiled
 from fmsdata.stages import kernels
 from fmsdata.stages.base import DLEN, LENGTH, SPAN_WIDTH, START
 from fmsdata.stages.kernels import (
@@ -225,10 +226,10 @@ def test_without_a_writable_cache_kernels_compile_in_memory_with_a_warning(monke
         return real(*args, **kwargs)
 
     monkeypatch.setattr(numba, "njit", no_cache)
-    kernel = kernels._Kernel(kernels.plan_hard_lines.func)
+    kernel = compiled(kernels.plan_hard_lines.func)
     rows = np.zeros((1, SPAN_WIDTH), dtype=np.int64)
     rows[0, LENGTH] = 5
-    with caplog.at_level(logging.WARNING, logger="fmsdata.stages.kernels"):
+    with caplog.at_level(logging.WARNING, logger="fmsdata.compiled"):
         spans, offsets, _, _ = kernel(rows, 2)
     assert offsets.tolist() == [0, 1, 2]
     assert "cannot be cached on disk" in caplog.text and "NUMBA_CACHE_DIR" in caplog.text
@@ -243,7 +244,7 @@ CACHED_RUN = textwrap.dedent(
     rows = np.zeros((1, SPAN_WIDTH), dtype=np.int64)
     rows[0, LENGTH] = 5
     kernels.plan_hard_lines(rows, 2)
-    stats = kernels.plan_hard_lines.compiled.stats
+    stats = kernels.plan_hard_lines.dispatcher.stats
     print(stats.cache_path, sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))
     """
 )
