@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from fmsdata.dcpread import SafeFileSystemReader
 from fmsdata.errors import StateMismatchError
 from fmsdata.exits import finish_at_exit, release
-from fmsdata.state import META_KEY, SHARD_PREFIX
+from fmsdata.loaderstate import META_KEY, SHARD_PREFIX
 from fmsdata.statefile import load_state, peek_state, save_state
 from fmsdata.topology import owned_shards
 

@@ -565,9 +565,13 @@ def _refuse_unknown(values: Mapping[str, Any], known: Sequence[str], where: str 
 
 
 def as_plain(value: Any) -> Any:
-    """``value`` with every tuple made a list, as it comes back from JSON: how config
-    values and saved state fields are compared."""
-    return [as_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+    """``value`` with every tuple made a list and every mapping a dict, nested, as it
+    comes back from JSON: how config values and saved state fields are compared."""
+    if isinstance(value, (list, tuple)):
+        return [as_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: as_plain(v) for k, v in value.items()}
+    return value
 
 
 def _weight_list(

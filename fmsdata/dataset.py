@@ -37,7 +37,6 @@ from fmsdata.pipeline import (
 )
 from fmsdata.remote.cache import FileSource, file_source
 from fmsdata.remote.storage import Storage
-from fmsdata.stages.base import Stage
 from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.outputs import (
     TokenLine,
@@ -77,6 +76,8 @@ class Start:
             row dealing continues).
         rings: Shared-memory token rings, one per DataLoader worker (None: tokens travel
             in items).
+        paths: Per logical shard, where its state sat in the loaded state (what a refusal
+            of it names).
         scratch: One token slot that the first iteration in this process started after
             ``start_at`` takes for itself and writes each item into (the loader's own
             iteration, which copies every batch out before the next item); any other
@@ -88,6 +89,7 @@ class Start:
     emitted: Sequence[int] | None = None
     rings: Sequence[torch.Tensor] | None = None
     scratch: torch.Tensor | None = None
+    paths: Mapping[int, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -149,7 +151,7 @@ class RankLineDataset(IterableDataset):
         self.drain_datasets: tuple[str, ...] = ()
         self.data_fingerprint: dict[str, str] | None = None
         self._catalog: Catalog | None = None
-        self._layout: tuple[list[dict[str, Any]], tuple[str, ...] | None] | None = None
+        self._layout: list[dict[str, Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -171,10 +173,10 @@ class RankLineDataset(IterableDataset):
             self._layout = None
             self.data_fingerprint = self.catalog().fingerprint()
 
-    def layout(self) -> tuple[list[dict[str, Any]], tuple[str, ...] | None]:
+    def layout(self) -> list[dict[str, Any]]:
         """The chain every shard runs, as state fingerprints record it (stages with their
-        paths and settings, then the line writer's), and where the journaled buffer sits
-        in a shard state. Built once, in this process, without reading any document."""
+        paths, roles and settings, then the line writer's). Built once, in this process,
+        without reading any document."""
         if self._layout is None:
             context = self.shard_context(1)
             try:
@@ -186,19 +188,10 @@ class RankLineDataset(IterableDataset):
                 )
                 stages = pipeline.layout()
                 stages.append(self._writer(context).fingerprint())
-                self._layout = stages, pipeline.buffer_path
+                self._layout = stages
             finally:
                 context.close()
         return self._layout
-
-    def chain(self) -> Stage:
-        """A chain of this loader's stages, for reading saved states with (built with the
-        readers closed: it must not be iterated)."""
-        context = self.shard_context(1)
-        try:
-            return build_pipeline(0, context.recipe, context.accesses, self.stages).top
-        finally:
-            context.close()
 
     def _writer(self, context: ShardContext) -> LineWriter:
         config = self.config
@@ -299,6 +292,8 @@ class RankLineDataset(IterableDataset):
                     state=start.states.get(sid),
                     advance=start.advance.get(sid, 0),
                     writer=writer,
+                    where=start.paths.get(sid, ""),
+                    measure=not context.source.downloads,
                 )
             return pipeline
 
@@ -309,6 +304,12 @@ class RankLineDataset(IterableDataset):
             # its rows come, or a resume would download every shard's files first.
             for local in sorted(mine):
                 if not start.advance.get(self.shard_ids[local], 0):
+                    shard(local)
+        else:
+            # A resumed shard opens now: its stages check the loaded state against the data
+            # before the first item, so a damaged state is refused before any batch.
+            for local in sorted(mine):
+                if start.states.get(self.shard_ids[local]) is not None:
                     shard(local)
         emitted = start.emitted if start.emitted is not None else [0] * len(self.shard_ids)
         dealer = RowDealer(list(emitted))

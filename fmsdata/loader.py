@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import os
@@ -21,26 +22,16 @@ from fmsdata.checkpoint import (
 )
 from fmsdata.config import LoaderConfig, as_config
 from fmsdata.dataset import Preprocess, RankLineDataset, Start
-from fmsdata.errors import ConfigError, ShardFormatError, StateMismatchError
+from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.exits import finish_at_exit
+from fmsdata.fingerprint import MIX_FIELDS, stream_fingerprint
 from fmsdata.handlers import fault_note, handler_from_config
 from fmsdata.handlers.mapping import changed_in_dead_workers
-from fmsdata.pipeline import StageFactory, build_pipeline
+from fmsdata.loaderstate import LoaderState, ShardEntry
+from fmsdata.pipeline import StageFactory
+from fmsdata.remix import remix
+from fmsdata.replica import ConsumedState
 from fmsdata.rootconfig import resolve_config
-from fmsdata.spancheck import check_saved_spans
-from fmsdata.stages.base import held_spans, walk
-from fmsdata.state import (
-    MIX_FIELDS,
-    STATE_VERSION,
-    ConsumedState,
-    gather_shard_states,
-    mix_changed,
-    pack_state,
-    remix_shard,
-    span_names,
-    stream_fingerprint,
-)
-from fmsdata.statecheck import within
 from fmsdata.threads import AheadThread
 from fmsdata.topology import RowDealer, Topology
 from fmsdata.transport import (
@@ -166,7 +157,9 @@ class FmsDataLoader(DataLoader):
             multiprocessing_context=config.multiprocessing_context if workers > 0 else None,
         )
         self.config: LoaderConfig = config
-        self._consumed = ConsumedState(dataset.shard_ids, buffer_path=dataset.layout()[1])
+        self._consumed = ConsumedState(dataset.shard_ids, dataset.layout())
+        # A loaded state's mix change, applied at the next iteration (``_settle``).
+        self._mix_change: _MixChange | None = None
         self._parts: Any = None
         self._generation = 0  # bumped by load_state_dict(): a running iteration restarts
         self._pending_skip = 0  # skipped batches the running iteration has yet to pass over
@@ -318,8 +311,10 @@ class FmsDataLoader(DataLoader):
             # item is made: one slot, written again by each item, saves fresh pages per item.
             _, rows, line_length = ring_shape(config.batch_size, config.line_length, 0)
             scratch = torch.empty((1, rows, line_length), dtype=torch.int32)
+        self._settle()
         dataset.start_at(
             Start(
+                paths=self._consumed.paths,
                 states=self._consumed.shard_states(),
                 advance=self._consumed.workers_start(),
                 emitted=self._consumed.emitted(),
@@ -382,7 +377,7 @@ class FmsDataLoader(DataLoader):
             for name, digest in dataset.catalog().fingerprint().items()
             if name in names
         }
-        return stream_fingerprint(self.config, dataset.handler, names, data, dataset.layout()[0])
+        return stream_fingerprint(self.config, dataset.handler, names, data, dataset.layout())
 
     @property
     def steps(self) -> int:
@@ -408,10 +403,11 @@ class FmsDataLoader(DataLoader):
         loading the checkpoint runs nothing its files hold).
         ``snapshot()`` has the same content as nested plain data.
         """
-        return pack_state(self.snapshot())
+        return self._saved().pack()
 
     def snapshot(self, settle: bool = False) -> dict[str, Any]:
-        """This rank's state as plain nested data (ints, strings, lists, numpy arrays).
+        """This rank's state as plain nested data (ints, strings, lists, numpy arrays;
+        the layout is ``fmsdata.loaderstate``'s).
 
         Each shard entry is a pipeline state plus ``advance``, the lines the shard emitted
         after it (at most a few batches' worth, the rest of a worker's current item); a
@@ -419,43 +415,42 @@ class FmsDataLoader(DataLoader):
         metadata, so every entry describes its shard exactly (``advance`` 0) — for
         inspection; resuming does not need it.
         """
+        saved = self._saved()
+        pending = {e.id: e for e in saved.shards if e.advance}
+        if settle and pending:
+            settled = self._replay(self.dataset, pending)  # type: ignore[arg-type]
+            saved.shards = [settled.get(e.id, e) for e in saved.shards]
+        return saved.to_plain()
+
+    def _saved(self) -> LoaderState:
+        """What was consumed, as a ``LoaderState`` of this rank."""
+        self._settle()
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        shards = [
-            {"id": sid, "state": state, "advance": self._consumed.advances()[sid]}
-            for sid, state in self._consumed.shard_states().items()
-        ]
-        if settle and any(entry["advance"] for entry in shards):
-            context = dataset.shard_context(len(shards))
-            try:
-                writer = dataset._writer(context)
-                for entry in shards:
-                    if entry["advance"]:
-                        pipeline = context.open(
-                            entry["id"],
-                            dataset.stages,
-                            state=entry["state"],
-                            advance=entry["advance"],
-                            writer=writer,
-                        )
-                        entry["state"], entry["advance"] = pipeline.state_dict(), 0
-            finally:
-                context.close()
-        return {
-            "version": STATE_VERSION,
-            "fingerprint": self.fingerprint,
-            "rank": dataset.topology.rank,
-            "world_size": dataset.topology.world_size,
-            "steps": self._consumed.steps,
-            "skips": [list(skip) for skip in self._consumed.skips],
-            "span_datasets": [d.name for d in dataset.catalog().datasets],
-            "shards": shards,
-        }
+        consumed = self._consumed
+        advances = consumed.advances()
+        return LoaderState(
+            fingerprint=self.fingerprint,
+            world_size=dataset.topology.world_size,
+            steps=consumed.steps,
+            skips=[list(skip) for skip in consumed.skips],
+            span_datasets=[d.name for d in dataset.catalog().datasets],
+            shards=[
+                ShardEntry(sid, state, advances[sid])
+                for sid, state in consumed.shard_states().items()
+            ],
+            rank=dataset.topology.rank,
+        )
 
     def load_state_dict(self, state: Any, allow_changes: Sequence[str] = ()) -> None:
         """Resume from this rank's own state, or from the states of every rank of a save.
 
         States from a run with another world size rescale: each logical shard continues
-        from its saved position, on whichever rank now owns it.
+        from its saved position, on whichever rank now owns it. Loading reads the state
+        (``fmsdata.loaderstate``), checks its fingerprint, takes this rank's shards and
+        records where the next iteration starts; an allowed mix change is recorded too
+        and applied then. Each shard's chain is built and its state loaded where it runs,
+        and there its stages check their own parts against the data, before any batch is
+        yielded (a ``StateMismatchError`` naming the path inside the state and the value).
 
         Args:
             state: A ``state_dict()`` or ``snapshot()`` of this rank, a list of every
@@ -469,50 +464,54 @@ class FmsDataLoader(DataLoader):
         """
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         current = self.fingerprint
-        mix_change = self.config.allow_mix_change
-        saved = gather_shard_states(
-            state, current, self.config.logical_shards, allow_changes, mix_change
+        saved = LoaderState.read(state, self.config.logical_shards)
+        entries = saved.for_shards(dataset.shard_ids, dataset.topology.rank)
+        rebase = saved.check(current, allow_changes, self.config.allow_mix_change)
+        self._consumed = ConsumedState(
+            dataset.shard_ids, current["stages"], entries, saved.steps, saved.skips
         )
-        missing = [sid for sid in dataset.shard_ids if sid not in saved.shards]
-        if missing:
-            raise StateMismatchError(
-                f"the given state has no entry for logical shard(s) {missing} of rank "
-                f"{dataset.topology.rank}; to change world size, pass the states of every rank"
-            )
-        shards = {sid: saved.shards[sid] for sid in dataset.shard_ids}
-        rebase = mix_change and mix_changed(saved.fingerprint, current)
-        self._check_shard_states(shards, saved, self._saved_mix(saved) if rebase else dataset)
-        if rebase:
-            shards = self._replay_old_mix(shards, saved)
-        mix = dataset.mix_names
-        old_space = saved.span_datasets
-        chain = dataset.chain()
-        used = span_names(chain, (state for state, _ in shards.values()), old_space)
-        dropped = sorted(set(saved.fingerprint["datasets"]) - set(mix))
+        dropped = sorted(set(saved.fingerprint["datasets"]) - set(dataset.mix_names))
         if dropped:
             logger.warning(
                 "datasets %s are no longer in the mix; their positions are dropped", dropped
             )
-        new_space = [*mix, *(name for name in old_space if name in used and name not in mix)]
-        if rebase or new_space != old_space:
-            shards = {
-                sid: (
-                    None
-                    if state is None
-                    else remix_shard(chain, state, mix, old_space, new_space, rebase),
-                    advance,
-                )
-                for sid, (state, advance) in shards.items()
-            }
-        dataset.drain(new_space[len(mix) :])
-        self._consumed = ConsumedState(
-            dataset.shard_ids, shards, saved.steps, saved.skips, dataset.layout()[1]
-        )
+        remix = rebase or saved.span_datasets != dataset.mix_names
+        self._mix_change = _MixChange(saved, entries, rebase) if remix else None
         self._generation += 1
 
-    def _saved_mix(self, saved: Any) -> RankLineDataset:
+    def _settle(self) -> None:
+        """Apply a loaded state's mix change, once: replay each shard's lines emitted after
+        its saved state with the mix they were drawn with, then carry the states over to
+        the new dataset list (``fmsdata.remix``); datasets no longer mixed whose lines
+        saved states still hold stay readable until emitted (``RankLineDataset.drain``)."""
+        change, self._mix_change = self._mix_change, None
+        if change is None:
+            return
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        saved, rebase = change.saved, change.rebase
+        entries = dict(change.entries)
+        pending = {sid: e for sid, e in entries.items() if e.state is not None and e.advance}
+        if rebase and pending:
+            entries.update(self._replay(self._saved_mix(saved), pending))
+        mix = dataset.mix_names
+        stages = saved.fingerprint["stages"]
+        entries, space = remix(entries, stages, mix, saved.span_datasets, rebase)
+        dataset.drain(space[len(mix) :])
+        consumed = self._consumed
+        advances = consumed.advances()  # lines skipped since the load come after the replay
+        entries = {
+            sid: dataclasses.replace(
+                entry, advance=advances[sid] - (change.entries[sid].advance - entry.advance)
+            )
+            for sid, entry in entries.items()
+        }
+        self._consumed = ConsumedState(
+            dataset.shard_ids, dataset.layout(), entries, consumed.steps, consumed.skips
+        )
+
+    def _saved_mix(self, saved: LoaderState) -> RankLineDataset:
         """This rank's dataset as configured when ``saved`` was taken (its dataset list,
-        weights and schedule), for reading and replaying states of another mix."""
+        weights and schedule), for replaying the lines drawn with that mix."""
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         fingerprint = saved.fingerprint
         old = self.config.replace(
@@ -522,79 +521,37 @@ class FmsDataLoader(DataLoader):
             checkpoint_every=0,
         )
         replay = RankLineDataset(old, dataset.topology, dataset.handler, stages=dataset.stages)
-        replay.drain_datasets = tuple(
-            n for n in saved.span_datasets if n not in fingerprint["datasets"]
-        )
+        replay.drain([n for n in saved.span_datasets if n not in fingerprint["datasets"]])
         return replay
 
-    def _check_shard_states(
-        self, shards: Mapping[int, tuple[Any, int]], saved: Any, source: RankLineDataset
-    ) -> None:
-        """Every shard state read strictly against the data before anything runs: each
-        stage checks its own keys, types and ranges (loading the state into a chain built
-        for that shard), each document stream its position against the shard's documents,
-        and every saved span its dataset, file, document and end. Raises
-        StateMismatchError naming the path inside the state and the value.
-
-        Document counts come from the catalog (shared by every shard of the process). A
-        remote root checks a span's end, and a buffered line's tokens, when its file
-        arrives to be read (the same errors, raised then): measuring them here would
-        download every file the saved lines point into before the first batch."""
-        pending = {sid: state for sid, (state, _) in shards.items() if state is not None}
-        if not pending:
-            return
-        context = source.shard_context(len(pending))
-        measure = not context.source.downloads
+    @staticmethod
+    def _replay(
+        dataset: RankLineDataset, pending: Mapping[int, ShardEntry]
+    ) -> dict[int, ShardEntry]:
+        """Each pending shard's entry with the lines emitted after its state replayed on
+        ``dataset``'s chain (``advance`` 0)."""
+        context = dataset.shard_context(len(pending))
+        out = {}
         try:
-            accesses = {access.name: access for access in context.accesses}
-            for sid, state in pending.items():
-                with within(saved.paths.get(sid, f"logical shard {sid}")):
-                    pipeline = build_pipeline(sid, context.recipe, context.accesses, source.stages)
-                    with within("stages"):
-                        pipeline.top.load_state_dict(state["stages"])
-                    for path, stage in walk(pipeline.top):
-                        restored = getattr(stage, "measure_restored", None)
-                        if measure and callable(restored):
-                            with within(".".join(["stages", *path])):
-                                restored()
-                        names = getattr(stage, "names", ())
-                        for name, stream in zip(names, getattr(stage, "streams", ())):
-                            with within(".".join(["stages", *path, "sources", name])):
-                                stream.size  # noqa: B018 (sets the stream up: checks pos, size)
-                    check_saved_spans(
-                        held_spans(pipeline.top, state["stages"]),
-                        "",
-                        saved.span_datasets,
-                        accesses,
-                        context.recipe.decoration,
-                        measure,
-                    )
-        finally:
-            context.close()
-
-    def _replay_old_mix(
-        self, shards: dict[int, tuple[Any, int]], saved: Any
-    ) -> dict[int, tuple[Any, int]]:
-        """Replay the lines consumed after each shard's last full state with the mix they
-        were drawn with, so a changed mix takes effect exactly at the resume point."""
-        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        pending = [sid for sid, (state, advance) in shards.items() if state is not None and advance]
-        if not pending:
-            return shards
-        replay = self._saved_mix(saved)
-        context = replay.shard_context(len(pending))
-        shards = dict(shards)
-        try:
-            writer = replay._writer(context)
-            for sid in pending:
-                state, advance = shards[sid]
+            writer = dataset._writer(context)
+            for sid, entry in pending.items():
                 pipeline = context.open(
-                    sid, dataset.stages, state=state, advance=advance, writer=writer
+                    sid, dataset.stages, state=entry.state, advance=entry.advance, writer=writer
                 )
-                shards[sid] = (pipeline.state_dict(), 0)
+                out[sid] = dataclasses.replace(entry, state=pipeline.state_dict(), advance=0)
         finally:
             context.close()
-        return shards
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _MixChange:
+    """A loaded state saved with another dataset list, weights or schedule: its shard
+    entries as loaded, applied at the next iteration (``FmsDataLoader._settle``)."""
+
+    saved: LoaderState
+    entries: Mapping[int, ShardEntry]
+    rebase: bool  # the weights or schedule changed: every share is measured afresh
 
 
 def as_tuple(batch: dict[str, torch.Tensor]) -> Any:

@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from fmsdata.config import LoaderConfig
-from fmsdata.errors import ConfigError, StateMismatchError
+from fmsdata.errors import ConfigError
 from fmsdata.permute import derive_key
 from fmsdata.schedule import WeightSchedule
-from fmsdata.stages.base import SpanStage, Stage, TokenStage, layout, walk
+from fmsdata.spancheck import check_saved_spans
+from fmsdata.stages.base import SpanStage, Stage, TokenStage, held_spans, layout, walk
 from fmsdata.stages.documents import Decoration, DocumentStream
 from fmsdata.stages.fim import FillInMiddle
 from fmsdata.stages.mixing import TokenShareMixer
@@ -33,7 +34,7 @@ from fmsdata.stages.outputs import TokenLine
 from fmsdata.stages.packing import LinePacker
 from fmsdata.stages.savedlines import DocumentLengths
 from fmsdata.stages.shuffle import ShuffleBuffer
-from fmsdata.statecheck import need_keys
+from fmsdata.statecheck import need_count, need_keys, within
 
 __all__ = [
     "Shard",
@@ -214,8 +215,8 @@ class ShardPipeline:
 
     State: ``{"emitted": lines handed out, "stages": the chain's state}``. The first
     shuffle buffer of the chain is *journaled*: its buffer changes travel with each worker
-    item instead of the whole buffer (``light_state`` leaves it out; ``buffer_path`` says
-    where it goes back).
+    item instead of the whole buffer (``light_state`` leaves it out; ``fmsdata.replica``
+    puts it back, at ``journal_path``).
     """
 
     def __init__(self, top: Stage):
@@ -235,13 +236,12 @@ class ShardPipeline:
         self.lines = lines
         self.token_stages = token_stages[::-1]  # in the order they apply
         self.emitted = 0
-        self.journaled: ShuffleBuffer | None = None
-        self.buffer_path: tuple[str, ...] | None = None
-        for path, stage in walk(top):
-            if isinstance(stage, ShuffleBuffer):
+        # The first stage with role "shuffle"; it keeps ShuffleBuffer's journal protocol.
+        self.journaled: Any = None
+        for _, stage in walk(top):
+            if stage.role == "shuffle":  # found by role, as ``fmsdata.replica`` finds it
                 stage.journaled = True
                 self.journaled = stage
-                self.buffer_path = ("stages", *path)
                 break
 
     def __iter__(self) -> ShardPipeline:
@@ -290,15 +290,43 @@ class ShardPipeline:
             self.journaled.light = False
 
     def load_state_dict(self, state: Any, where: str = "shard state") -> None:
-        need_keys(state, "", ("emitted", "stages"), where)
-        emitted = state["emitted"]
-        if not isinstance(emitted, (int, np.integer)) or emitted < 0:
-            raise StateMismatchError(f"{where}: emitted must be a count, got {emitted!r}")
-        self.emitted = int(emitted)
-        try:
-            self.top.load_state_dict(state["stages"])
-        except StateMismatchError as err:
-            raise StateMismatchError(f"{where}: stages: {err}") from None
+        """Load a ``state_dict()`` strictly: each stage reads its own part; a
+        StateMismatchError names the path inside the state under ``where``."""
+        with within(where):
+            need_keys(state, "", ("emitted", "stages"))
+            self.emitted = need_count(state["emitted"], "emitted")
+            with within("stages"):
+                self.top.load_state_dict(state["stages"])
+
+    def check_restored(
+        self, state: Any, accesses: Sequence[Any], decoration: Decoration, measure: bool, where: str
+    ) -> None:
+        """A loaded state checked against the data before the shard runs: each document
+        stream's position against its documents, each restored buffered line against its
+        files (``measure_restored``, only where opening files is cheap: ``measure``), and
+        every saved span's dataset, file, document and end (``fmsdata.spancheck``; a
+        remote root checks a span's end when its file arrives to be read).
+
+        Raises:
+            StateMismatchError: Naming the path under ``where`` and the value.
+        """
+        with within(where):
+            for path, stage in walk(self.top):
+                restored = getattr(stage, "measure_restored", None)
+                if measure and callable(restored):
+                    with within(".".join(["stages", *path])):
+                        restored()
+                for name, stream in zip(getattr(stage, "names", ()), getattr(stage, "streams", ())):
+                    with within(".".join(["stages", *path, "sources", name])):
+                        stream.size  # noqa: B018 (sets the stream up: checks pos, size)
+            check_saved_spans(
+                held_spans(self.top, state["stages"]),
+                "",
+                [access.name for access in accesses],
+                {access.name: access for access in accesses},
+                decoration,
+                measure,
+            )
 
     def drain_journal(self) -> tuple[list[int], list[np.ndarray], bool]:
         """``(ops, pushed lines, whether those lines' document ends are to be marked)`` of
@@ -339,17 +367,23 @@ def open_shard(
     advance: int = 0,
     factory: StageFactory | None = None,
     writer: Any = None,
+    where: str = "",
+    measure: bool = True,
 ) -> ShardPipeline:
     """A shard's pipeline at a saved position: ``state`` (None = start) plus ``advance``
     lines emitted after it, which are replayed at span level (no tokens are read, unless
     token-level stages must see them: then ``writer`` materializes them).
 
-    The replayed lines stay in the shuffle buffer's journal, so a replica that still holds
-    ``state`` learns about them with the shard's next update.
+    A loaded state is checked against the data (``ShardPipeline.check_restored``, with
+    ``measure``); errors name the path ``where`` (default: the logical shard). The replayed
+    lines stay in the shuffle buffer's journal, so a replica that still holds ``state``
+    learns about them with the shard's next update.
     """
     pipeline = build_pipeline(shard, recipe, accesses, factory)
     if state is not None:
-        pipeline.load_state_dict(state, f"logical shard {shard}")
+        where = where or f"logical shard {shard}"
+        pipeline.load_state_dict(state, where)
+        pipeline.check_restored(state, accesses, recipe.decoration, measure, where)
     pipeline.prefetch_upcoming()
     if pipeline.token_stages and advance:
         if writer is None:

@@ -9,7 +9,7 @@ and the shuffle-buffer journal.
 The main process cuts batches out in order and applies the causal-LM shift while widening
 to int64. Its replica of the consumed state moves to a shard's item-end state once the
 whole item is consumed; in between it counts the lines consumed past the last state (a
-resume fast-forwards them, see ``fmsdata.state``).
+resume fast-forwards them, see ``fmsdata.replica``).
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ import torch
 from fmsdata import build_dataloader
 from fmsdata.catalog import discover
 from fmsdata.handlers import ArrowDocHandler
-from fmsdata.stages.base import held_spans
+from fmsdata.loaderstate import stage_state
+from fmsdata.report import stage_types
 from fmsdata.stages.savedlines import unpack_lines
-from fmsdata.state import stage_state
 from fmsdata.statefile import load_state, save_state, state_from_bytes, state_to_bytes
 from fmsdata.synthetic import CorpusInfo, write_corpus
 
@@ -221,6 +221,24 @@ class Ledger:
     def dataset_tokens(self, name: str) -> np.ndarray:
         first, end = self.info.ranges[name]
         return self.counts[first - self.first : end - self.first]
+
+
+def _held_by_every_stage(shard_state: dict[str, Any], fingerprint: dict[str, Any]) -> np.ndarray:
+    """The spans every stage of the recorded chain holds in a shard state, each asked of its
+    own part (its node less its inputs' keys) on an instance made without ``__init__``."""
+    types = stage_types()
+    records = [s for s in fingerprint["stages"] if s.get("path") is not None]
+    paths = [tuple(s["path"]) for s in records]
+    parts = [np.zeros((0, 5), dtype=np.int64)]
+    for record, path in zip(records, paths):
+        node = shard_state["stages"]
+        for key in path:
+            node = node[key]
+        inputs = {p[len(path)] for p in paths if len(p) == len(path) + 1 and p[: len(path)] == path}
+        cls = types[record["stage"]]
+        own = {k: v for k, v in node.items() if k not in inputs}
+        parts.append(np.asarray(cls.__new__(cls).held_spans(own), dtype=np.int64).reshape(-1, 5))
+    return np.concatenate(parts)
 
 
 def rank_loaders(config: dict[str, Any], world_size: int, **overrides: Any) -> list[Any]:

@@ -1,5 +1,8 @@
-"""Damaged loader states: a StateMismatchError naming the path and the value, before anything
-runs — never an IndexError mid-iteration, never other lines (issue 18)."""
+"""Damaged loader states: a StateMismatchError naming the path and the value, before any batch
+is yielded — never an IndexError mid-iteration, never other lines (issue 18).
+
+Loading reads the state's own fields and fingerprint; each shard's stages check their parts
+when its chain is built and loaded, where it runs, before the first batch (issue 23)."""
 
 import copy
 
@@ -47,12 +50,6 @@ def _set(state, path, value):
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
-
-
-def _load(config, state):
-    loader = build_dataloader(config)
-    loader.load_state_dict(state)
-    return loader
 
 
 def _damaged(state, change):
@@ -165,9 +162,11 @@ def test_damage_is_named_before_anything_runs(saved, case):
     change, message = CASES[case]
     damaged = _damaged(state, change)
     loader = build_dataloader(config)
+    yielded = []
     with pytest.raises(StateMismatchError, match=message):
         loader.load_state_dict(damaged)
-    assert loader.steps == 0  # nothing was taken over
+        yielded.extend(take(loader, 1))
+    assert yielded == []  # refused before any batch
 
 
 def test_the_carry_exists_in_the_fixture(saved):
@@ -274,11 +273,17 @@ def test_any_damage_is_refused_with_its_path_or_changes_nothing(saved, data):
     if not _apply(damaged, path, damage):
         return
     loader = build_dataloader(config)
+    yielded = []
     try:
         loader.load_state_dict(damaged)
+        for batch in loader:  # a shard's stages check their state before the first batch
+            yielded.append(batch)
+            if len(yielded) == len(reference):
+                break
     except StateMismatchError as err:
         message = str(err)
+        assert not yielded, (path, damage, "refused after a batch", message)
         assert any(word in message for word in _names(path)), (path, damage, message)
         return
     # Accepted: only harmless damage may be (the continuation is exactly the original one).
-    assert_same_batches(reference, take(loader, len(reference)))
+    assert_same_batches(reference, yielded)

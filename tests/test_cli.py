@@ -5,7 +5,7 @@ import yaml
 from support import base_config, corpus
 
 from fmsdata.cli.main import main
-from fmsdata.state import stage_state
+from fmsdata.loaderstate import stage_state
 
 
 def test_every_command_has_help():

@@ -18,7 +18,7 @@ from support import (
 )
 
 from fmsdata import build_dataloader
-from fmsdata.state import stage_state
+from fmsdata.loaderstate import stage_state
 from fmsdata.statefile import save_state
 
 

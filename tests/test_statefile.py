@@ -12,7 +12,7 @@ from support import base_config, corpus, take
 from fmsdata import build_dataloader
 from fmsdata.cli.main import main
 from fmsdata.errors import StateMismatchError
-from fmsdata.state import STATE_VERSION
+from fmsdata.loaderstate import STATE_VERSION
 from fmsdata.statefile import save_state, state_from_bytes, state_to_bytes
 from fmsdata.zipwrite import RLE, STRINGS, zip_bytes
 

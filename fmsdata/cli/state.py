@@ -97,18 +97,18 @@ def _newest_dcp_step(path: str) -> str | None:
 
 def _read_dcp(path: str) -> list[dict[str, Any]]:
     from fmsdata.dcpread import read_metadata, read_tensors
-    from fmsdata.state import as_rank_states
+    from fmsdata.loaderstate import LoaderState
 
     metadata = read_metadata(path)
     entries = read_tensors(path, metadata, _is_loader_key)
     if not entries:
         raise StateMismatchError(f"{path}: the checkpoint holds no fmsdata loader state")
     packed = {key.rsplit(".", 1)[-1]: value for key, value in entries.items()}
-    return [dict(s) for s in as_rank_states(packed)]
+    return [LoaderState.unpack(packed).to_plain()]
 
 
 def _is_loader_key(key: str) -> bool:
-    from fmsdata.state import META_KEY, SHARD_PREFIX
+    from fmsdata.loaderstate import META_KEY, SHARD_PREFIX
 
     leaf = key.rsplit(".", 1)[-1]
     return leaf == META_KEY or leaf.startswith(SHARD_PREFIX)
@@ -119,8 +119,8 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     was delivered, and what each stage counts, as the stages report them
     (``fmsdata.report``). ``left_out`` says what the counts leave out (lines emitted after
     a shard's recorded state, stages this process cannot ask), None when they are exact."""
+    from fmsdata.loaderstate import STATE_VERSION
     from fmsdata.report import DELIVERY_KEYS, shard_report, stage_types
-    from fmsdata.state import STATE_VERSION
 
     for state in states:
         if state.get("version") != STATE_VERSION:

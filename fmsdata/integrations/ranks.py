@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.state import META_KEY, SHARD_PREFIX
+from fmsdata.loaderstate import META_KEY, SHARD_PREFIX
 
 __all__ = ["FORMAT", "carried_state", "gather_rank_payloads", "packed_union", "resolve_dp"]
 

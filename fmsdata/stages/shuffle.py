@@ -12,7 +12,7 @@ chain, see ``fmsdata.pipeline``) is also recorded in a journal — an op list wh
 "push the next recorded line" and ``k >= 0`` "take the line at slot k", plus the pushed
 lines: a DataLoader worker forwards the journal with each batch, and the main process
 replays it on a copy of the buffer to know the state of what was *consumed* without the
-worker sending the whole buffer each time (see ``fmsdata.state``).
+worker sending the whole buffer each time (see ``fmsdata.replica``).
 """
 
 from __future__ import annotations

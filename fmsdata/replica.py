@@ -1,0 +1,174 @@
+"""The main process's replica of what was consumed: each shard's state as of the last
+batch handed to the caller.
+
+Workers run ahead of the training loop; the main process keeps a ``ConsumedState`` that
+it advances with what the workers send (item-end shard states and the shuffle-buffer
+journal, plus the lines consumed since), so a saved state describes exactly the batches
+handed to the caller (``fmsdata.loaderstate`` writes it).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fmsdata.loaderstate import ShardEntry
+from fmsdata.stages.savedlines import SavedLines, pack_lines, unpack_lines
+from fmsdata.stages.shuffle import BUFFER_KEY, apply_journal
+from fmsdata.statecheck import fail, within
+from fmsdata.transport import WorkerItem
+
+__all__ = ["ConsumedState", "journal_path"]
+
+
+def journal_path(stages: Sequence[Mapping[str, Any]]) -> tuple[str, ...] | None:
+    """Where the journaled shuffle buffer's own state sits in a shard state: the first
+    stage of the recorded chain (``fmsdata.stages.base.layout``) whose role is
+    ``"shuffle"``, as ``ShardPipeline`` journals it; None when the chain has none."""
+    for stage in stages:
+        if stage.get("role") == "shuffle" and stage.get("path") is not None:
+            return ("stages", *stage["path"])
+    return None
+
+
+def _lines(spans: np.ndarray, offsets: np.ndarray) -> Iterator[np.ndarray]:
+    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        yield spans[a:b]
+
+
+class ConsumedState:
+    """Per-shard pipeline state as of the last batch handed to the caller.
+
+    Each shard is described by a state it passed through (``light`` + the journaled
+    shuffle buffer, kept here as lines: span arrays, or ints for lines of the buffer it
+    was resumed with, still in their saved form) and the number of lines it emitted since
+    (``advance``); a shard's state moves forward when a worker item that advanced it has
+    been consumed completely.
+
+    Args:
+        shard_ids: This rank's logical shards.
+        stages: The chain as the state fingerprint records it (``stages`` there): where
+            the journaled shuffle buffer's state sits (``journal_path``).
+        entries: Saved ``{shard id: ShardEntry}`` (absent: not started).
+        steps: Batches consumed before (skipped ones included).
+        skips: ``[step, batches]`` of every skip so far.
+
+    Raises:
+        StateMismatchError: A saved shard state has no readable shuffle buffer where the
+            chain journals one (named by the entry's path).
+    """
+
+    def __init__(
+        self,
+        shard_ids: Sequence[int],
+        stages: Sequence[Mapping[str, Any]],
+        entries: Mapping[int, ShardEntry] | None = None,
+        steps: int = 0,
+        skips: Sequence[Sequence[int]] = (),
+    ):
+        self.shard_ids = list(shard_ids)
+        self.steps = steps
+        self.skips = [[int(at), int(n)] for at, n in skips]
+        self.buffer_path = journal_path(stages)
+        self._light: dict[int, dict[str, Any] | None] = {}
+        self._buffers: dict[int, list[np.ndarray | int]] = {}
+        self._saved: dict[int, SavedLines] = {}  # the buffer each shard resumed with
+        self._advance: dict[int, int] = {}
+        self._replayed: dict[int, int] = {}  # see workers_start
+        # Where each loaded shard state sat in what was loaded (its checks name it).
+        self.paths = {sid: e.path for sid, e in (entries or {}).items() if e.path}
+        for sid in self.shard_ids:
+            entry = (entries or {}).get(sid) or ShardEntry(sid, None)
+            self._advance[sid] = entry.advance
+            self._buffers[sid] = []
+            if entry.state is None:
+                self._light[sid] = None
+                continue
+            state = entry.state
+            if self.buffer_path is not None:
+                with within(entry.path or f"logical shard {sid}"):
+                    state, saved = self._split_buffer(state)
+                self._saved[sid] = saved
+                self._buffers[sid] = list(range(len(saved)))
+            self._light[sid] = copy.deepcopy(state)
+
+    def _split_buffer(self, state: Mapping[str, Any]) -> tuple[dict[str, Any], SavedLines]:
+        """A shard state less its journaled buffer, and the buffer's lines. Shallow copies
+        down to the buffer: the deep copy of the rest never copies the buffered spans."""
+        assert self.buffer_path is not None
+        out = dict(state)
+        node = out
+        for i, key in enumerate(self.buffer_path):
+            inner = node.get(key)
+            if not isinstance(inner, Mapping):
+                raise fail(".".join(self.buffer_path[:i]), f"keys missing [{key!r}]")
+            node[key] = dict(inner)
+            node = node[key]
+        if BUFFER_KEY not in node:
+            raise fail(".".join(self.buffer_path), f"shuffle state: keys missing [{BUFFER_KEY!r}]")
+        with within(".".join((*self.buffer_path, BUFFER_KEY))):
+            return out, unpack_lines(node.pop(BUFFER_KEY))
+
+    def consume_batch(self, item: WorkerItem, batch: int) -> None:
+        """Count the lines of batch ``batch`` of ``item`` as consumed."""
+        for sid in item.row_shards[item.offsets[batch] : item.offsets[batch + 1]].tolist():
+            self._advance[sid] += 1
+
+    def workers_start(self) -> dict[int, int]:
+        """Lines past each shard's state that workers starting now replay before their
+        first line; the state they send with the shard's next item includes them."""
+        self._replayed = dict(self._advance)
+        return dict(self._advance)
+
+    def finish_item(self, item: WorkerItem) -> None:
+        """Move the shards ``item`` advanced to their state at its end (every batch of it
+        consumed or skipped). Lines skipped past the item's end stay counted."""
+        self._light.update(item.lights)
+        pushed = _lines(item.pushed, item.pushed_offsets)
+        ops = item.ops
+        # One replay per run of a shard's ops (a worker sends each shard's ops together).
+        cuts = [0, *(np.flatnonzero(np.diff(ops[:, 0])) + 1).tolist(), len(ops)]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if b > a:
+                apply_journal(self._buffers[int(ops[a, 0])], ops[a:b, 1].tolist(), pushed)
+        sids, counts = np.unique(item.row_shards, return_counts=True)
+        in_item = dict(zip(sids.tolist(), counts.tolist()))
+        for sid in item.lights:
+            self._advance[sid] -= self._replayed.pop(sid, 0) + in_item.get(sid, 0)
+
+    def advance_by(self, lines: Mapping[int, int]) -> None:
+        """Count lines as consumed without their batches (a skip)."""
+        for sid, n in lines.items():
+            self._advance[sid] += n
+
+    def emitted(self) -> list[int]:
+        """Lines consumed so far from each of the rank's shards, in shard order."""
+        counts = []
+        for sid in self.shard_ids:
+            light = self._light[sid]
+            counts.append(self._advance[sid] + (0 if light is None else int(light["emitted"])))
+        return counts
+
+    def shard_state(self, sid: int) -> dict[str, Any] | None:
+        light = self._light[sid]
+        if light is None:
+            return None
+        if self.buffer_path is None:
+            return light
+        # Copy the dicts on the way to the buffer only: the rest is shared, read-only.
+        state = dict(light)
+        node = state
+        for key in self.buffer_path:
+            node[key] = dict(node[key])
+            node = node[key]
+        node[BUFFER_KEY] = pack_lines(self._buffers[sid], self._saved.get(sid))
+        return state
+
+    def shard_states(self) -> dict[int, Any]:
+        return {sid: self.shard_state(sid) for sid in self.shard_ids}
+
+    def advances(self) -> dict[int, int]:
+        return dict(self._advance)
