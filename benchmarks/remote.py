@@ -34,6 +34,7 @@ Prints a table and writes ``benchmarks/results/remote.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -154,6 +155,16 @@ def starts_root(server: S3Server, scratch: str, files: int) -> tuple[str, list[s
     return local, keys
 
 
+def folder_bytes(folder: str) -> int:
+    """Bytes of the files under ``folder`` (a file renamed or evicted meanwhile skipped)."""
+    total = 0
+    for d, _, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.path.getsize(os.path.join(d, name))
+    return total
+
+
 def held_rows(
     server: S3Server,
     scratch: str,
@@ -228,12 +239,7 @@ def held_rows(
         for _ in range(steps):
             next(batches)
             note()
-            held = sum(
-                os.path.getsize(os.path.join(d, f))
-                for d, _, names in os.walk(os.path.join(cache, "remote"))
-                for f in names
-            )
-            high["cache_mb"] = max(high["cache_mb"], held / 1e6)
+            high["cache_mb"] = max(high["cache_mb"], folder_bytes(cache) / 1e6)
         return loader.state_dict()
 
     rows = []
