@@ -69,7 +69,7 @@ def index_root(
         for rel in ds.paths
     ]
     order = {job[2]: i for i, job in enumerate(jobs)}
-    rows = []
+    rows: list[tuple[str, int, int]] = []
     total, done = len(jobs), [0]
     report = logged_progress(progress, f"indexing {root}")
 
