@@ -266,11 +266,19 @@ def _mapped(key: int) -> None:
 
 
 def _unmapped(key: int) -> None:
+    global _journal
     with _LOCK:
         if _OPEN.pop(key, None) is None:
             return
         journal = _listing()
-        if journal is not None:
+        if journal is not None and not _OPEN:
+            # Nothing mapped: no list (a worker stopped without its finalizers, as when a
+            # DataLoader terminates it, leaves none behind); the next mapping starts one.
+            if journal.fd >= 0:
+                os.close(journal.fd)
+            forget_worker_lists([journal.pid])
+            _journal = journal = None
+        elif journal is not None:
             journal.add(f"-\t{key}\n")
         _tell_note(journal)
 

@@ -73,12 +73,17 @@ def test_a_dead_process_list_names_the_open_file_that_changed(tmp_path, listing)
 
 
 def test_a_mapping_dropped_without_close_leaves_the_list(tmp_path, listing):
-    (path,) = files(tmp_path, 1)
-    mapped = MappedFile(path)
-    assert path in mapping.mapped_paths()
+    kept, dropped = files(tmp_path, 2)
+    other, mapped = MappedFile(kept), MappedFile(dropped)
+    assert dropped in mapping.mapped_paths()
     del mapped
-    assert path not in mapping.mapped_paths()
-    assert mapping._read_list(mapping.list_path(os.getpid())) == {}
+    assert dropped not in mapping.mapped_paths()
+    listed = mapping._read_list(mapping.list_path(os.getpid()))
+    assert [name for name, _ in listed.values()].count(dropped) == 0
+    assert kept in [name for name, _ in listed.values()]
+    other.close()
+    if not mapping._OPEN:  # nothing mapped: no list left behind for a killed worker
+        assert not os.path.exists(mapping.list_path(os.getpid()))
 
 
 def test_a_reader_cache_keeps_only_the_mappings_of_its_own_open(tmp_path):
