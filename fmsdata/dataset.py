@@ -24,7 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from fmsdata.access import DatasetAccess, ReaderCache, make_accesses
 from fmsdata.catalog import Catalog, discover
 from fmsdata.config import LoaderConfig
-from fmsdata.errors import ConfigError, ShardFormatError, StateMismatchError
+from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.derived import default_cache_dir
 from fmsdata.handlers.mapping import resident_file_bytes
@@ -369,12 +369,7 @@ class RankLineDataset(IterableDataset):
             tokens = ring[slot, : len(lines)]
         else:
             tokens = np.empty((len(lines), config.line_length), dtype=np.int32)
-        content = writer.write(lines, tokens)
-        if tokens.size and int(tokens.min()) < 0:
-            raise ShardFormatError(
-                "a document holds a token id of 2**31 or more, or a negative one; set vocab_size "
-                "to find which file"
-            )
+        content = writer.write(lines, tokens)  # refuses ids outside int32, naming the file
         has_bol, has_eol = config.bol_token is not None, config.eol_token is not None
         token_lines: list[TokenLine] | None = None
         if any(p.token_stages for p in touched.values()):

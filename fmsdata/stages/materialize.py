@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.errors import ShardFormatError
+from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.stages.base import BASE, DLEN, DOC, DS, FILE
 from fmsdata.stages.documents import Decoration
 from fmsdata.stages.kernels import COPIED, TOKEN_OUT_OF_RANGE, copy_pieces, lay_out_lines
@@ -40,6 +40,9 @@ class LineWriter:
         bol, eol: Line delimiters or None.
         pad: Padding token (pad packing) or None.
         vocab_size: When set, token ids outside ``[0, vocab_size)`` raise ShardFormatError.
+
+    Raises:
+        ConfigError: A delimiter or BOS/EOS token that does not fit an int32 row.
     """
 
     def __init__(
@@ -59,6 +62,13 @@ class LineWriter:
         self.eol = eol
         self.pad = pad
         self.vocab_size = vocab_size
+        delimiters = {"bol": bol, "eol": eol, "pad": pad}
+        delimiters.update(bos=decoration.bos, eos=decoration.eos)
+        for name, token in delimiters.items():
+            if token is not None and not 0 <= token <= _INT32_MAX:
+                raise ConfigError(
+                    f"{name} token {token} does not fit the int32 rows: ids are below 2**31"
+                )
         self._first_file: np.ndarray | None = None  # each dataset's first dense file number
 
     def fingerprint(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import accesses, scratch_dir
 
-from fmsdata.errors import ShardFormatError
+from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.arrow import write_arrow_docs
 from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.base import BASE, DLEN, restore_spans
@@ -138,3 +138,28 @@ def test_spans_carry_document_facts(tmp_path):
     )
     line = next(packer)
     assert (line[:, DLEN] > 0).all() and (line[:, BASE] >= 0).all()
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64])
+def test_a_token_that_does_not_fit_an_int32_row_names_the_file_and_document(tmp_path, dtype):
+    os.makedirs(tmp_path / "a")
+    docs = [np.arange(20, 30), np.array([20, 2**31, 21])]
+    write_arrow_docs(str(tmp_path / "a" / "big.arrow"), docs, dtype=dtype)
+    info = CorpusInfo(str(tmp_path), {"a": (20, 30)}, {"a": 2}, {"a/big.arrow": (None, None)})
+    acc = accesses(info)
+    deco = Decoration()
+    packer = LinePacker(
+        TokenShareMixer([DocumentStream(acc[0], 0, 1, 0, deco)], ["a"], ONE), 13, "hard"
+    )
+    writer = LineWriter(acc, deco, 13)
+    with pytest.raises(
+        ShardFormatError,
+        match=r"big\.arrow: document 1 holds a token id outside \[0, 2\*\*31\): 2147483648",
+    ):
+        writer.write([next(packer)], np.zeros((1, 13), dtype=np.int32))
+
+
+def test_a_delimiter_that_does_not_fit_an_int32_row_is_a_config_error(tmp_path):
+    info = stripped_corpus(str(tmp_path), 0)
+    with pytest.raises(ConfigError, match=r"eol token 2147483648 does not fit the int32 rows"):
+        LineWriter(accesses(info), Decoration(), 13, eol=2**31)
