@@ -58,30 +58,40 @@ def hash_values(key: int, start: int, count: int) -> list[int]:
     return _mix_array(np.uint64(key & _MASK64) ^ _mix_array(counters)).tolist()
 
 
-def _bit_lengths(values: np.ndarray) -> np.ndarray:
-    """``int.bit_length`` of each non-negative value, as uint64."""
-    bits = np.zeros(len(values), dtype=np.uint64)
-    rest = values.astype(np.uint64)
-    while rest.any():
-        bits += rest > 0
-        rest >>= np.uint64(1)
-    return bits
+@compiled
+def _round_constants(sizes: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each permutation's domain bits and round constants (compiled: a walk builds many
+    small permutation sets, and numpy's fixed cost per call was most of it).
 
-
-def _round_table(keys: np.ndarray, bits: np.ndarray) -> np.ndarray:
-    """Per-round (addend, odd multiplier) pairs of every key, each below ``2**bits``: row g
-    holds round r's pair in columns ``2r`` and ``2r + 1`` (vectorized: many small
-    permutations are cheap to set up)."""
-    mask = (np.uint64(1) << bits) - np.uint64(1)
-    table = np.zeros((len(keys), 2 * _ROUNDS), dtype=np.uint64)
-    state = keys.copy()
+    Returns ``(bits, table)``: ``bits[g]`` is ``int(sizes[g] - 1).bit_length()`` (0 for a
+    size of 0 or 1); row g of ``table`` holds round r's (addend, odd multiplier), each
+    below ``2**bits[g]``, in columns ``2r`` and ``2r + 1``: drawn from ``_mix_int`` of a
+    state stepped by the golden-ratio constant from ``keys[g]``.
+    """
+    count = len(sizes)
+    bits = np.zeros(count, np.uint64)
+    table = np.zeros((count, 2 * _ROUNDS), np.uint64)
+    one = np.uint64(1)
     step = np.uint64(0x9E3779B97F4A7C15)
-    for r in range(_ROUNDS):
-        state = _mix_array(state + step)
-        table[:, 2 * r] = state & mask
-        state = _mix_array(state + step)
-        table[:, 2 * r + 1] = (state & mask) | np.uint64(1)
-    return table
+    for g in range(count):
+        rest = np.uint64(max(sizes[g] - 1, 0))
+        width = np.uint64(0)
+        while rest > 0:
+            width += one
+            rest >>= one
+        bits[g] = width
+        mask = (one << width) - one
+        state = keys[g]
+        for column in range(2 * _ROUNDS):
+            x = state + step  # _mix_int, in wrapping uint64 arithmetic
+            x ^= x >> np.uint64(30)
+            x *= np.uint64(0xBF58476D1CE4E5B9)
+            x ^= x >> np.uint64(27)
+            x *= np.uint64(0x94D049BB133111EB)
+            x ^= x >> np.uint64(31)
+            state = x
+            table[g, column] = (x & mask) | (one if column % 2 else np.uint64(0))
+    return bits, table
 
 
 class Permutations:
@@ -94,9 +104,8 @@ class Permutations:
     """
 
     def __init__(self, sizes: Sequence[int] | np.ndarray, keys: Sequence[int]):
-        self.sizes = np.asarray(sizes, dtype=np.int64)
-        self._bits = _bit_lengths(np.maximum(self.sizes - 1, 0))
-        self._table = _round_table(np.asarray(keys, dtype=np.uint64), self._bits)
+        self.sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+        self._bits, self._table = _round_constants(self.sizes, np.asarray(keys, dtype=np.uint64))
 
     def apply(self, positions: np.ndarray, groups: np.ndarray) -> np.ndarray:
         """Element i is position ``positions[i]`` of permutation ``groups[i]``.

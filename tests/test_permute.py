@@ -53,14 +53,15 @@ def test_vector_hashes_match_the_scalar_ones(key, start, n):
     assert [v % n for v in values] == [hash_index(key, start + i, n) for i in range(5)]
 
 
-def test_round_table_equals_the_per_key_rule():
-    """The vectorized round constants equal the rule written one key at a time."""
-    from fmsdata.permute import _ROUNDS, _bit_lengths, _mix_int, _round_table
+def test_round_constants_equal_the_per_key_rule():
+    """The compiled round constants equal the rule written one key at a time."""
+    from fmsdata.permute import _ROUNDS, _mix_int, _round_constants
 
     keys = [derive_key(i) for i in range(50)] + [0, (1 << 64) - 1]
     sizes = np.arange(len(keys)) * 977 + 1
-    bits = _bit_lengths(sizes - 1)
-    assert bits.tolist() == [int(n - 1).bit_length() for n in sizes]
+    sizes[-1] = 0  # an empty range: no bits, like a range of one
+    bits, table = _round_constants(sizes, np.array(keys, dtype=np.uint64))
+    assert bits.tolist() == [int(max(n - 1, 0)).bit_length() for n in sizes]
     expected = []
     for key, b in zip(keys, bits.tolist()):
         mask, state, row = (1 << b) - 1, key, []
@@ -70,7 +71,7 @@ def test_round_table_equals_the_per_key_rule():
             state = _mix_int(state + 0x9E3779B97F4A7C15)
             row.append((state & mask) | 1)
         expected.append(row)
-    assert _round_table(np.array(keys, dtype=np.uint64), bits).tolist() == expected
+    assert table.tolist() == expected
 
 
 def reference_position(position, n, key):
