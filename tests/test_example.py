@@ -105,6 +105,7 @@ def test_resume_and_rescale_under_torchrun(tmp_path):
         assert resumed == pytest.approx({s: reference_losses[s] for s in range(5, 11)}, rel=1e-2)
 
 
+@pytest.mark.slow  # the example end to end in subprocesses
 def test_custom_format_example_matches_arrow_and_resumes(tmp_path):
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "custom_format.py")
     done = subprocess.run(
@@ -119,6 +120,7 @@ def test_custom_format_example_matches_arrow_and_resumes(tmp_path):
     assert "resumed run continues exactly: True" in done.stdout
 
 
+@pytest.mark.slow  # the example end to end in subprocesses
 def test_custom_stage_example_trains_resumes_and_rescales(tmp_path):
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "custom_stage.py")
     done = subprocess.run(

@@ -75,6 +75,7 @@ def _first_batch_pulls(config, pulls, state=None):
     return set(pulls), batch
 
 
+@pytest.mark.slow  # 2,000-file root over S3, a fresh start and a resume: ~30 s on 2 cores
 def test_resume_pulls_what_a_fresh_start_pulls(roots, s3, bucket, tmp_path, pulls):
     config = _config(roots, s3, bucket, tmp_path, "counted", "cache-run")
     run = build_dataloader(config)
@@ -92,6 +93,7 @@ def test_resume_pulls_what_a_fresh_start_pulls(roots, s3, bucket, tmp_path, pull
     assert_same_batches(reference[31:], [batch])
 
 
+@pytest.mark.slow  # 2,000 footers read over S3: ~30 s on 2 cores
 def test_root_without_counts_is_counted_without_pulling_it(roots, s3, bucket, tmp_path, pulls):
     counted = _config(roots, s3, bucket, tmp_path, "counted", "c1")
     bare = _config(roots, s3, bucket, tmp_path, "bare", "c2")

@@ -250,6 +250,7 @@ CACHED_RUN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # two fresh interpreters
 def test_numba_cache_dir_holds_the_compiled_code_and_a_second_process_reuses_it(tmp_path):
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     runs = [

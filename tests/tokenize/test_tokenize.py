@@ -114,6 +114,7 @@ def test_slurm_style_tasks_together_equal_the_single_run(inputs, tokenizer, tmp_
     assert output_files(tmp_path / "array") == output_files(tmp_path / "single")
 
 
+@pytest.mark.slow  # starts a local Ray instance
 def test_ray_backend_gives_the_same_output(inputs, tokenizer, tmp_path, monkeypatch):
     import ray  # a shipped backend: its test fails, never skips, when ray is missing
 
