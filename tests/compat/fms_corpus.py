@@ -82,3 +82,14 @@ def batch_digest(batch: object) -> str:
     for part in parts:
         h.update(np.ascontiguousarray(part.numpy().astype(np.int32)).tobytes())
     return h.hexdigest()[:16]
+
+
+def loader_digests(
+    values: dict, rank: int, world: int, steps: int, order: str | None = "fms-fsdp"
+) -> list[str]:
+    """``batch_digest`` of the first ``steps`` batches of fmsdata's fms-fsdp entry point for
+    the ``train_config`` fields ``values`` on ``rank`` of ``world``."""
+    from fmsdata.compat.fms_fsdp import get_data_loader
+
+    it = iter(get_data_loader(values, rank, world, order=order))
+    return [batch_digest(next(it)) for _ in range(steps)]

@@ -18,7 +18,8 @@ import subprocess
 import sys
 
 import pytest
-from fms_corpus import batch_digest, make_corpus
+from fms_corpus import loader_digests as _digests
+from fms_corpus import make_corpus
 from make_fms_fsdp_fixtures import (
     BRANCHES,
     FIXTURES,
@@ -27,8 +28,6 @@ from make_fms_fsdp_fixtures import (
     generator_probe,
     peers_folder,
 )
-
-from fmsdata.compat.fms_fsdp import get_data_loader
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_fms_fsdp_fixtures.py")
 PEERS = peers_folder()
@@ -89,11 +88,6 @@ def test_live_oracle_equals_committed_fixtures(live, branch):
     for name, record in got["checkpoints"].items():
         # digests of the writing run, the loader_state_*.pth contents, every resume
         assert record == committed["checkpoints"][name], name
-
-
-def _digests(values, rank, world, steps, order):
-    it = iter(get_data_loader(values, rank, world, order=order))
-    return [batch_digest(next(it)) for _ in range(steps)]
 
 
 @pytest.mark.slow

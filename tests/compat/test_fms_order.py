@@ -13,7 +13,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from fms_corpus import batch_digest, make_corpus
+from fms_corpus import loader_digests as _digests
+from fms_corpus import make_corpus
 from make_fms_fsdp_fixtures import generator_probe
 
 from fmsdata.compat.fms_fsdp import get_data_loader
@@ -36,11 +37,6 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return make_corpus(str(tmp_path_factory.mktemp("fms") / "data"), seed=FIXTURE["corpus_seed"])
-
-
-def _digests(values, rank, world, steps, order="fms-fsdp"):
-    it = iter(get_data_loader(values, rank, world, order=order))
-    return [batch_digest(next(it)) for _ in range(steps)]
 
 
 @pytest.mark.parametrize("case", sorted(FIXTURE["cases"]))

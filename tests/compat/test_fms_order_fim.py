@@ -11,7 +11,8 @@ import shutil
 
 import pytest
 import torch
-from fms_corpus import batch_digest, make_corpus
+from fms_corpus import loader_digests as _digests
+from fms_corpus import make_corpus
 from make_fms_fsdp_fixtures import fim_generator_probe, generator_probe
 
 from fmsdata.compat.fms_fsdp import get_data_loader
@@ -32,11 +33,6 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return make_corpus(str(tmp_path_factory.mktemp("fim") / "data"), seed=FIXTURE["corpus_seed"])
-
-
-def _digests(values, rank, world, steps, order="fms-fsdp"):
-    it = iter(get_data_loader(values, rank, world, order=order))
-    return [batch_digest(next(it)) for _ in range(steps)]
 
 
 @pytest.mark.parametrize("case", sorted(FIXTURE["cases"]))
