@@ -103,15 +103,9 @@ class RecordBatchIndex:
         offset = self.offsets[indices]
         meta_len = self.meta_lengths[indices]
         try:
-            prefix = np.where(_read(buf, offset, "<u4") == _CONTINUATION, 8, 4)
-            message = _deref(buf, offset + prefix)
-            header_type = _field(buf, message, 1)
-            header_field = _field(buf, message, 2)
-            if (header_type == 0).any() or (header_field == 0).any():
+            batch = _record_batch_tables(buf, offset)
+            if batch is None:
                 return None
-            if (_read(buf, message + header_type, "<u1") != _RECORD_BATCH).any():
-                return None
-            batch = _deref(buf, message + header_field)
             length_field = _field(buf, batch, 0)
             nodes_field = _field(buf, batch, 1)
             buffers_field = _field(buf, batch, 2)
@@ -179,20 +173,29 @@ def footer_length(tail: bytes) -> int | None:
     return int(np.frombuffer(tail[-10:-6], "<i4")[0]) + 10
 
 
+def _record_batch_tables(buf: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
+    """Where the RecordBatch table of each message whose metadata starts at ``positions``
+    (continuation prefix included) lies in ``buf``; None when one is not a record batch
+    message. Raises IndexError when a position or offset points outside ``buf``."""
+    prefix = np.where(_read(buf, positions, "<u4") == _CONTINUATION, 8, 4)
+    message = _deref(buf, positions + prefix)
+    header_type = _field(buf, message, 1)
+    header_field = _field(buf, message, 2)
+    if (header_type == 0).any() or (header_field == 0).any():
+        return None
+    if (_read(buf, message + header_type, "<u1") != _RECORD_BATCH).any():
+        return None
+    return _deref(buf, message + header_field)
+
+
 def batch_rows(buf: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
     """The row count (``length``) of the record batch messages whose metadata starts at
     ``positions`` of ``buf`` (each message's continuation prefix included); None when one
     is not a record batch message."""
     try:
-        prefix = np.where(_read(buf, positions, "<u4") == _CONTINUATION, 8, 4)
-        message = _deref(buf, positions + prefix)
-        header_type = _field(buf, message, 1)
-        header_field = _field(buf, message, 2)
-        if (header_type == 0).any() or (header_field == 0).any():
+        batch = _record_batch_tables(buf, positions)
+        if batch is None:
             return None
-        if (_read(buf, message + header_type, "<u1") != _RECORD_BATCH).any():
-            return None
-        batch = _deref(buf, message + header_field)
         length_field = _field(buf, batch, 0)
         return np.where(length_field > 0, _read(buf, batch + length_field, "<i8"), 0)
     except IndexError:

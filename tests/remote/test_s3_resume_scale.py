@@ -129,12 +129,19 @@ def test_index_of_an_s3_root_reads_no_shard_body(roots, s3, bucket, tmp_path, pu
 
 
 def _cache_bytes(folder):
-    return sum(
-        os.path.getsize(os.path.join(d, f))
-        for d, _, names in os.walk(folder)
-        for f in names
-        if not f.endswith(LOCK_SUFFIX) and ".partial" not in f
-    )
+    """Bytes of the complete files in the cache now. The loader's prefetch threads evict
+    and add files while this walks, so a file listed and gone before its size is read
+    counts as gone."""
+    total = 0
+    for d, _, names in os.walk(folder):
+        for f in names:
+            if f.endswith(LOCK_SUFFIX) or ".partial" in f:
+                continue
+            try:
+                total += os.path.getsize(os.path.join(d, f))
+            except FileNotFoundError:
+                pass
+    return total
 
 
 def test_a_small_remote_cache_stays_bounded_through_a_resume(
