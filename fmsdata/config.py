@@ -149,6 +149,8 @@ class LoaderConfig:
         min_length: Documents with fewer tokens (after stripping) are skipped and counted.
         logical_shards: Number of independent streams the data is split into; every world
             size the run may use must be at most this (and divide it for exact rescaling).
+            The default, 8 like ``batch_size``, keeps global steps exact on 1 to 8 ranks;
+            for more, set a multiple of every world size you will use.
         shuffle_window: Lines held in the shuffle buffer of each logical shard (0 or 1 = off;
             not used with ``document_order: sequential``).
         document_order: ``"random"`` (a keyed walk per epoch, lines shuffled) or
