@@ -26,7 +26,12 @@ from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.base import FlatBuffer, FlatBufferHandler
 from fmsdata.handlers.derived import default_cache_dir, derived_path
 from fmsdata.handlers.mapping import MappedFile
-from fmsdata.handlers.npy_header import damaged_npy_prefix, has_npy_magic, parse_npy_header
+from fmsdata.handlers.npy_header import (
+    damaged_npy_prefix,
+    has_npy_magic,
+    load_npy,
+    parse_npy_header,
+)
 
 __all__ = ["FlatTokensHandler"]
 
@@ -101,7 +106,7 @@ def _document_ends(
     if os.path.exists(cache + ".json"):
         with open(cache + ".json") as handle:
             tail = int(json.load(handle)["zero_tail"])
-        return np.load(cache + ".npy", allow_pickle=False), tail
+        return load_npy(cache + ".npy"), tail
     found = [
         np.flatnonzero(flat[at : at + _SCAN] == separator) + at for at in range(0, len(flat), _SCAN)
     ]

@@ -18,6 +18,7 @@ which ``np.load`` could only read by unpickling, are refused. Anything malformed
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ __all__ = [
     "NpyHeader",
     "has_npy_magic",
     "damaged_npy_prefix",
+    "load_npy",
     "parse_npy_header",
     "read_npy_header",
 ]
@@ -106,6 +108,20 @@ def read_npy_header(path: str) -> NpyHeader:
         length = _header_length(start, path)
         raw = start + handle.read(max(0, length - len(start)))
     return parse_npy_header(raw, path)
+
+
+def load_npy(path: str) -> np.ndarray:
+    """The array of the ``.npy`` file at ``path``, read through ``read_npy_header``.
+
+    ``np.load`` parses the header with ``ast.literal_eval``, which can raise an untyped
+    ``SystemError`` in DataLoader workers (a CPython 3.11 race); fmsdata's own caches are
+    read with this instead. A file whose size disagrees with its header is a
+    ``ShardFormatError`` naming it.
+    """
+    header = read_npy_header(path)
+    header.check_size(os.path.getsize(path), path)
+    flat = np.fromfile(path, dtype=header.dtype, count=header.count, offset=header.offset)
+    return flat.reshape(header.shape, order="F" if header.fortran_order else "C")
 
 
 def _header_length(raw: bytes, path: str) -> int:

@@ -21,6 +21,7 @@ from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.base import FlatBuffer, FlatBufferHandler
 from fmsdata.handlers.derived import derived_path
 from fmsdata.handlers.mapping import MappedFile
+from fmsdata.handlers.npy_header import load_npy
 from fmsdata.textcorpus import BUNDLED_TOKENIZERS, resolve_tokenizer
 
 __all__ = [
@@ -140,7 +141,7 @@ class TokenCache:
             self._build(stem, chunks, np.dtype(dtype))
         with open(stem + ".json") as handle:
             meta = json.load(handle)
-        offsets = np.load(stem + ".offsets.npy", allow_pickle=False)
+        offsets = load_npy(stem + ".offsets.npy")
         return CachedTokens(path, stem + ".tokens", offsets, np.dtype(meta["dtype"]), meta)
 
     @staticmethod

@@ -21,6 +21,7 @@ import numpy as np
 from fmsdata.catalog import discover, read_counts
 from fmsdata.errors import EmptyDatasetError
 from fmsdata.handlers.base import FileHandler
+from fmsdata.handlers.npy_header import load_npy
 from fmsdata.mapstyle.source import RootSpec
 from fmsdata.remote.cache import FileSource
 from fmsdata.remote.storage import Storage
@@ -108,7 +109,7 @@ def list_stream_files(
         key.update(f"{path}\0{size}\0".encode())
     cache = os.path.join(cache_dir, "mapstyle", key.hexdigest() + ".npy")
     if os.path.exists(cache):
-        counts = np.load(cache, allow_pickle=False)
+        counts = load_npy(cache)
     else:
         counts = _count(spec, paths, handler, storage, source)
         _store(cache, counts)

@@ -1,6 +1,7 @@
 """`.npy` files: a NumPy header is parsed (never evaluated), headerless files read as before."""
 
 import io
+import os
 
 import numpy as np
 import pytest
@@ -252,3 +253,32 @@ def test_headerless_npy_reads_exactly_as_before(tmp_path):
     path.write_bytes(stream(DOCS, "<u2").tobytes()[:-1])
     with pytest.raises(ShardFormatError, match=r"truncated: .* 1 byte\(s\) of a cut one"):
         handler.open(str(path))
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_load_npy_reads_what_np_save_wrote_without_ast(tmp_path, monkeypatch, order):
+    """fmsdata's own .npy caches are read without ``np.load`` (whose header parse uses
+    ``ast``, the CPython 3.11 worker race); a cut file is a ShardFormatError naming it."""
+    import ast
+
+    from fmsdata.handlers.npy_header import load_npy
+
+    array = (
+        np.asfortranarray(np.arange(12, dtype="<i8").reshape(3, 4))
+        if order == "F"
+        else (np.arange(12, dtype="<u4").reshape(3, 4))
+    )
+    path = str(tmp_path / "a.npy")
+    np.save(path, array)
+
+    def broken(*args, **kwargs):
+        raise SystemError("AST constructor recursion depth mismatch")
+
+    monkeypatch.setattr(ast, "literal_eval", broken)
+    monkeypatch.setattr(ast, "parse", broken)
+    loaded = load_npy(path)
+    assert loaded.dtype == array.dtype and (loaded == array).all()
+    with open(path, "r+b") as handle:
+        handle.truncate(os.path.getsize(path) - 8)
+    with pytest.raises(ShardFormatError, match="a.npy"):
+        load_npy(path)
