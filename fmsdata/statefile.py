@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.errors import StateMismatchError
+from fmsdata.errors import ShardFormatError, StateMismatchError
+from fmsdata.handlers.npy_header import npy_from_bytes
 from fmsdata.zipwrite import RLE, STRINGS, zip_bytes
 
 __all__ = ["save_state", "load_state", "peek_state", "state_to_bytes", "state_from_bytes"]
@@ -139,10 +140,12 @@ def state_from_bytes(data: bytes, source: str = "<bytes>") -> Any:
             for info in archive.infolist():
                 if info.filename.endswith(".npy"):
                     with archive.open(info) as handle:
-                        arrays[info.filename[:-4]] = np.lib.format.read_array(
-                            io.BytesIO(handle.read()), allow_pickle=False
+                        arrays[info.filename[:-4]] = npy_from_bytes(
+                            handle.read(), f"{source}:{info.filename}"
                         )
     except (zipfile.BadZipFile, KeyError, ValueError, EOFError, UnicodeDecodeError) as err:
+        raise StateMismatchError(f"{source}: not a readable loader state file ({err})") from None
+    except ShardFormatError as err:  # an array member's header or size
         raise StateMismatchError(f"{source}: not a readable loader state file ({err})") from None
     try:
         return _restore(tree, arrays)

@@ -34,6 +34,7 @@ __all__ = [
     "has_npy_magic",
     "damaged_npy_prefix",
     "load_npy",
+    "npy_from_bytes",
     "parse_npy_header",
     "read_npy_header",
 ]
@@ -122,6 +123,15 @@ def load_npy(path: str) -> np.ndarray:
     header.check_size(os.path.getsize(path), path)
     flat = np.fromfile(path, dtype=header.dtype, count=header.count, offset=header.offset)
     return flat.reshape(header.shape, order="F" if header.fortran_order else "C")
+
+
+def npy_from_bytes(raw: bytes, path: str) -> np.ndarray:
+    """The array of a whole ``.npy`` file held in ``raw`` (a copy, writable), parsed as
+    ``load_npy`` parses files; ``path`` names it in errors."""
+    header = parse_npy_header(raw, path)
+    header.check_size(len(raw), path)
+    flat = np.frombuffer(raw, dtype=header.dtype, count=header.count, offset=header.offset)
+    return flat.reshape(header.shape, order="F" if header.fortran_order else "C").copy()
 
 
 def _header_length(raw: bytes, path: str) -> int:
