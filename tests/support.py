@@ -272,6 +272,23 @@ def accesses(
     return make_accesses(catalog, handler, LocalFiles(catalog.root), ReaderCache(64))
 
 
+def delivered_truth(info, config, batches):
+    """Per dataset, tokens and whole documents in ``batches``, counted from token values."""
+    ledger = Ledger(info, config)
+    ledger.add_batches(batches)
+    assert ledger.counts.max() <= 1, "the test expects no document twice (one epoch)"
+    truth = {}
+    for d, name in enumerate(info.ranges):
+        docs = 0
+        for path in ledger.paths[d]:
+            firsts, lengths = info.files[path]
+            for first, length in zip(firsts.tolist(), lengths.tolist()):
+                seen = ledger.counts[first - FIRST_TOKEN : first + length - FIRST_TOKEN]
+                docs += int(seen.all())
+        truth[name] = {"tokens": int(ledger.dataset_tokens(name).sum()), "docs": docs}
+    return truth
+
+
 def check_exactly_once_per_epoch(
     ledger: Ledger, states: Sequence[dict[str, Any]], n_shards: int
 ) -> None:
@@ -300,7 +317,7 @@ def check_exactly_once_per_epoch(
             stream = mixer["sources"][name] if mixer else None
             walks[sid] = (stream["epoch"], stream["pos"]) if stream else (0, 0)
 
-        def seen_of(rows: np.ndarray) -> np.ndarray:
+        def seen_of(rows: np.ndarray, files: list = files, name: str = name) -> np.ndarray:
             per_doc = []
             for f, lo, hi in rows.tolist():
                 firsts, lengths = files[f]

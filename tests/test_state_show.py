@@ -10,7 +10,7 @@ flight are replayed (``snapshot(settle=True)``, what ``state show --config`` rea
 import json
 
 import pytest
-from support import FIRST_TOKEN, Ledger, base_config, corpus, roundtrip, take
+from support import base_config, corpus, delivered_truth, roundtrip, take
 from test_user_stages import SwapPairs
 
 from fmsdata import build_dataloader
@@ -29,24 +29,10 @@ def swapped(shard):
     return SwapPairs(shard.pack(shard.documents()))
 
 
-def delivered_truth(info, config, batches):
-    """Per dataset, tokens and whole documents in ``batches``, from their token values."""
-    ledger = Ledger(info, config)
-    ledger.add_batches(batches)
-    assert ledger.counts.max() <= 1, "the test expects no document twice (one epoch)"
-    truth = {}
-    for d, name in enumerate(info.ranges):
-        docs = 0
-        for path in ledger.paths[d]:
-            firsts, lengths = info.files[path]
-            for first, length in zip(firsts.tolist(), lengths.tolist()):
-                docs += int(ledger.counts[first - FIRST_TOKEN : first + length - FIRST_TOKEN].all())
-        truth[name] = (int(ledger.dataset_tokens(name).sum()), docs)
-    return truth
-
-
 def shown(summary):
-    return {name: (d["tokens"], d["docs"]) for name, d in summary["datasets"].items()}
+    return {
+        name: {"tokens": d["tokens"], "docs": d["docs"]} for name, d in summary["datasets"].items()
+    }
 
 
 @pytest.fixture(scope="module")

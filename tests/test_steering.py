@@ -9,12 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import (
-    FIRST_TOKEN,
     Ledger,
     assert_same_batches,
     base_config,
     check_exactly_once_per_epoch,
     corpus,
+    delivered_truth,
     global_steps,
     rank_loaders,
     roundtrip,
@@ -413,23 +413,6 @@ def test_a_changed_dataset_list_is_refused_by_name(tmp_path):
 
 
 # -- state show: what was delivered ------------------------------------------------------
-
-
-def delivered_truth(info, config, batches):
-    """Per dataset, tokens and whole documents in ``batches``, counted from token values."""
-    ledger = Ledger(info, config)
-    ledger.add_batches(batches)
-    assert ledger.counts.max() <= 1, "the test expects no document twice (one epoch)"
-    truth = {}
-    for d, name in enumerate(info.ranges):
-        docs = 0
-        for path in ledger.paths[d]:
-            firsts, lengths = info.files[path]
-            for first, length in zip(firsts.tolist(), lengths.tolist()):
-                seen = ledger.counts[first - FIRST_TOKEN : first + length - FIRST_TOKEN]
-                docs += int(seen.all())
-        truth[name] = {"tokens": int(ledger.dataset_tokens(name).sum()), "docs": docs}
-    return truth
 
 
 @pytest.mark.parametrize("window", [0, 5])
