@@ -6,13 +6,17 @@ stage type's ``report``, which says what it holds (spans taken from its input an
 handed out), what it counts, and, for the document source, what it took per dataset. So,
 per dataset and exactly, for any chain::
 
-    delivered = taken - held
+    delivered = taken - held - dropped
 
 ``held`` is what every stage holds (the shuffle buffer's lines, the packer's unsent carry,
 a user stage's held lines), and a document counts as delivered once no stage holds a piece
-of it. Lines a shard emitted after its recorded state (``advance``: a worker item in
-flight) are not in its state: they are counted only once replayed (``state show
---config``), and left out, and said to be, otherwise.
+of it. ``dropped`` is what token stages took out of the lines (a ``DocumentFilter``'s
+dropped pieces, per dataset index: ``dropped_tokens``, ``dropped_docs`` for damaged
+documents whose pieces all passed it, ``dropped_open`` for damaged documents split over
+lines whose other pieces it has not seen: those count as dropped unless a stage holds a
+piece of them, then as held). Lines a shard emitted after its recorded state (``advance``:
+a worker item in flight) are not in its state: they are counted only once replayed
+(``state show --config``), and left out, and said to be, otherwise.
 
 A stage type is looked up among the ``Stage`` classes this process has imported (never
 imported by the name a state file gives); a stage of another type is named in
@@ -32,7 +36,7 @@ from fmsdata.stages.base import LENGTH, SAVED_SPAN_WIDTH, START, Stage
 __all__ = ["DELIVERY_KEYS", "ShardReport", "shard_report", "stage_types"]
 
 # Per dataset: taken (by the document source), held (by the stages after it, by kind),
-# delivered = taken - buffered - unsent - held.
+# dropped (by token stages), delivered = taken - buffered - unsent - held - dropped.
 DELIVERY_KEYS = (
     "taken_tokens",
     "taken_docs",
@@ -42,10 +46,13 @@ DELIVERY_KEYS = (
     "unsent_docs",
     "held_tokens",
     "held_docs",
+    "dropped_tokens",
+    "dropped_docs",
     "delivered_tokens",
     "delivered_docs",
 )
 _HELD_AS = ("buffered", "unsent", "held")
+_TAKEN_OUT = (*_HELD_AS, "dropped")
 
 
 def stage_types() -> dict[str, type[Stage]]:
@@ -116,6 +123,7 @@ def shard_report(
         return out
     types = stage_types() if types is None else types
     held: list[tuple[str, np.ndarray, Any]] = []  # (held_as, spans, tokens per dataset index)
+    damaged: list[tuple[int, int, int]] = []  # split documents a token stage dropped a piece of
     for stage, own in _own_parts(fingerprint.get("stages") or [], shard_state):
         path = list(stage["path"])
         label = str(stage.get("stage", "?")).rsplit(".", 1)[-1] + (
@@ -131,22 +139,31 @@ def shard_report(
                 out.datasets[name].update({k: int(v) for k, v in taken.items()})
         if report.get("counts"):
             out.counts[label] = {str(k): int(v) for k, v in report["counts"].items()}
+        for unit in ("tokens", "docs"):
+            for ds, n in enumerate(report.get(f"dropped_{unit}") or ()):
+                name = span_datasets[ds] if ds < len(span_datasets) else None
+                if name in out.datasets:
+                    out.datasets[name][f"dropped_{unit}"] += int(n)
+        damaged.extend((int(ds), int(f), int(d)) for ds, f, d in report.get("dropped_open") or ())
         spans = np.asarray(report.get("held", ()), dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
         if len(spans):
             as_ = report.get("held_as", "held")
             held.append((as_ if as_ in _HELD_AS else "held", spans, report.get("held_tokens")))
-    _subtract_held(out.datasets, held, span_datasets)
+    _subtract_held(out.datasets, held, damaged, span_datasets)
     return out
 
 
 def _subtract_held(
     datasets: dict[str, dict[str, int]],
     held: Sequence[tuple[str, np.ndarray, Any]],
+    damaged: Sequence[tuple[int, int, int]],
     span_datasets: Sequence[str],
 ) -> None:
-    """Count what the stages hold and set ``delivered = taken - held``. A document is
-    delivered once no stage holds a piece of it; one held twice (from two epochs) shows
-    as a start held twice; a document with an unsent piece counts as unsent."""
+    """Count what the stages hold and set ``delivered = taken - held - dropped``. A
+    document is delivered once no stage holds a piece of it and no token stage dropped
+    one; one held twice (from two epochs) shows as a start held twice; a document with an
+    unsent piece counts as unsent; a damaged split document that no stage holds a piece
+    of counts as dropped."""
     for as_, spans, tokens in held:
         per_ds = (
             tokens
@@ -172,8 +189,12 @@ def _subtract_held(
         if times > 1:  # the same document held from two epochs: the other pieces' kind
             other = "buffered" if "buffered" in kinds else first
             datasets[name][f"{other}_docs"] += times - 1
+    for ds, file, doc in set(damaged):
+        name = span_datasets[ds] if ds < len(span_datasets) else None
+        if name in datasets and (ds, file, doc) not in pieces:
+            datasets[name]["dropped_docs"] += 1
     for entry in datasets.values():
         for unit in ("tokens", "docs"):
             entry[f"delivered_{unit}"] = entry[f"taken_{unit}"] - sum(
-                entry[f"{as_}_{unit}"] for as_ in _HELD_AS
+                entry[f"{as_}_{unit}"] for as_ in _TAKEN_OUT
             )

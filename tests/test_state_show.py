@@ -16,6 +16,8 @@ from test_user_stages import SwapPairs
 from fmsdata import build_dataloader
 from fmsdata.cli.main import main
 from fmsdata.cli.state import summarize
+from fmsdata.pipeline import default_stages
+from fmsdata.stages import DocumentFilter
 from fmsdata.statefile import save_state
 
 
@@ -27,6 +29,20 @@ def pack_only(shard):
 def swapped(shard):
     """A user's stage that holds one line between two calls, over the packer."""
     return SwapPairs(shard.pack(shard.documents()))
+
+
+def drop_every_third(tokens, document_id):
+    return int(document_id) % 3 != 0
+
+
+def filtered_pack_only(shard):
+    """A filter over the packer: split documents' pieces reach it in order."""
+    return DocumentFilter(pack_only(shard), drop_every_third)
+
+
+def filtered(shard):
+    """A filter over the default chain: the shuffle buffer reorders split documents' pieces."""
+    return DocumentFilter(default_stages(shard), drop_every_third)
 
 
 def shown(summary):
@@ -54,8 +70,43 @@ def test_counts_equal_what_was_delivered_for_any_chain(info, stages, workers):
         assert sum(d["held_tokens"] for d in summary["datasets"].values()) > 0
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("stages", [filtered_pack_only, filtered], ids=["no-shuffle", "default"])
+def test_counts_leave_out_what_a_filter_dropped_per_dataset(
+    info, tmp_path, capsys, stages, workers
+):
+    """Delivered per dataset is what the batches hold: a DocumentFilter's drops are
+    subtracted from the dataset of each dropped document (text and JSON)."""
+    config = base_config(info, num_workers=workers, bos_token=None, eos_token=None)
+    loader = build_dataloader(config, stages=stages)
+    batches = take(loader, 11)
+    truth = delivered_truth(info, config, batches)
+    save_state(str(tmp_path / "state.fms"), loader.snapshot(settle=True))
+    assert main(["state", "show", str(tmp_path / "state.fms"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["left_out"] is None
+    assert shown(summary) == truth
+    for name, got in summary["datasets"].items():
+        assert got["dropped_tokens"] > 0 and got["dropped_docs"] > 0, name
+        assert got["delivered_tokens"] == got["taken_tokens"] - sum(
+            got[f"{kind}_tokens"] for kind in ("buffered", "unsent", "held", "dropped")
+        )
+    counts = summary["stage_counts"]["DocumentFilter"]
+    assert counts["dropped_tokens"] == sum(
+        d["dropped_tokens"] for d in summary["datasets"].values()
+    )
+    assert main(["state", "show", str(tmp_path / "state.fms")]) == 0
+    text = capsys.readouterr().out
+    assert "dropped docs" in text
+    for name, got in truth.items():
+        row = next(line.split() for line in text.splitlines() if line.startswith(name + " "))
+        assert row[1:3] == [f"{got['docs']:,}", f"{got['tokens']:,}"], row
+
+
 @pytest.mark.parametrize("how", ["skip", "skip_steps"])
-@pytest.mark.parametrize("stages", [pack_only, None], ids=["no-shuffle", "default"])
+@pytest.mark.parametrize(
+    "stages", [pack_only, None, filtered], ids=["no-shuffle", "default", "filter"]
+)
 def test_skipped_steps_are_counted_and_said(info, how, stages):
     """Skipped batches are passed over: their lines are consumed, counted in the totals
     and named as skipped lines."""

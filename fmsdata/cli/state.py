@@ -170,6 +170,8 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     "buffered_tokens": got["buffered_tokens"],
                     "unsent_tokens": got["unsent_tokens"],
                     "held_tokens": got["held_tokens"],
+                    "dropped_docs": got["dropped_docs"],
+                    "dropped_tokens": got["dropped_tokens"],
                 }
                 info["epochs_done"] = info["epoch"] + info["pos"] / size if size > 0 else None
                 row["datasets"][name] = info
@@ -282,18 +284,21 @@ def run_show(args: argparse.Namespace) -> int:
     print(
         "\ndelivered = in lines handed out; buffered = in lines still in the shuffle buffer; "
         "unsent = rest of a document split across lines, not handed out yet; held = in "
-        "lines another stage holds"
+        "lines another stage holds; dropped = taken out of the lines by a filter or "
+        "transform (a document with a dropped piece); too short = documents under "
+        "min_length, never read into lines"
     )
     print(
         f"{'dataset':16} {'delivered docs':>14} {'tokens':>14} {'buffered docs':>13} "
-        f"{'tokens':>10} {'unsent tokens':>13} {'held tokens':>11} {'skipped':>8} "
-        f"{'epochs done':>11}"
+        f"{'tokens':>10} {'unsent tokens':>13} {'held tokens':>11} {'dropped docs':>12} "
+        f"{'tokens':>10} {'too short':>9} {'epochs done':>11}"
     )
     for name, total in summary["datasets"].items():
         print(
             f"{name:16} {total['docs']:14,} {total['tokens']:14,} {total['buffered_docs']:13,} "
             f"{total['buffered_tokens']:10,} {total['unsent_tokens']:13,} "
-            f"{total['held_tokens']:11,} {total['skipped_docs']:8,} "
+            f"{total['held_tokens']:11,} {total['dropped_docs']:12,} "
+            f"{total['dropped_tokens']:10,} {total['skipped_docs']:9,} "
             f"{_fraction(total['epochs_done']):>11}"
         )
     header = f"{'shard':>5} {'dataset':16} {'epoch':>5} {'position':>17}"
