@@ -22,6 +22,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fmsdata.access import DatasetAccess, ReaderCache, make_accesses
+from fmsdata.batchring import BatchRing
+from fmsdata.batchwrite import RowPieces, token_fields, write_batches
 from fmsdata.catalog import Catalog, discover
 from fmsdata.config import LoaderConfig
 from fmsdata.errors import ConfigError, StateMismatchError
@@ -74,21 +76,20 @@ class Start:
         advance: Per logical shard, lines consumed after that state (replayed on start).
         emitted: Lines consumed from each of the rank's shards, in shard order (where the
             row dealing continues).
-        rings: Shared-memory token rings, one per DataLoader worker (None: tokens travel
-            in items).
+        ring: The final-batch ring the batches are written into (``fmsdata.batchring``;
+            None: every batch travels in its items). Every DataLoader worker writes into
+            it; without workers, only the first iteration in this process started after
+            ``start_at`` (the loader's own: it hands out what is written).
+        first_batch: Ring number of the first batch.
         paths: Per logical shard, where its state sat in the loaded state (what a refusal
             of it names).
-        scratch: One token slot that the first iteration in this process started after
-            ``start_at`` takes for itself and writes each item into (the loader's own
-            iteration, which copies every batch out before the next item); any other
-            iteration gets fresh tokens per item.
     """
 
     states: Mapping[int, Any] = dataclasses.field(default_factory=dict)
     advance: Mapping[int, int] = dataclasses.field(default_factory=dict)
     emitted: Sequence[int] | None = None
-    rings: Sequence[torch.Tensor] | None = None
-    scratch: torch.Tensor | None = None
+    ring: BatchRing | None = None
+    first_batch: int = 0
     paths: Mapping[int, str] = dataclasses.field(default_factory=dict)
 
 
@@ -111,6 +112,19 @@ class ShardContext:
     def open(self, shard: int, factory: StageFactory | None, **position: Any) -> ShardPipeline:
         """Shard ``shard``'s chain at a position (see ``fmsdata.pipeline.open_shard``)."""
         return open_shard(shard, self.recipe, self.accesses, factory=factory, **position)
+
+
+class _LineBuffer:
+    """A process's int32 rows that the line writer fills for each item, kept from item to
+    item (the rows are written out as the batches before the next item is made)."""
+
+    def __init__(self, line_length: int):
+        self._rows = np.empty((0, line_length), dtype=np.int32)
+
+    def rows(self, n: int) -> np.ndarray:
+        if n > len(self._rows):
+            self._rows = np.empty((n, self._rows.shape[1]), dtype=np.int32)
+        return self._rows[:n]
 
 
 class RankLineDataset(IterableDataset):
@@ -147,7 +161,7 @@ class RankLineDataset(IterableDataset):
             owned_shards(topology.rank, topology.world_size, config.logical_shards)
         )
         self.start = Start()
-        self._scratch: torch.Tensor | None = None
+        self._ring: BatchRing | None = None
         self.drain_datasets: tuple[str, ...] = ()
         self.data_fingerprint: dict[str, str] | None = None
         self._catalog: Catalog | None = None
@@ -161,7 +175,8 @@ class RankLineDataset(IterableDataset):
     def start_at(self, start: Start) -> None:
         """Where the next iteration starts (the loader's consumed position)."""
         self.start = start
-        self._scratch = start.scratch  # claimed by the next iterator made in this process
+        # Without workers, claimed by the next iterator made in this process (the loader's).
+        self._ring = start.ring if self.config.num_workers == 0 else None
 
     def drain(self, names: Sequence[str]) -> None:
         """Datasets dropped from the mix whose lines saved buffers still hold: readable
@@ -261,17 +276,17 @@ class RankLineDataset(IterableDataset):
         return ShardContext(readers, accesses, recipe, source)
 
     def __iter__(self) -> Iterator[WorkerItem]:
-        # The scratch slot is claimed here, when the iterator is made (the loader makes its
-        # own right after ``start_at``), not when it first runs.
-        scratch, self._scratch = self._scratch, None
+        # In process, the ring is claimed here, when the iterator is made (the loader makes
+        # its own right after ``start_at``), not when it first runs.
+        ring, self._ring = self._ring, None
         info = get_worker_info()
         if info is None:
-            return self._items(scratch)
+            return self._items(ring)
         # In a worker, an fmsdata error travels as an item: the main process raises it
         # as it was made, not as PyTorch's rebuilt copy with the worker's traceback inside.
-        return carry_errors(self._items(scratch), info.id)
+        return carry_errors(self._items(self.start.ring), info.id)
 
-    def _items(self, scratch: torch.Tensor | None) -> Iterator[WorkerItem]:
+    def _items(self, ring: BatchRing | None) -> Iterator[WorkerItem]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         config = self.config
@@ -314,19 +329,17 @@ class RankLineDataset(IterableDataset):
         emitted = start.emitted if start.emitted is not None else [0] * len(self.shard_ids)
         dealer = RowDealer(list(emitted))
         counts = item_batch_counts(config.batch_size, config.line_length, num_workers)
-        ring = None
-        if self.preprocess is None:
-            if info is not None and start.rings is not None:
-                ring = start.rings[worker].numpy()
-            elif info is None and scratch is not None:
-                ring = scratch.numpy()
+        if self.preprocess is not None:
+            ring = None
+        buffer = _LineBuffer(config.line_length)
         # File-backed memory before any shard is read (libraries, the ring): not ours to give back.
         baseline = resident_file_bytes() or 0
         try:
             sizes = itertools.chain(counts, itertools.repeat(counts[-1]))
-            for index, n_batches in enumerate(sizes):
-                slot = None if ring is None else index % len(ring)
-                yield self._item(n_batches, dealer, mine, shard, writer, ring, slot)
+            first = start.first_batch
+            for n_batches in sizes:
+                yield self._item(n_batches, dealer, mine, shard, writer, buffer, ring, first)
+                first += n_batches
                 # Pages read through memory maps stay resident until given back: keep the
                 # worker's memory flat however much of the corpus it has read.
                 mapped = resident_file_bytes()
@@ -342,8 +355,9 @@ class RankLineDataset(IterableDataset):
         mine: set[int],
         shard: Callable[[int], ShardPipeline],
         writer: LineWriter,
-        ring: np.ndarray | None,
-        slot: int | None,
+        buffer: _LineBuffer,
+        ring: BatchRing | None,
+        first: int,
     ) -> WorkerItem:
         config = self.config
         rows: list[int] = []
@@ -363,12 +377,7 @@ class RankLineDataset(IterableDataset):
         row_shards = [self.shard_ids[local] for local in row_locals]
         pipelines = [opened[local] for local in row_locals]
         touched = {self.shard_ids[local]: p for local, p in opened.items()}
-        if ring is not None and slot is not None and len(lines) > ring.shape[1]:
-            slot = None  # more rows than a slot holds (see ring_shape): tokens go in the item
-        if ring is not None and slot is not None:
-            tokens = ring[slot, : len(lines)]
-        else:
-            tokens = np.empty((len(lines), config.line_length), dtype=np.int32)
+        tokens = buffer.rows(len(lines))
         content = writer.write(lines, tokens)  # refuses ids outside int32, naming the file
         has_bol, has_eol = config.bol_token is not None, config.eol_token is not None
         token_lines: list[TokenLine] | None = None
@@ -405,19 +414,31 @@ class RankLineDataset(IterableDataset):
             segments, segment_counts, segment_ids = piece_segment_lengths(
                 lengths, counts, content, config.seq_length, ids
             )
-        samples = None
-        token_tensor = None if slot is not None else torch.from_numpy(tokens)
+        samples = overflow = None
+        offsets_np = np.asarray(offsets, dtype=np.int64)
+        rows_np = np.asarray(rows, dtype=np.int64)
+        placed = np.zeros(n_batches, dtype=bool)
         if self.preprocess is not None:
             samples = self._run_preprocess(self.preprocess, tokens, content)
-            token_tensor = None
+        else:
+            fields = token_fields(config.return_position_ids, want_ids)
+            pieces = None
+            if segments is not None and segment_counts is not None and len(fields) > 2:
+                pieces = RowPieces(segments, segment_counts, segment_ids)
+            placed, overflow = write_batches(
+                ring, first, fields, offsets_np, rows_np, tokens, content, pieces
+            )
+        if not config.return_cu_seqlens:  # the rest of the structure is written already
+            segments = segment_counts = segment_ids = None
+        segment_ids = None  # the ids are written; cu_seqlens needs the lengths only
         pushed_spans, pushed_offsets = journal_spans(pushed, marked)
         return WorkerItem(
-            offsets=np.asarray(offsets, dtype=np.int64),
-            rows=np.asarray(rows, dtype=np.int64),
+            offsets=offsets_np,
+            rows=rows_np,
             row_shards=np.asarray(row_shards, dtype=np.int64),
-            tokens=token_tensor,
-            slot=slot,
-            content=content,
+            first=first,
+            placed=placed,
+            overflow=overflow,
             segments=segments,
             segment_counts=segment_counts,
             segment_ids=segment_ids,

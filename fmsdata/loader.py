@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from fmsdata.batchring import BatchRing
+from fmsdata.batchwrite import token_fields
 from fmsdata.checkpoint import (
     AutoCheckpointer,
     latest_checkpoint,
@@ -39,7 +41,7 @@ from fmsdata.transport import (
     WorkerItem,
     assemble_batch,
     item_batch_counts,
-    ring_shape,
+    ring_slots,
 )
 
 __all__ = ["FmsDataLoader", "as_tuple", "build_dataloader"]
@@ -56,44 +58,64 @@ _PIN_AHEAD = 2
 
 
 class _Feed:
-    """The workers' items and their batches, assembled when asked for."""
+    """The workers' items and their batches, assembled when asked for, in order; the
+    ring's bookkeeping (``fmsdata.batchring``) is done here, on the thread that assembles."""
 
     def __init__(
         self,
         parts: Iterator[WorkerItem],
-        rings: list[torch.Tensor] | None,
+        ring: BatchRing | None,
         n_parts: int,
-        assemble: Callable[[list[WorkerItem], list[torch.Tensor | None], int], Any],
+        assemble: Callable[[list[WorkerItem], int], Any],
     ):
-        self.parts, self.rings, self.n_parts, self.assemble = parts, rings, n_parts, assemble
-        self._current: tuple[list[WorkerItem], list[torch.Tensor | None]] | None = None
+        self.parts, self.ring, self.n_parts, self.assemble = parts, ring, n_parts, assemble
+        self._current: list[WorkerItem] | None = None
+        self._upto = 0  # the next batch of the current items to assemble
+        self._received: int | None = None  # end of the batch numbers of items received
 
     def items(self) -> tuple[list[WorkerItem], int]:
         """The next items (one per worker) and how many batches they hold. A worker's
         fmsdata error comes as an item (``WorkerError``) and is raised here, as it was made."""
+        self._pass_over(None)
+        if self.ring is not None:
+            self.ring.collect()  # slots freed since: the workers may write them again
         items = []
         for _ in range(self.n_parts):
             item = next(self.parts)
             if isinstance(item, WorkerError):
                 item.reraise()
             items.append(item)
-        rings = self.rings
-        tokens_of = [
-            item.tokens
-            if rings is None or item.slot is None
-            else rings[w][item.slot, : len(item.rows)]
-            for w, item in enumerate(items)
-        ]
-        self._current = items, tokens_of
-        return items, len(items[0].offsets) - 1
+        n_batches = len(items[0].offsets) - 1
+        self._current, self._upto = items, 0
+        self._received = items[0].first + n_batches
+        return items, n_batches
 
     def batch(self, k: int) -> dict[str, torch.Tensor]:
-        """Batch ``k`` of the current items."""
+        """Batch ``k`` of the current items (those before it not asked for are passed over)."""
         assert self._current is not None, "items() comes first"
-        return self.assemble(*self._current, k)
+        if self.ring is not None:
+            self.ring.collect()
+        self._pass_over(k)
+        self._upto = k + 1
+        return self.assemble(self._current, k)
+
+    def _pass_over(self, until: int | None) -> None:
+        """Batches of the current items before ``until`` (None: all) not assembled: their
+        ring slots are free again."""
+        items = self._current
+        if items is None or self.ring is None or items[0].samples is not None:
+            return
+        end = len(items[0].offsets) - 1 if until is None else until
+        for k in range(self._upto, end):
+            self.ring.pass_over(items[0].first + k)
+        self._upto = max(self._upto, end)
 
     def close(self) -> None:
+        """Stop using the ring: the next workers number their batches past all of these."""
         self._current = None
+        if self.ring is not None and self._received is not None:
+            self.ring.restart(self._received)
+            self._received = None
 
 
 class _AheadFeed(_Feed):
@@ -101,6 +123,7 @@ class _AheadFeed(_Feed):
     at most ``depth`` ahead; batches passed over by a skip are dropped unread."""
 
     def __init__(self, feed: _Feed, depth: int):
+        self._feed = feed
         self._thread = AheadThread(self._stream(feed), depth)
         self._next: tuple[list[WorkerItem], int, int, Any] | None = None
         self._items: list[WorkerItem] | None = None
@@ -132,6 +155,7 @@ class _AheadFeed(_Feed):
     def close(self) -> None:
         self._next = self._items = None
         self._thread.close()
+        self._feed.close()  # the thread is gone: the ring's bookkeeping is ours
 
 
 class FmsDataLoader(DataLoader):
@@ -163,6 +187,9 @@ class FmsDataLoader(DataLoader):
         self._parts: Any = None
         self._generation = 0  # bumped by load_state_dict(): a running iteration restarts
         self._pending_skip = 0  # skipped batches the running iteration has yet to pass over
+        # Final batches written by the workers, made at the first iteration and kept.
+        self._ring: BatchRing | None = None
+        self._fields = token_fields(config.return_position_ids, config.return_document_ids)
         self._max_item_batches = item_batch_counts(
             config.batch_size, config.line_length, max(1, workers)
         )[-1]
@@ -205,8 +232,8 @@ class FmsDataLoader(DataLoader):
         while True:
             generation = self._generation
             self._pending_skip = 0  # the workers start after every skip recorded so far
-            parts, rings = self._start_workers()
-            feed: _Feed = _Feed(parts, rings, max(1, self.num_workers), self._assemble)
+            parts, ring = self._start_workers()
+            feed: _Feed = _Feed(parts, ring, max(1, self.num_workers), self._assemble)
             if self.config.pin_memory:
                 # Batches are assembled straight into pinned memory on a side thread, a few
                 # ahead; the training thread only does the bookkeeping of what it consumed.
@@ -236,19 +263,16 @@ class FmsDataLoader(DataLoader):
             self._parts = None
             del parts, feed
 
-    def _assemble(
-        self, items: list[WorkerItem], tokens_of: list[torch.Tensor | None], k: int
-    ) -> dict[str, torch.Tensor]:
+    def _assemble(self, items: list[WorkerItem], k: int) -> dict[str, torch.Tensor]:
         config = self.config
         return assemble_batch(
             items,
-            tokens_of,
+            self._ring,
+            self._fields,
             k,
             config.batch_size,
-            config.return_position_ids,
             config.return_cu_seqlens,
             config.pin_memory,
-            config.return_document_ids,
         )
 
     def _consume(
@@ -289,28 +313,16 @@ class FmsDataLoader(DataLoader):
                 ) from err
             raise
 
-    def _start_workers(self) -> tuple[Iterator[Any], list[torch.Tensor] | None]:
+    def _start_workers(self) -> tuple[Iterator[Any], BatchRing | None]:
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         config = self.config
-        rings = None
-        if self.num_workers > 0 and dataset.preprocess is None:
-            shape = ring_shape(
-                config.batch_size,
-                config.line_length,
-                config.prefetch_factor,
-                self.num_workers,
-                len(dataset.shard_ids),
+        if self._ring is None and dataset.preprocess is None:
+            slots = ring_slots(
+                config.batch_size, config.line_length, config.prefetch_factor, self.num_workers
             )
-            rings = [
-                torch.empty(shape, dtype=torch.int32).share_memory_()
-                for _ in range(self.num_workers)
-            ]
-        scratch = None
-        if self.num_workers == 0 and dataset.preprocess is None:
-            # In process, every batch of an item is assembled (copied out) before the next
-            # item is made: one slot, written again by each item, saves fresh pages per item.
-            _, rows, line_length = ring_shape(config.batch_size, config.line_length, 0)
-            scratch = torch.empty((1, rows, line_length), dtype=torch.int32)
+            self._ring = BatchRing(
+                slots, self._fields, config.batch_size, config.seq_length, self.num_workers > 0
+            )
         self._settle()
         dataset.start_at(
             Start(
@@ -318,14 +330,12 @@ class FmsDataLoader(DataLoader):
                 states=self._consumed.shard_states(),
                 advance=self._consumed.workers_start(),
                 emitted=self._consumed.emitted(),
-                rings=rings,
-                scratch=scratch,
+                ring=self._ring,
+                first_batch=self._ring.position if self._ring is not None else 0,
             )
         )
-        if scratch is not None:
-            rings = [scratch]  # where the items' slot numbers point
         self._parts = super().__iter__()
-        return self._parts, rings
+        return self._parts, self._ring
 
     def skip(self, n_steps: int) -> None:
         """Pass over the next ``n_steps`` batches of this rank without reading their tokens.

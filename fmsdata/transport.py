@@ -1,15 +1,17 @@
 """What a DataLoader worker sends to the main process, and how batches come out of it.
 
 Passing tensors between processes has a high fixed cost per item, so a worker sends
-several consecutive batches at once (its rows of each). The tokens go into a ring of
-shared-memory slots the main process allocated before starting the workers (no new
-shared memory per item); the item itself is small metadata: where each row goes and
-which shard made it, and, for the end of the item, the state of each shard it advanced
-and the shuffle-buffer journal.
-The main process cuts batches out in order and applies the causal-LM shift while widening
-to int64. Its replica of the consumed state moves to a shard's item-end state once the
-whole item is consumed; in between it counts the lines consumed past the last state (a
-resume fast-forwards them, see ``fmsdata.replica``).
+several consecutive batches at once (its rows of each). The worker writes its rows as the
+final batch tensors, each at its canonical row of its batch, into the batch's slot of a
+ring in shared memory that the main process allocated before starting the workers
+(``fmsdata.batchring``, ``fmsdata.batchwrite``); the item itself is small metadata: which
+batches went to their slots, where each row goes and which shard made it, and, for the end
+of the item, the state of each shard it advanced and the shuffle-buffer journal.
+The main process hands the slots out as they are (views, no token read or copied) and
+computes only what is per piece (``cu_seqlens``). Its replica of the consumed state moves
+to a shard's item-end state once the whole item is consumed; in between it counts the
+lines consumed past the last state (a resume fast-forwards them, see
+``fmsdata.replica``).
 """
 
 from __future__ import annotations
@@ -22,15 +24,15 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
+from fmsdata.batchring import BatchRing
 from fmsdata.errors import FmsDataError
-from fmsdata.stages.outputs import IGNORE_INDEX
 
 __all__ = [
     "WorkerItem",
     "WorkerError",
     "carry_errors",
     "item_batch_counts",
-    "ring_shape",
+    "ring_slots",
     "assemble_batch",
 ]
 
@@ -38,6 +40,8 @@ __all__ = [
 # and the most batches one item may carry.
 _ITEM_TOKENS = 1 << 21
 _MAX_BATCHES_PER_ITEM = 64
+# Batches the caller may keep, without workers, before batches go to fresh memory.
+_KEPT_BATCHES = 8
 
 
 @dataclasses.dataclass
@@ -45,12 +49,12 @@ class WorkerItem:
     """Rows of ``len(lights)`` consecutive batches produced by one worker.
 
     Attributes:
-        offsets: [K + 1] start of each batch's rows in ``rows``/``tokens``.
+        offsets: [K + 1] start of each batch's rows in ``rows``.
         rows: [R] row index of each produced line inside its batch.
-        tokens: [R, line_length] int32 tokens, or None when they are in a ring slot or a
-            custom preprocess ran.
-        slot: Ring slot holding the tokens (first R rows), or None.
-        content: [R] non-pad tokens per line.
+        first: Number of the item's first batch (``fmsdata.batchring``).
+        placed: [K] whether the worker's rows of each batch are in the batch's ring slot.
+        overflow: [fields, R, seq] the rows of the batches not placed, in item order
+            (None when every batch is placed, or a custom preprocess ran).
         segments: Flat document-piece lengths of every row (None unless requested).
         segment_counts: [R] pieces per row.
         segment_ids: Document id of each piece in ``segments`` (None unless requested).
@@ -65,9 +69,9 @@ class WorkerItem:
     offsets: np.ndarray
     rows: np.ndarray
     row_shards: np.ndarray
-    tokens: torch.Tensor | None
-    slot: int | None
-    content: np.ndarray
+    first: int
+    placed: np.ndarray
+    overflow: torch.Tensor | None
     segments: np.ndarray | None
     segment_counts: np.ndarray | None
     segment_ids: np.ndarray | None
@@ -121,29 +125,19 @@ def _rebuilds(err: FmsDataError) -> bool:
         return False
 
 
-def ring_shape(
-    batch_size: int,
-    line_length: int,
-    prefetch_factor: int,
-    num_workers: int = 1,
-    n_local: int | None = None,
-) -> tuple[int, int, int]:
-    """(slots, rows, line_length) of one worker's token ring.
+def ring_slots(batch_size: int, line_length: int, prefetch_factor: int, num_workers: int) -> int:
+    """Batches the final-batch ring holds (``fmsdata.batchring``).
 
-    A worker can be at most ``prefetch_factor`` items ahead of the item the main process is
-    reading, so that many slots plus one are never overwritten while still in use. A slot
-    holds the rows a worker makes of one item at full size: its share of the rank's
-    ``n_local`` shards (the larger share where they do not divide evenly) of every row,
-    plus a batch. An item past that (the deal levelling shards after a rescale) sends its
-    tokens inside the item instead.
+    A worker can be at most ``prefetch_factor`` items ahead of the item the main process
+    is reading, so that many items plus two never reach a slot the main process or the
+    training loop (keeping the batch it works on and a few before) still uses; without
+    workers, items are made one at a time, and a few batches more leave room for the
+    caller's. Batches kept longer go to fresh memory (``fmsdata.batchwrite``).
     """
-    total = max(item_batch_counts(batch_size, line_length, num_workers)) * batch_size
-    if num_workers > 1 and n_local:
-        share = -(-n_local // num_workers)
-        rows = min(total, -(-total * share // n_local) + batch_size)
-    else:
-        rows = total
-    return prefetch_factor + 2, rows, line_length
+    per_item = item_batch_counts(batch_size, line_length, max(1, num_workers))[-1]
+    if num_workers == 0:
+        return per_item + _KEPT_BATCHES
+    return (prefetch_factor + 2) * per_item
 
 
 def item_batch_counts(batch_size: int, line_length: int, num_workers: int = 1) -> list[int]:
@@ -166,17 +160,18 @@ def item_batch_counts(batch_size: int, line_length: int, num_workers: int = 1) -
 
 def assemble_batch(
     items: list[WorkerItem],
-    tokens_of: list[torch.Tensor | None],
+    ring: BatchRing | None,
+    fields: tuple[str, ...],
     k: int,
     batch_size: int,
-    want_position_ids: bool,
     want_cu_seqlens: bool,
     pin_memory: bool,
-    want_document_ids: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Batch ``k`` of the given items (one per worker) in canonical row order.
 
-    ``tokens_of[w]`` holds item ``w``'s token rows (from its ring slot or the item).
+    The batch's per-token outputs are in its ring slot (handed out as views) or, where a
+    worker found that slot still held, in the items' fresh memory: one worker's rows of
+    it are a whole batch (views again); several workers' are copied together.
     """
     spans = [(item, int(item.offsets[k]), int(item.offsets[k + 1])) for item in items]
     single = len(items) == 1
@@ -192,45 +187,58 @@ def assemble_batch(
             batch[key] = _gather(parts, batch_size, single)
         return _pin(batch) if pinned else batch
 
-    seq = (tokens_of[0].shape[1] if tokens_of[0] is not None else 1) - 1
-    # Pinned outputs are written in place: pinning costs no copy of its own.
-    input_ids = torch.empty((batch_size, seq), dtype=torch.int64, pin_memory=pinned)
-    labels = torch.empty((batch_size, seq), dtype=torch.int64, pin_memory=pinned)
-    inputs_np, labels_np = input_ids.numpy(), labels.numpy()
-    content = np.empty(batch_size, dtype=np.int64)
-    # One pass per output straight out of the (shared, soon reused) int32 rows: the shift,
-    # the widening to int64 and, with several workers, the gather into row order at once.
-    for values, (item, a, b) in zip(tokens_of, spans):
-        if b == a:
-            continue
-        rows = values[a:b].numpy() if isinstance(values, torch.Tensor) else values[a:b]
-        # A worker's rows come in row order: all of a batch's rows are a plain slice copy.
-        where = slice(None) if single or b - a == batch_size else item.rows[a:b]
-        inputs_np[where] = rows[:, :-1]
-        labels_np[where] = rows[:, 1:]
-        content[where] = item.content[a:b]
-    if (content <= seq).any():  # padded rows: no loss from the last content token on
-        labels_np[np.arange(seq)[None, :] >= np.maximum(content - 1, 0)[:, None]] = IGNORE_INDEX
-    batch = {"input_ids": input_ids, "labels": labels}
-    if want_position_ids or want_cu_seqlens or want_document_ids:
-        segments = _row_segments(spans, batch_size)
-        lengths = np.concatenate(segments)
-        if want_position_ids:
-            starts = np.cumsum(lengths) - lengths
-            flat = np.arange(batch_size * seq, dtype=np.int64) - np.repeat(starts, lengths)
-            batch["position_ids"] = torch.from_numpy(flat.reshape(batch_size, seq))
-        if want_cu_seqlens:
-            cu = np.zeros(len(lengths) + 1, dtype=np.int32)
-            np.cumsum(lengths, out=cu[1:])
-            batch["cu_seqlens"] = torch.from_numpy(cu)
-            batch["max_seqlen"] = torch.tensor(int(lengths.max()))
-        if want_document_ids:
-            ids = np.concatenate(_row_segments(spans, batch_size, "segment_ids"))
-            flat_ids = np.repeat(ids, lengths)
-            batch["document_ids"] = torch.from_numpy(flat_ids.reshape(batch_size, seq))
-        if pinned:
-            batch.update(_pin({k: v for k, v in batch.items() if k not in ("input_ids", "labels")}))
-    return batch
+    number = items[0].first + k
+    if ring is not None and all(item.placed[k] for item in items):
+        tensors = ring.hand_out(number)
+    else:
+        tensors = _from_overflow(spans, ring, k, number, batch_size, single)
+    batch = dict(zip(fields, tensors))
+    if want_cu_seqlens:
+        lengths = np.concatenate(_row_segments(spans, batch_size))
+        cu = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=cu[1:])
+        ids = batch.pop("document_ids", None)
+        batch["cu_seqlens"] = torch.from_numpy(cu)
+        batch["max_seqlen"] = torch.tensor(int(lengths.max()))
+        if ids is not None:
+            batch["document_ids"] = ids
+    return _pin(batch) if pinned else batch
+
+
+def _from_overflow(
+    spans: list[tuple[WorkerItem, int, int]],
+    ring: BatchRing | None,
+    k: int,
+    number: int,
+    batch_size: int,
+    single: bool,
+) -> list[torch.Tensor]:
+    """A batch some of whose rows are not in its ring slot: the one worker's fresh rows
+    as they are, or every worker's part copied together into new memory."""
+    item, a, b = spans[0]
+    if single:
+        assert item.overflow is not None, "the batch is in the item"
+        parts = [item.overflow[f, a:b] for f in range(item.overflow.shape[0])]
+    else:
+        first = next(i for i, _, _ in spans if i.overflow is not None)
+        assert first.overflow is not None
+        fields, _, seq = first.overflow.shape
+        out = np.empty((fields, batch_size, seq), dtype=np.int64)
+        slot = ring.claim(number) if ring is not None else None
+        for item, a, b in spans:
+            if b == a:
+                continue
+            rows = item.rows[a:b]
+            if ring is not None and item.placed[k]:
+                assert slot is not None, "a worker wrote the slot: it is free for this batch"
+                out[:, rows] = slot[:, rows]
+            else:
+                assert item.overflow is not None, "the rows are in the item"
+                out[:, rows] = item.overflow[:, a:b].numpy()
+        parts = [torch.from_numpy(part) for part in out]
+    if ring is not None:
+        ring.pass_over(number)
+    return parts
 
 
 def _gather(

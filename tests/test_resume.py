@@ -2,8 +2,6 @@
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from support import (
     BOL,
     EOL,
@@ -141,47 +139,10 @@ def test_the_main_process_saves_document_ends_as_a_shard_would(tmp_path, workers
     assert ends > 0  # spans to a document's end were saved without their length
 
 
-def test_items_larger_than_a_ring_slot_send_their_tokens_in_the_item(tmp_path, monkeypatch):
-    """A worker whose item holds more rows than its ring slot (the deal levelling shards
-    after a rescale) sends the tokens inside the item: the batches are unchanged."""
-    import fmsdata.loader as loader_module
-
-    info = corpus(tmp_path)
-    config = every_stage(info, logical_shards=8, batch_size=2)
-    reference = take(build_dataloader({**config, "num_workers": 0}), 30)
-    shape = loader_module.ring_shape
-
-    def tiny(*args, **kwargs):
-        slots, _, line_length = shape(*args, **kwargs)
-        return slots, 1, line_length  # every item but a one-row one overflows
-
-    monkeypatch.setattr(loader_module, "ring_shape", tiny)
-    assert_same_batches(reference, take(build_dataloader({**config, "num_workers": 2}), 30))
-
-
-@given(
-    batch=st.integers(1, 16),
-    line_length=st.sampled_from([9, 33, 4097]),
-    workers=st.integers(1, 8),
-    n_local=st.integers(1, 70),
-)
-def test_a_ring_slot_holds_a_workers_rows_of_a_level_deal(batch, line_length, workers, n_local):
-    from fmsdata.topology import RowDealer, worker_shards
-    from fmsdata.transport import item_batch_counts, ring_shape
-
-    _, rows, _ = ring_shape(batch, line_length, 2, workers, n_local)
-    dealer = RowDealer([0] * n_local)
-    for n_batches in item_batch_counts(batch, line_length, workers)[-2:]:
-        dealt = [s for _ in range(n_batches) for s in dealer.deal(batch)]
-        for w in range(workers):
-            mine = set(worker_shards(n_local, w, workers, batch))
-            assert sum(s in mine for s in dealt) <= rows
-
-
 @pytest.mark.parametrize("workers", [0, 1])
 def test_iterating_the_dataset_directly_leaves_the_loaders_batches_alone(tmp_path, workers):
-    """The in-process token slot and the workers' rings belong to the loader's own
-    iteration: items read from ``loader.dataset`` directly carry their tokens themselves."""
+    """The final-batch ring belongs to the loader's own iteration: items read from
+    ``loader.dataset`` directly carry their batches themselves."""
     info = corpus(tmp_path)
     config = every_stage(info, num_workers=workers)
     reference = take(build_dataloader(config), 12)
@@ -191,6 +152,6 @@ def test_iterating_the_dataset_directly_leaves_the_loaders_batches_alone(tmp_pat
     direct = iter(loader.dataset)
     for _ in range(7):
         item = next(direct)
-        assert item.tokens is not None and item.slot is None
+        assert item.overflow is not None and not item.placed.any()
     got += [next(batches) for _ in range(8)]
     assert_same_batches(reference, got)

@@ -1,0 +1,148 @@
+"""Final-batch slots that the workers write and the main process hands out as they are.
+
+The ring holds ``slots`` batches of every per-token output (``input_ids``, ``labels`` and,
+on request, ``position_ids`` and ``document_ids``: int64 ``[batch_size, seq_length]``),
+in shared memory when there are DataLoader workers. Batch number ``g`` (counted by the
+loader over its iterations) lives in slot ``g % slots``; each worker writes its rows of
+``g`` there at their canonical row positions, so the main process yields views of the
+slot without reading a token.
+
+Lifetime. A batch handed out may be kept by the caller for as long as it likes (logging,
+gradient accumulation), so a slot is written again only once nothing of it is referenced:
+
+- ``free_for[s]`` (shared) is the one batch number a worker may write into slot ``s``;
+  a worker that finds another number there writes that batch into fresh memory of its
+  item instead (``WorkerItem.overflow``) and never waits.
+- The tensors handed out are ``torch.from_numpy`` views made for that hand-out: their
+  storage holds the numpy view, whose death (every tensor, view, slice or ``.numpy()`` of
+  it gone) a weakref reports. The main process then sets ``free_for[s]`` to the next batch
+  number of that slot it has not handled, at its next hand-out (``collect``, on the thread
+  that hands out: no other thread writes the bookkeeping).
+- A slot whose batch was passed over (a skip) or went to fresh memory is free again at
+  once; one still held keeps its number, lower than any the loader has yet to hand out.
+
+Workers of one batch decide independently, so a batch can come partly in its slot and
+partly in fresh memory (the slot was released between their checks); the main process
+then copies it together (``fmsdata.transport.assemble_batch``), as it does when several
+workers wrote to fresh memory. Both only happen to batches kept past a full turn of the
+ring.
+"""
+
+from __future__ import annotations
+
+import collections
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["BatchRing"]
+
+
+class BatchRing:
+    """``slots`` final batches of ``fields``, each int64 ``[batch_size, seq]``.
+
+    Args:
+        slots: Batches the ring holds: what the workers can be ahead of the main process,
+            plus what the caller keeps.
+        fields: Names of the per-token outputs, in batch order.
+        batch_size, seq: Shape of each output.
+        shared: Put the ring in shared memory (for DataLoader workers).
+    """
+
+    def __init__(self, slots: int, fields: Sequence[str], batch_size: int, seq: int, shared: bool):
+        self.slots = slots
+        self.fields = tuple(fields)
+        self.data = torch.empty((slots, len(self.fields), batch_size, seq), dtype=torch.int64)
+        self.free_for = torch.arange(slots, dtype=torch.int64)
+        if shared:
+            self.data.share_memory_()
+            self.free_for.share_memory_()
+        self.position = 0  # the next batch number the main process handles
+        self._setup()
+
+    def _setup(self) -> None:
+        self._data = self.data.numpy()
+        self._free = self.free_for.numpy()
+        # Main process only: slots' field views reported dead, and the weakrefs reporting.
+        self._dead: collections.deque[int] = collections.deque()
+        self._arrivals = np.zeros(self.slots, dtype=np.int64)
+        self._refs: dict[int, list[Any]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"slots": self.slots, "fields": self.fields, "data": self.data,
+                "free_for": self.free_for, "position": self.position}  # fmt: skip
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    # -- the writers' side (a worker, or the main process without workers) --------------
+
+    def claim(self, batch: int) -> np.ndarray | None:
+        """Slot ``[fields, batch_size, seq]`` to write batch ``batch`` into, or None while
+        what the slot holds may still be in use (write the batch elsewhere)."""
+        slot = batch % self.slots
+        if self._free[slot] != batch:
+            return None
+        return self._data[slot]
+
+    # -- the main process's side ---------------------------------------------------------
+
+    def hand_out(self, batch: int) -> list[torch.Tensor]:
+        """Tensors of batch ``batch``'s fields, views of its slot (written there by every
+        worker); the slot is written again only after all of them are gone."""
+        assert batch == self.position, (batch, self.position)
+        slot = batch % self.slots
+        assert self._free[slot] == batch, "every part of the batch is in its slot"
+        report = self._reporter(slot)
+        refs = []
+        out = []
+        for f in range(len(self.fields)):
+            view = self._data[slot, f]
+            refs.append(weakref.ref(view, report))
+            out.append(torch.from_numpy(view))
+        self._refs[slot] = refs
+        self.position = batch + 1
+        return out
+
+    def _reporter(self, slot: int) -> Callable[[Any], None]:
+        """What a weakref to a view of ``slot`` calls when the view dies (in any thread)."""
+        dead = self._dead
+        return lambda _: dead.append(slot)
+
+    def pass_over(self, batch: int) -> None:
+        """Batch ``batch`` is handled without handing out its slot (passed over by a skip,
+        or made of fresh memory): the slot is free for its next number, unless an earlier
+        batch there is still held (it is freed when that one goes)."""
+        assert batch == self.position, (batch, self.position)
+        slot = batch % self.slots
+        if self._free[slot] == batch:
+            self._free[slot] = batch + self.slots
+        self.position = batch + 1
+
+    def collect(self) -> None:
+        """Free the slots whose handed-out tensors are all gone: each is free for the next
+        batch number of its own that is not handled yet."""
+        dead, fields = self._dead, len(self.fields)
+        while dead:
+            slot = dead.popleft()
+            self._arrivals[slot] += 1
+            if self._arrivals[slot] == fields:
+                self._arrivals[slot] = 0
+                del self._refs[slot]
+                self._free[slot] = self.position + (slot - self.position) % self.slots
+
+    def restart(self, received: int) -> int:
+        """Number the batches of a new iteration past everything the last one's workers
+        may have written (up to a ring after ``received``, the end of the batches whose
+        items arrived); slots not held are free for the new numbers. Returns the first."""
+        self.collect()
+        start = max(received, self.position) + self.slots
+        free = self._free >= self.position  # not held by a batch handed out
+        slots = np.arange(self.slots)
+        self._free[free] = start + (slots[free] - start) % self.slots
+        self.position = start
+        return start

@@ -1,0 +1,145 @@
+"""A worker's rows written as the final batch tensors, where the main process hands them out.
+
+The worker turns its packed int32 lines into the outputs of the causal-LM step in one
+compiled pass per output: ``input_ids`` (the line less its last token) and ``labels`` (less
+its first, ``IGNORE_INDEX`` from a padded line's last content token on), widened to int64,
+and on request ``position_ids`` (restarting at each piece of a document) and
+``document_ids``. Each row goes to its canonical row of the batch, in the batch's ring slot
+(``fmsdata.batchring``) or, where that slot is still held, in fresh memory sent with the
+item: the main process hands them out without reading a token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from fmsdata.batchring import BatchRing
+from fmsdata.compiled import compiled
+from fmsdata.stages.outputs import IGNORE_INDEX
+
+__all__ = ["RowPieces", "token_fields", "write_batches"]
+
+
+def token_fields(position_ids: bool, document_ids: bool) -> tuple[str, ...]:
+    """The per-token outputs of a batch, in batch order (``cu_seqlens`` and
+    ``max_seqlen``, which are per piece, come between the last two)."""
+    return (
+        ("input_ids", "labels")
+        + (("position_ids",) if position_ids else ())
+        + (("document_ids",) if document_ids else ())
+    )
+
+
+class RowPieces:
+    """Each line's input pieces: flat ``lengths`` (a line's sum to ``seq``), ``counts``
+    per line, flat document ``ids`` (or None)."""
+
+    def __init__(self, lengths: np.ndarray, counts: np.ndarray, ids: np.ndarray | None):
+        self.lengths, self.counts, self.ids = lengths, counts, ids
+        self.first = np.cumsum(counts) - counts
+
+
+@compiled
+def _shift(tokens, content, rows, inputs, labels, ignore):  # type: ignore[no-untyped-def]
+    """Row ``i`` of ``tokens`` into row ``rows[i]`` of ``inputs`` and ``labels``."""
+    seq = inputs.shape[1]
+    for i in range(tokens.shape[0]):
+        r = rows[i]
+        keep = min(max(content[i] - 1, 0), seq)
+        for j in range(seq):
+            inputs[r, j] = tokens[i, j]
+        for j in range(keep):
+            labels[r, j] = tokens[i, j + 1]
+        for j in range(keep, seq):
+            labels[r, j] = ignore
+
+
+@compiled
+def _positions(lengths, first, counts, rows, out):  # type: ignore[no-untyped-def]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        j = 0
+        for p in range(first[i], first[i] + counts[i]):
+            for t in range(lengths[p]):
+                out[r, j + t] = t
+            j += lengths[p]
+
+
+@compiled
+def _document_ids(lengths, first, counts, ids, rows, out):  # type: ignore[no-untyped-def]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        j = 0
+        for p in range(first[i], first[i] + counts[i]):
+            for t in range(lengths[p]):
+                out[r, j + t] = ids[p]
+            j += lengths[p]
+
+
+def _write(
+    out: np.ndarray,
+    fields: tuple[str, ...],
+    tokens: np.ndarray,
+    content: np.ndarray,
+    pieces: RowPieces | None,
+    lines: slice,
+    rows: np.ndarray,
+) -> None:
+    """Lines ``lines`` of the item into rows ``rows`` of ``out`` ``[fields, rows, seq]``."""
+    _shift(tokens[lines], content[lines], rows, out[0], out[1], IGNORE_INDEX)
+    if pieces is None:
+        return
+    first, counts = pieces.first[lines], pieces.counts[lines]
+    for f, name in enumerate(fields[2:], 2):
+        if name == "position_ids":
+            _positions(pieces.lengths, first, counts, rows, out[f])
+        else:
+            assert pieces.ids is not None, "document ids requested"
+            _document_ids(pieces.lengths, first, counts, pieces.ids, rows, out[f])
+
+
+def write_batches(
+    ring: BatchRing | None,
+    first: int,
+    fields: tuple[str, ...],
+    offsets: np.ndarray,
+    rows: np.ndarray,
+    tokens: np.ndarray,
+    content: np.ndarray,
+    pieces: RowPieces | None,
+) -> tuple[np.ndarray, torch.Tensor | None]:
+    """Write an item's lines as batches ``first``, ``first + 1``, ...
+
+    Batch ``k`` holds the item's lines ``offsets[k]:offsets[k + 1]`` at rows ``rows`` of
+    the batch. Returns which batches went to their ring slot and, for the others, the
+    fresh ``[fields, lines, seq]`` tensor holding their lines in item order (shared memory
+    in a worker: it travels by handle, not by copy).
+    """
+    n_batches = len(offsets) - 1
+    placed = np.zeros(n_batches, dtype=bool)
+    overflow: torch.Tensor | None = None
+    seq = tokens.shape[1] - 1
+    for k in range(n_batches):
+        a, b = int(offsets[k]), int(offsets[k + 1])
+        slot = ring.claim(first + k) if ring is not None and b > a else None
+        placed[k] = slot is not None or b == a  # no rows of this worker: nothing to place
+        if slot is not None:
+            _write(slot, fields, tokens, content, pieces, slice(a, b), rows[a:b])
+        elif b > a:
+            if overflow is None:
+                overflow = _fresh((len(fields), len(rows), seq))
+            local = np.arange(a, b, dtype=np.int64)
+            _write(overflow.numpy(), fields, tokens, content, pieces, slice(a, b), local)
+    return placed, overflow
+
+
+def _fresh(shape: tuple[int, ...]) -> torch.Tensor:
+    """An int64 tensor, in new shared memory in a DataLoader worker (as PyTorch's collate
+    allocates its batches there: sending it is then no copy)."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.int64)
+    n = int(np.prod(shape))
+    storage = torch.UntypedStorage._new_shared(n * 8)
+    return torch.empty(0, dtype=torch.int64).set_(storage).view(shape)

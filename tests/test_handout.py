@@ -1,0 +1,146 @@
+"""Workers write the final batches into a ring the main process hands out without copying
+(``fmsdata.batchring``): the batches are the packed lines shifted, and a batch the caller
+keeps is never written again."""
+
+import numpy as np
+import pytest
+import torch
+from support import EOL, PAD, assert_same_batches, base_config, corpus, take
+
+import fmsdata.batchring
+import fmsdata.transport
+from fmsdata import build_dataloader
+from fmsdata.stages.outputs import IGNORE_INDEX
+
+STRUCTURE = dict(return_position_ids=True, return_cu_seqlens=True, return_document_ids=True)
+
+
+def padded_config(info, **overrides):
+    return base_config(info, packing="pad", pad_token=PAD, eol_token=EOL, **overrides)
+
+
+def raw_lines(line, n):
+    return {"line": line, "n": np.array(n)}
+
+
+def shifted(lines: torch.Tensor, content: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal-LM step as the main process made it before the workers did: inputs and
+    labels widened to int64, no loss from a padded line's last content token on."""
+    seq = lines.shape[1] - 1
+    inputs, labels = lines[:, :-1].long(), lines[:, 1:].long().clone()
+    keep = (content - 1).clamp(min=0)[:, None]
+    labels[torch.arange(seq)[None, :] >= keep] = IGNORE_INDEX
+    return inputs, labels
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+def test_batches_are_the_packed_lines_shifted(tmp_path, num_workers):
+    info = corpus(tmp_path)
+    lines = take(build_dataloader(padded_config(info), preprocess=raw_lines), 30)
+    config = padded_config(info, num_workers=num_workers, **STRUCTURE)
+    batches = take(build_dataloader(config), 30)
+    padded = 0
+    for raw, batch in zip(lines, batches):
+        inputs, labels = shifted(raw["line"], raw["n"])
+        assert torch.equal(batch["input_ids"], inputs)
+        assert torch.equal(batch["labels"], labels)
+        padded += int((raw["n"] <= config["seq_length"]).sum())
+        # Positions restart, and document ids change only, at the cu_seqlens boundaries.
+        cu = batch["cu_seqlens"].long()
+        lengths = cu[1:] - cu[:-1]
+        starts = torch.repeat_interleave(cu[:-1], lengths)
+        flat = torch.arange(int(cu[-1])) - starts
+        assert torch.equal(batch["position_ids"].flatten(), flat)
+        ids = batch["document_ids"].flatten()
+        assert torch.equal(ids, torch.repeat_interleave(ids[cu[:-1]], lengths))
+        assert all(v.dtype == torch.int64 for k, v in batch.items() if k != "cu_seqlens")
+    assert padded, "the config pads lines"
+    if num_workers:
+        reference = take(build_dataloader(padded_config(info, **STRUCTURE)), 30)
+        assert_same_batches(reference, batches)
+
+
+def small_ring(monkeypatch):
+    """Items of one or two batches: the ring holds a handful of batches, so iterating goes
+    round it many times (workers are forked: they see the same sizes)."""
+    monkeypatch.setattr(fmsdata.transport, "_ITEM_TOKENS", 4 * 33 * 2)
+    monkeypatch.setattr(fmsdata.transport, "_KEPT_BATCHES", 1)
+
+
+def keep_and_check(loader, kept: int, later: int) -> list[dict[str, torch.Tensor]]:
+    """Keep the first ``kept`` batches (with a view and a numpy array of one), take
+    ``later`` more, and return the kept batches if none of them changed meanwhile."""
+    iterator = iter(loader)
+    held = [next(iterator) for _ in range(kept)]
+    copies = [{k: v.clone() for k, v in batch.items()} for batch in held]
+    view = held[-1]["input_ids"][1:]
+    array = held[-2]["labels"].numpy()
+    view_copy, array_copy = view.clone(), array.copy()
+    del held[-1]["input_ids"], held[-2]["labels"]  # only the view and the array keep them
+    for _ in range(later):
+        next(iterator)
+    assert torch.equal(view, view_copy)
+    assert np.array_equal(array, array_copy)
+    for i, (batch, copy) in enumerate(zip(held, copies)):
+        for key, value in batch.items():
+            assert torch.equal(value, copy[key]), f"kept batch {i} changed in {key!r}"
+    return copies
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_a_kept_batch_is_never_written_again(tmp_path, monkeypatch, num_workers):
+    info = corpus(tmp_path)
+    reference = take(build_dataloader(padded_config(info, **STRUCTURE)), 220)
+    small_ring(monkeypatch)
+    config = padded_config(info, num_workers=num_workers, **STRUCTURE)
+    kept = keep_and_check(build_dataloader(config), 20, 200)
+    assert_same_batches(reference[:20], kept)
+    # Without keeping anything, the ring is reused, and the batches are the same.
+    assert_same_batches(reference, take(build_dataloader(config), 220))
+
+
+def test_the_check_catches_a_ring_that_reuses_kept_slots(tmp_path, monkeypatch):
+    """The test above fails on a ring that writes a slot again without asking whether its
+    batch is still kept."""
+    info = corpus(tmp_path)
+    small_ring(monkeypatch)
+    ring = fmsdata.batchring.BatchRing
+    monkeypatch.setattr(ring, "claim", lambda self, batch: self._data[batch % self.slots])
+    monkeypatch.setattr(ring, "hand_out", naive_hand_out)
+    config = padded_config(info, num_workers=1)
+    with pytest.raises(AssertionError, match="changed|assert"):
+        keep_and_check(build_dataloader(config), 20, 200)
+
+
+def naive_hand_out(self, batch):
+    self.position = batch + 1
+    return [torch.from_numpy(view) for view in self._data[batch % self.slots]]
+
+
+def test_kept_batches_survive_a_skip_that_restarts_the_workers(tmp_path, monkeypatch):
+    info = corpus(tmp_path)
+    reference = take(build_dataloader(padded_config(info)), 80)
+    small_ring(monkeypatch)
+    loader = build_dataloader(padded_config(info, num_workers=2))
+    held, got = [], []
+    for batch in loader:
+        got.append(batch)
+        if len(got) <= 10:
+            held.append({k: v.clone() for k, v in batch.items()})
+        if len(got) == 10:
+            loader.skip(30)  # past the items in hand: the workers restart
+        if len(got) == 50:
+            break
+    assert_same_batches(reference[:10] + reference[40:80], got)
+    assert_same_batches(held, got[:10])
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_batches_that_find_their_slot_held_come_in_fresh_memory(tmp_path, monkeypatch, num_workers):
+    """Every slot found held: each worker writes its rows into fresh memory of its item;
+    one worker's are handed out as they are, several workers' are copied together."""
+    info = corpus(tmp_path)
+    config = padded_config(info, num_workers=num_workers, **STRUCTURE)
+    reference = take(build_dataloader(padded_config(info, **STRUCTURE)), 40)
+    monkeypatch.setattr(fmsdata.batchring.BatchRing, "claim", lambda self, batch: None)
+    assert_same_batches(reference, take(build_dataloader(config), 40))
