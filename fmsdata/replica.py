@@ -78,6 +78,8 @@ class ConsumedState:
         self._saved: dict[int, SavedLines] = {}  # the buffer each shard resumed with
         self._advance: dict[int, int] = {}
         self._replayed: dict[int, int] = {}  # see workers_start
+        # Batches consumed but not counted in _advance yet: {id(item): [item, a, b]}.
+        self._runs: dict[int, list[Any]] = {}
         # Where each loaded shard state sat in what was loaded (its checks name it).
         self.paths = {sid: e.path for sid, e in (entries or {}).items() if e.path}
         for sid in self.shard_ids:
@@ -113,19 +115,45 @@ class ConsumedState:
             return out, unpack_lines(node.pop(BUFFER_KEY))
 
     def consume_batch(self, item: WorkerItem, batch: int) -> None:
-        """Count the lines of batch ``batch`` of ``item`` as consumed."""
-        for sid in item.row_shards[item.offsets[batch] : item.offsets[batch + 1]].tolist():
-            self._advance[sid] += 1
+        """Count the lines of batch ``batch`` of ``item`` as consumed. Consecutive batches
+        of an item are counted together when the counts are next read (per item, not per
+        batch: the main process's cost per batch stays constant)."""
+        run = self._runs.get(id(item))
+        if run is not None and run[2] == batch:
+            run[2] = batch + 1
+            return
+        if run is not None:
+            self._count(run)
+        self._runs[id(item)] = [item, batch, batch + 1]
+
+    def _count(self, run: list[Any]) -> None:
+        """Add the lines of a run ``[item, first batch, end batch]`` not counted yet."""
+        item, a, b = run
+        lines = item.row_shards[item.offsets[a] : item.offsets[b]]
+        if len(lines):
+            sids, counts = np.unique(lines, return_counts=True)
+            for sid, n in zip(sids.tolist(), counts.tolist()):
+                self._advance[sid] += n
+        run[1] = b
+
+    def _count_all(self) -> None:
+        for run in self._runs.values():
+            self._count(run)
 
     def workers_start(self) -> dict[int, int]:
         """Lines past each shard's state that workers starting now replay before their
         first line; the state they send with the shard's next item includes them."""
+        self._count_all()
+        self._runs.clear()  # the items of the last workers: counted, never finished
         self._replayed = dict(self._advance)
         return dict(self._advance)
 
     def finish_item(self, item: WorkerItem) -> None:
         """Move the shards ``item`` advanced to their state at its end (every batch of it
         consumed or skipped). Lines skipped past the item's end stay counted."""
+        run = self._runs.pop(id(item), None)
+        if run is not None:
+            self._count(run)
         self._light.update(item.lights)
         pushed = _lines(item.pushed, item.pushed_offsets)
         ops = item.ops
@@ -146,6 +174,7 @@ class ConsumedState:
 
     def emitted(self) -> list[int]:
         """Lines consumed so far from each of the rank's shards, in shard order."""
+        self._count_all()
         counts = []
         for sid in self.shard_ids:
             light = self._light[sid]
@@ -171,4 +200,5 @@ class ConsumedState:
         return {sid: self.shard_state(sid) for sid in self.shard_ids}
 
     def advances(self) -> dict[int, int]:
+        self._count_all()
         return dict(self._advance)
