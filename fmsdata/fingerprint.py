@@ -162,6 +162,22 @@ def _check_stages(
     records them (``_changed_config``, worded only for the refusal). The mixer's dataset
     list may differ with a mix change."""
     saved, current = fingerprint.get("stages"), now.get("stages")
+    changed = _changed_config(fingerprint.get(CONFIG_KEY), now.get(CONFIG_KEY))
+    if mix_change and isinstance(saved, list) and isinstance(current, list):
+        # A dataset's stream (role "dataset", under its name) on one side only: the dataset
+        # was added or removed, which the mix change allows.
+        both = set(fingerprint.get("datasets") or []) & set(now.get("datasets") or [])
+        saved, current = (
+            [
+                s
+                for s in stages
+                if not isinstance(s, Mapping)
+                or s.get("role") != "dataset"
+                or not isinstance(s.get("path"), list)
+                or (s["path"] and s["path"][-1] in both)
+            ]
+            for stages in (saved, current)
+        )
 
     def shape(stages: Any) -> list[tuple[Any, Any]]:
         if not isinstance(stages, list) or not all(isinstance(s, Mapping) for s in stages):
@@ -179,7 +195,8 @@ def _check_stages(
         )
     if shape(saved) != shape(current):
         raise StateMismatchError(
-            "the saved loader state comes from another chain of stages: saved "
+            (f"{changed}: " if changed else "")
+            + "the saved loader state comes from another chain of stages: saved "
             f"{_chain_text(saved)}, this loader runs {_chain_text(current)}"
         )
     for old, new in zip(saved, current):
@@ -193,7 +210,6 @@ def _check_stages(
                     f"stage {name!r} with {key}={before.get(key)!r} but this loader has "
                     f"{key}={after.get(key)!r}"
                 )
-                changed = _changed_config(fingerprint.get(CONFIG_KEY), now.get(CONFIG_KEY))
                 said = (
                     f"{changed} (saved {setting})"
                     if changed

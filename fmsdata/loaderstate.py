@@ -3,7 +3,7 @@
 A rank's state, as plain nested data (``LoaderState.to_plain``, what
 ``FmsDataLoader.snapshot()`` gives)::
 
-    {"version": 3,
+    {"version": 4,
      "fingerprint": {"data": ..., "seed": ..., "stages": [...], ...} (fmsdata.fingerprint),
      "rank": r, "world_size": W, "steps": batches consumed,
      "skips": [[step, n], ...] (batches skipped over, and where),
@@ -25,7 +25,11 @@ ranks' packed dicts (or a DCP load keyed by the new owners' shards) reads as one
 
 Versions: 2 made shard states ``{"emitted", "stages"}`` with the fingerprint recording
 the chain; 3 saves shuffle buffers in narrow columns, spans to a document's end without
-their length (``fmsdata.stages.savedlines``). Only version 3 is read.
+their length (``fmsdata.stages.savedlines``); 4 records each dataset's document stream as
+a stage of the chain (under the mixer's ``sources``, with the decoration settings the
+mixer recorded before). Shard states are the same in 3 and 4: a version-3 state is read by
+rewriting its fingerprint's chain record as 4 has it (``_chain_of_v3``). Older versions
+are refused.
 """
 
 from __future__ import annotations
@@ -61,7 +65,9 @@ __all__ = [
     "stage_state",
 ]
 
-STATE_VERSION = 3
+STATE_VERSION = 4
+# Versions read: 3 by rewriting its chain record (``_chain_of_v3``).
+_READ_VERSIONS = (3, 4)
 TOP_KEYS = (
     "version",
     "fingerprint",
@@ -137,14 +143,16 @@ class LoaderState:
         missing = [k for k in TOP_KEYS if k not in value]
         if missing:
             raise fail(path, f"loader state lacks {missing}; is this an fmsdata state?")
-        if value["version"] != STATE_VERSION:
+        if value["version"] not in _READ_VERSIONS:
             raise fail(
                 join(path, "version"),
                 f"loader state has version={value['version']!r}, "
-                f"this fmsdata reads version={STATE_VERSION}: no converter exists, continue "
-                "the run with the fmsdata that saved it",
+                f"this fmsdata reads versions {list(_READ_VERSIONS)}: no converter exists, "
+                "continue the run with the fmsdata that saved it",
             )
         fingerprint = as_plain(need_mapping(value["fingerprint"], join(path, "fingerprint")))
+        if value["version"] == 3:
+            fingerprint = _chain_of_v3(fingerprint, join(path, "fingerprint.stages"))
         skips = []
         for i, skip in enumerate(need_list(value["skips"], join(path, "skips"))):
             at, n = need_list(skip, join(path, f"skips[{i}]"), 2)
@@ -176,6 +184,8 @@ class LoaderState:
                     join(where, "state"),
                 )
             )
+        if value["version"] == 3:
+            _shard_states_of_v3(fingerprint["stages"], shards)
         rank = value["rank"]
         return cls(
             fingerprint,
@@ -302,6 +312,104 @@ def stage_state(shard_state: Any, fingerprint: Mapping[str, Any], role: str) -> 
                 node = node[key]
             return node
     raise StateMismatchError(f"the saved chain has no stage with role {role!r}")
+
+
+_V3_DECORATION = ("bos", "eos", "strip", "min_length")
+_V3_ORDERS = {
+    "random": "fmsdata.stages.documents.RandomWalk",
+    "sequential": "fmsdata.stages.documents.StoredOrder",
+}
+
+
+def _chain_of_v3(fingerprint: dict[str, Any], where: str) -> dict[str, Any]:
+    """A version-3 fingerprint with its chain recorded as version 4 records it: each
+    built-in mixer's streams (not stages in 3) become its ``sources`` and one stage per
+    dataset, taking the decoration and document order the mixer recorded, and the
+    rotation threshold from the packer's capacity (what ``Shard.streams`` gives them)."""
+    stages = need_list(fingerprint.get("stages"), where)
+    capacity = next(
+        (
+            s["settings"].get("capacity", 0)
+            for s in stages
+            if isinstance(s, Mapping) and s.get("role") == "packer"
+        ),
+        0,
+    )
+    out: list[Any] = []
+    for i, stage in enumerate(stages):
+        if not (
+            isinstance(stage, Mapping)
+            and stage.get("stage") == "fmsdata.stages.mixing.TokenShareMixer"
+        ):
+            out.append(stage)
+            continue
+        settings = dict(need_mapping(stage.get("settings"), join(where, f"[{i}].settings")))
+        order = settings.pop("document_order", "random")
+        if order not in _V3_ORDERS:
+            raise fail(join(where, f"[{i}].settings.document_order"), f"unknown order {order!r}")
+        decoration = {key: settings.pop(key, None) for key in _V3_DECORATION}
+        path = list(stage["path"])
+        out.append({**stage, "settings": settings})
+        out.append(
+            {
+                "path": [*path, "sources"],
+                "stage": "fmsdata.stages.mixing.DatasetStreams",
+                "role": None,
+                "settings": {},
+            }
+        )
+        for name in settings.get("datasets") or []:
+            out.append(
+                {
+                    "path": [*path, "sources", name],
+                    "stage": _V3_ORDERS[order],
+                    "role": "dataset",
+                    "settings": {"dataset": name, **decoration, "line_tokens": capacity},
+                }
+            )
+    return {**fingerprint, "stages": out}
+
+
+def _shard_states_of_v3(stages: Sequence[Any], shards: Sequence[ShardEntry]) -> None:
+    """Version-3 shard states with what 4 keeps besides, in place: each dataset stream's
+    ``tokens`` (the mixer counted them, and still does), and the per-dataset tables of a
+    ``DocumentTransform`` (or subclass) added empty: its drops before the resume count in
+    its totals only, not per dataset (what ``state show`` says); the lines are the same."""
+    from fmsdata.report import stage_types
+    from fmsdata.stages.filter import DocumentTransform
+
+    types = stage_types()
+    mixers, filters = [], []
+    for s in stages:
+        if not isinstance(s, Mapping) or s.get("path") is None:
+            continue
+        if s.get("stage") == "fmsdata.stages.mixing.TokenShareMixer":
+            mixers.append(list(s["path"]))
+        elif issubclass(types.get(str(s.get("stage")), object), DocumentTransform):
+            filters.append(list(s["path"]))
+    for entry in shards:
+        if entry.state is None:
+            continue
+        for path in mixers:
+            node = _node(entry.state["stages"], path)
+            tokens = node.get("tokens") if isinstance(node, dict) else None
+            sources = node.get("sources") if isinstance(node, dict) else None
+            if isinstance(tokens, dict) and isinstance(sources, dict):
+                for name, stream in sources.items():
+                    if isinstance(stream, dict):
+                        stream.setdefault("tokens", tokens.get(name, 0))
+        for path in filters:
+            node = _node(entry.state["stages"], path)
+            if isinstance(node, dict):
+                node.setdefault("datasets", [])
+                node.setdefault("open", [])
+
+
+def _node(state: Any, path: Sequence[str]) -> Any:
+    """The part of a chain state at ``path`` (None where it is not there)."""
+    for key in path:
+        state = state.get(key) if isinstance(state, dict) else None
+    return state
 
 
 def _bytes_tensor(data: bytes) -> torch.Tensor:

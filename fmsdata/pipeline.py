@@ -27,13 +27,14 @@ from fmsdata.permute import derive_key
 from fmsdata.schedule import WeightSchedule
 from fmsdata.spancheck import check_saved_spans
 from fmsdata.stages.base import SpanStage, Stage, TokenStage, held_spans, layout, walk
-from fmsdata.stages.documents import Decoration, DocumentStream
+from fmsdata.stages.documents import Decoration, DocumentStream, stream_class
 from fmsdata.stages.fim import FillInMiddle
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.outputs import TokenLine
 from fmsdata.stages.packing import LinePacker
 from fmsdata.stages.savedlines import DocumentLengths
 from fmsdata.stages.shuffle import ShuffleBuffer
+from fmsdata.stages.source import DocumentSource
 from fmsdata.statecheck import need_count, need_keys, within
 
 __all__ = [
@@ -148,29 +149,29 @@ class Shard:
         """A random key of this run and shard, for a stage's own randomness."""
         return derive_key(self.recipe.seed, *parts, self.id)
 
-    def streams(self) -> list[DocumentStream]:
-        """Each mixed dataset's documents in this shard (recipe order), in a seeded walk per
-        epoch or in stored order (config ``document_order``); another document order is
-        another stream class here. A dataset too small to give each shard a line's worth of
-        documents rotates its portions over the shards' epochs (``fmsdata.stages.documents``)."""
+    def streams(self, order: type[DocumentStream] | None = None) -> list[DocumentStream]:
+        """Each mixed dataset's documents in this shard (recipe order): a seeded walk per
+        epoch or stored order (config ``document_order``), or the given ``DocumentStream``
+        subclass (another document order). A dataset too small to give each shard a
+        line's worth of documents rotates its portions over the shards' epochs
+        (``fmsdata.stages.documents``)."""
         r = self.recipe
+        cls = order or stream_class(r.document_order)
         return [
-            DocumentStream(
-                access, self.id, r.n_shards, r.seed, r.decoration, r.document_order, r.capacity
-            )
-            for access in self.accesses[: len(r.names)]
+            cls(access, self.id, r.n_shards, r.seed, r.decoration, r.capacity, dataset=d)
+            for d, access in enumerate(self.accesses[: len(r.names)])
         ]
 
-    def mix(self, streams: Sequence[DocumentStream]) -> TokenShareMixer:
-        """Streams (one per dataset, recipe order) mixed by token share."""
+    def mix(self, streams: Sequence[DocumentSource]) -> TokenShareMixer:
+        """Document sources (one per dataset, recipe order) mixed by token share."""
         return TokenShareMixer(streams, self.recipe.names, self.recipe.schedule)
 
-    def documents(self) -> TokenShareMixer:
+    def documents(self, order: type[DocumentStream] | None = None) -> TokenShareMixer:
         """The shard's documents of every dataset, mixed by token share: the chain's
-        document source, which the packer reads (``mix(streams())``)."""
-        return self.mix(self.streams())
+        document source, which the packer reads (``mix(streams(order))``)."""
+        return self.mix(self.streams(order))
 
-    def pack(self, source: TokenShareMixer) -> LinePacker:
+    def pack(self, source: DocumentSource) -> LinePacker:
         """Documents packed into lines of ``seq_length + 1`` tokens (config ``packing``)."""
         return LinePacker(source, self.recipe.capacity, self.recipe.packing)
 
@@ -301,8 +302,8 @@ class ShardPipeline:
     def check_restored(
         self, state: Any, accesses: Sequence[Any], decoration: Decoration, measure: bool, where: str
     ) -> None:
-        """A loaded state checked against the data before the shard runs: each document
-        stream's position against its documents, each restored buffered line against its
+        """A loaded state checked against the data before the shard runs (each document
+        stream checked its position as it loaded): each restored buffered line against its
         files (``measure_restored``, only where opening files is cheap: ``measure``), and
         every saved span's dataset, file, document and end (``fmsdata.spancheck``; a
         remote root checks a span's end when its file arrives to be read).
@@ -316,9 +317,6 @@ class ShardPipeline:
                 if measure and callable(restored):
                     with within(".".join(["stages", *path])):
                         restored()
-                for name, stream in zip(getattr(stage, "names", ()), getattr(stage, "streams", ())):
-                    with within(".".join(["stages", *path, "sources", name])):
-                        stream.size  # noqa: B018 (sets the stream up: checks pos, size)
             check_saved_spans(
                 held_spans(self.top, state["stages"]),
                 "",
@@ -342,9 +340,8 @@ class ShardPipeline:
     def prefetch_upcoming(self) -> None:
         """Let remote roots start downloading the first file each document stream reads."""
         for _, stage in walk(self.top):
-            if isinstance(stage, TokenShareMixer):
-                for stream in stage.streams:
-                    stream.prefetch_upcoming()
+            if stage.role == "dataset":
+                stage.prefetch_upcoming()  # type: ignore[attr-defined]
 
 
 def build_pipeline(
@@ -354,7 +351,7 @@ def build_pipeline(
     buffers find the lengths of restored lines' documents in ``accesses``."""
     pipeline = ShardPipeline((factory or default_stages)(Shard(shard, recipe, accesses)))
     for _, stage in walk(pipeline.top):
-        if isinstance(stage, ShuffleBuffer) and stage.documents is None:
+        if stage.role == "shuffle" and getattr(stage, "documents", False) is None:
             stage.documents = DocumentLengths(accesses, recipe.decoration)
     return pipeline
 

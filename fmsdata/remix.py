@@ -1,12 +1,13 @@
 """Saved shard states carried over to a changed dataset list (``allow_mix_change``).
 
-Each stage carries its own part over (``Stage.renumber``): the mixer keeps the positions
-of the datasets kept, starts new ones and drops removed ones; stages holding spans
-renumber them from the saved dataset numbering (``span_datasets``) to the new one. No
-chain is built: the fingerprint records each stage's path and type, and the types are
-looked up among the ``Stage`` classes this process imported (``fmsdata.report``), asked
-on an instance made without ``__init__`` (``renumber`` and ``held_spans`` read only the
-state they are given).
+Each stage carries its own part over (``Stage.renumber``) and, where it has one input per
+dataset, its inputs (``Stage.renumber_inputs``): the mixer keeps the counts of the datasets
+kept, the streams of kept datasets go on, new ones start and removed ones are dropped;
+stages holding spans renumber them from the saved dataset numbering (``span_datasets``)
+to the new one. No chain is built: the fingerprint records each stage's path and type,
+and the types are looked up among the ``Stage`` classes this process imported
+(``fmsdata.report``), asked on an instance made without ``__init__`` (``renumber`` and
+``held_spans`` read only the state they are given).
 """
 
 from __future__ import annotations
@@ -63,12 +64,17 @@ def remix(
         state = entry.state
         if state is not None:
             state = {"emitted": state["emitted"], "stages": copy.deepcopy(state["stages"])}
-            for cls, node, own, where in _own_parts(entry, state, stages, types):
+            # Inputs first (the recorded chain is top first): a stage with one input per
+            # dataset then keeps, adds and drops whole renumbered inputs.
+            for cls, node, own, where in reversed(list(_own_parts(entry, state, stages, types))):
+                stage = cls.__new__(cls)
+                inputs = {k: v for k, v in node.items() if k not in own}
                 with within(where):
-                    renumbered = cls.__new__(cls).renumber(own, change)
-                for key in own:
-                    del node[key]
+                    renumbered = stage.renumber(own, change)
+                    carried = stage.renumber_inputs(inputs, change)
+                node.clear()
                 node.update(renumbered)
+                node.update(carried)
         out[sid] = dataclasses.replace(entry, state=state)
     return out, new_space
 

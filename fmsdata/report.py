@@ -3,7 +3,8 @@
 Nothing here reads a stage's keys. The fingerprint records the chain (each stage's path in
 the shard state, its type and role); each stage's own part of a shard state goes to that
 stage type's ``report``, which says what it holds (spans taken from its input and not
-handed out), what it counts, and, for the document source, what it took per dataset. So,
+handed out), what it counts, and, for a document source, what it took per dataset (the
+mixer its tokens, each dataset's stream its documents and position). So,
 per dataset and exactly, for any chain::
 
     delivered = taken - held - dropped
@@ -134,7 +135,10 @@ def shard_report(
             out.unknown.append(label)
             continue
         report = cls.__new__(cls).report(own)
-        for name, taken in (report.get("datasets") or {}).items():
+        per_dataset = dict(report.get("datasets") or {})
+        if report.get("dataset"):  # one dataset's stream: its settings name the dataset
+            per_dataset[str((stage.get("settings") or {}).get("dataset"))] = report["dataset"]
+        for name, taken in per_dataset.items():
             if name in out.datasets:
                 out.datasets[name].update({k: int(v) for k, v in taken.items()})
         if report.get("counts"):

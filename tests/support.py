@@ -163,7 +163,7 @@ class Ledger:
         is the stream's own decision (a function of the data and the config); the order is
         the documented keyed permutation of the shards (the identity when sequential)."""
         from fmsdata.permute import derive_key, permute
-        from fmsdata.stages.documents import Decoration, DocumentStream
+        from fmsdata.stages.documents import Decoration, stream_class
 
         name = list(self.info.ranges)[ds]
         decoration = Decoration(
@@ -175,7 +175,7 @@ class Ledger:
         seed = self.config.get("seed", 42)
         line = self.config.get("seq_length", 4096) + 1
         access = accesses(self.info, [name], self.config.get("col_name", "tokens"))[0]
-        stream = DocumentStream(access, 0, n_shards, seed, decoration, order, line)
+        stream = stream_class(order)(access, 0, n_shards, seed, decoration, line)
         if not stream._rotates():
             return None
         if order == "sequential":

@@ -225,3 +225,22 @@ def test_resume_without_a_checkpoint_is_a_warning(tmp_path, caplog):
         assert example.resume_step(str(tmp_path / "ckpt")) == 12
     assert f"resuming from {tmp_path / 'ckpt' / 'step_000012'} (step 12)" in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.slow  # the example end to end in subprocesses
+def test_custom_order_example_resumes_rescales_and_is_fingerprinted(tmp_path):
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "custom_order.py")
+    done = subprocess.run(
+        [sys.executable, example, "--dir", str(tmp_path), "--steps", "10"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for claim in (
+        "each file's documents come in stored order: True",
+        "resumed run continues exactly: True",
+        "two ranks rescaled to one continue exactly: True",
+        "a state saved with the default order is refused: True",
+    ):
+        assert claim in done.stdout

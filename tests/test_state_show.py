@@ -10,7 +10,7 @@ flight are replayed (``snapshot(settle=True)``, what ``state show --config`` rea
 import json
 
 import pytest
-from support import base_config, corpus, delivered_truth, roundtrip, take
+from support import base_config, check_resume, corpus, delivered_truth, roundtrip, take
 from test_user_stages import SwapPairs
 
 from fmsdata import build_dataloader
@@ -29,6 +29,11 @@ def pack_only(shard):
 def swapped(shard):
     """A user's stage that holds one line between two calls, over the packer."""
     return SwapPairs(shard.pack(shard.documents()))
+
+
+def one_stream(shard):
+    """The packer reading one dataset's stream directly: no mixer."""
+    return shard.shuffle(shard.pack(shard.streams()[0]))
 
 
 def drop_every_third(tokens, document_id):
@@ -56,7 +61,9 @@ def info(tmp_path_factory):
     return corpus(tmp_path_factory.mktemp("show") / "data", docs_per_file=100)
 
 
-@pytest.mark.parametrize("stages", [pack_only, swapped], ids=["no-shuffle", "user-stage"])
+@pytest.mark.parametrize(
+    "stages", [pack_only, swapped, one_stream], ids=["no-shuffle", "user-stage", "no-mixer"]
+)
 @pytest.mark.parametrize("workers", [0, 1])
 def test_counts_equal_what_was_delivered_for_any_chain(info, stages, workers):
     config = base_config(info, num_workers=workers, bos_token=None, eos_token=None)
@@ -68,6 +75,9 @@ def test_counts_equal_what_was_delivered_for_any_chain(info, stages, workers):
     assert shown(summary) == delivered_truth(info, config, batches)
     if stages is swapped:  # SwapPairs holds a line: its tokens are counted as held
         assert sum(d["held_tokens"] for d in summary["datasets"].values()) > 0
+    if stages is one_stream:  # the packer takes any document source, and resumes exactly
+        assert summary["datasets"]["b"]["tokens"] == 0 < summary["datasets"]["a"]["tokens"]
+        check_resume(lambda: build_dataloader(config, stages=stages), 8, (3,))
 
 
 @pytest.mark.parametrize("workers", [0, 1])

@@ -119,15 +119,11 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     was delivered, and what each stage counts, as the stages report them
     (``fmsdata.report``). ``left_out`` says what the counts leave out (lines emitted after
     a shard's recorded state, stages this process cannot ask), None when they are exact."""
-    from fmsdata.loaderstate import STATE_VERSION
+    from fmsdata.loaderstate import LoaderState
     from fmsdata.report import DELIVERY_KEYS, shard_report, stage_types
 
-    for state in states:
-        if state.get("version") != STATE_VERSION:
-            raise StateMismatchError(
-                f"the state has version={state.get('version')!r}; this fmsdata reads "
-                f"version={STATE_VERSION} (read it with the fmsdata that wrote it)"
-            )
+    # Through the one reader of the format: checked, and an older version read as today's.
+    states = [LoaderState.from_plain(state).to_plain() for state in states]
     first = states[0]
     fingerprint = first["fingerprint"]
     names = list(fingerprint["datasets"])

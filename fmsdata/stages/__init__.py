@@ -17,11 +17,18 @@ dataset mixed by token share (``TokenShareMixer``, the document source), packed 
   emits them, so its state is exact per line. It goes on top of the span-level part.
   Built in: ``FillInMiddle`` (``fim_training``) and ``DocumentFilter``.
 
-Below the lines, the packer reads a *document source*: ``read_ahead()`` gives the next
-block of documents (``MixedDocs``, never empty), ``commit(n)`` marks the first ``n`` read
-as used, ``rewind()`` drops what was read ahead; ``shard.documents()`` is
-``shard.mix(shard.streams())``, one ``DocumentStream`` per dataset, so another document
-order is another stream.
+Below the lines, the packer reads a *document source* (``DocumentSource``):
+``read_ahead()`` gives the next block of documents (``Documents``, never empty),
+``commit(n)`` marks the first ``n`` read as used, ``rewind()`` drops what was read ahead.
+``shard.documents()`` is ``shard.mix(shard.streams())``: a ``TokenShareMixer`` over one
+``DocumentStream`` per dataset, each a stage under the mixer (state path
+``.../sources/<dataset>``), so ``walk``, ``settings`` and the state tools see it. A
+document *order* is one ``DocumentStream`` subclass: it says in which order each cycle
+reads the shard's fragments and their documents (``walk_order``), and the stream does the
+rest (sharding, epochs, small datasets, skipping, state and its checks). ``RandomWalk``
+(the default) and ``StoredOrder`` (``document_order: sequential``) are two such;
+``shard.documents(MyOrder)`` puts yours in the chain, and ``examples/custom_order.py``
+shows one resumed and rescaled exactly.
 
 Every stage has the same state protocol (``Stage``): ``own_state()`` returns its own
 fields as plain data and ``load_own_state()`` takes them back; ``state_dict()`` nests the
@@ -29,9 +36,10 @@ state of each input under its constant key (``children()``, default ``{"source":
 and ``load_state_dict()`` reads it strictly (exactly those keys, else a
 ``StateMismatchError`` naming the path). ``settings()`` lists what the output depends on:
 saved in the state's fingerprint, a changed setting refuses an old state, naming the
-stage and the setting. ``role`` names what the loader's state code looks for (``"mixer"``,
-``"packer"``, ``"shuffle"``); a stage whose own state holds spans also writes
-``held_spans`` and ``renumber`` (datasets renumbered on a mix change).
+stage and the setting. ``role`` names what the loader's code looks for (``"mixer"``,
+``"dataset"``, ``"packer"``, ``"shuffle"``), never the class; a stage whose own state
+holds spans also writes ``held_spans`` and ``renumber`` (datasets renumbered on a mix
+change).
 
 A stage keeping every 4th line only, inserted between packer and shuffle buffer::
 
@@ -68,13 +76,20 @@ checker every stage's tests run.
 """
 
 from fmsdata.stages.base import DatasetRenumbering, SpanStage, Stage, TokenStage, layout, walk
-from fmsdata.stages.documents import Decoration, DocumentStream
+from fmsdata.stages.documents import (
+    Decoration,
+    DocumentStream,
+    RandomWalk,
+    StoredOrder,
+    WalkOrder,
+)
 from fmsdata.stages.filter import DocumentFilter, DocumentTransform
 from fmsdata.stages.fim import FillInMiddle
-from fmsdata.stages.mixing import TokenShareMixer
+from fmsdata.stages.mixing import DatasetStreams, TokenShareMixer
 from fmsdata.stages.outputs import TokenLine
 from fmsdata.stages.packing import LinePacker
 from fmsdata.stages.shuffle import ShuffleBuffer
+from fmsdata.stages.source import Documents, DocumentSource
 
 __all__ = [
     "Stage",
@@ -84,7 +99,13 @@ __all__ = [
     "walk",
     "layout",
     "Decoration",
+    "DocumentSource",
+    "Documents",
     "DocumentStream",
+    "RandomWalk",
+    "StoredOrder",
+    "WalkOrder",
+    "DatasetStreams",
     "TokenShareMixer",
     "LinePacker",
     "ShuffleBuffer",

@@ -33,7 +33,6 @@ __all__ = [
     "walk",
     "layout",
     "held_spans",
-    "renumber_state",
     "SPAN_WIDTH",
     "SAVED_SPAN_WIDTH",
     "DS",
@@ -141,6 +140,12 @@ class Stage(IterableDataset):
         stages whose state holds spans renumber them, the mixer carries positions over)."""
         return own
 
+    def renumber_inputs(self, inputs: dict[str, Any], change: DatasetRenumbering) -> dict:
+        """The saved states of this stage's inputs, by key, after a change of the dataset
+        list (default: as they are). A stage with one input per dataset keeps the kept
+        datasets' inputs, starts new ones and drops removed ones (``DatasetStreams``)."""
+        return inputs
+
     def held_spans(self, own: dict[str, Any]) -> np.ndarray:
         """The spans this stage's own saved state holds (``[n, SAVED_SPAN_WIDTH]``): lines
         or pieces it took from its input and has not handed out. A length of 0 stands for
@@ -158,8 +163,10 @@ class Stage(IterableDataset):
         ``held`` stands for, per dataset index of the spans, when spans run to their
         document's end with length 0), ``held_as`` (how ``state show`` names them:
         ``"buffered"``, ``"unsent"``; default ``"held"``), ``counts`` (``{name: int}``,
-        summed over logical shards and printed), ``datasets`` (the document source's
-        ``{name: {"taken_tokens", "taken_docs", "epoch", "pos", "size", "skipped"}}``).
+        summed over logical shards and printed), ``datasets`` (a document source's
+        ``{name: {"taken_tokens", ...}}``) or ``dataset`` (one dataset's stream: the same
+        fields for the dataset its ``settings()["dataset"]`` names: ``"taken_docs"``,
+        ``"taken_tokens"``, ``"epoch"``, ``"pos"``, ``"size"``, ``"skipped"``).
         """
         return {"held": self.held_spans(own)}
 
@@ -233,8 +240,15 @@ class TokenStage(Stage):
     ``position_ids``, ``cu_seqlens`` and ``document_ids`` are built from them, after
     every token stage ran. It is called once per line, in the order its shard emits
     lines, so its state (``own_state``) is exact per line; a resume replays the lines
-    after the last saved state through it. Its ``source`` is the chain it follows (a
-    ``SpanStage`` or another ``TokenStage``).
+    after the last saved state through it.
+
+    To drop a line, return 0 with ``line.pieces`` and ``line.ids`` emptied: the line keeps
+    its row of the batch (every rank's batch keeps its shape, no other row moves) and
+    trains nothing: its labels are all ``IGNORE_INDEX``, its document ids -1 and its
+    position ids one padding run (``tests/stages/test_token_drop.py``). A row stands for
+    exactly one line, which is what lets a skip or a rescale count lines without reading
+    tokens; to leave lines out without a row, drop them at span level (a ``SpanStage``). Its
+    ``source`` is the chain it follows (a ``SpanStage`` or another ``TokenStage``).
     """
 
     def __init__(self, source: Stage):
@@ -254,16 +268,6 @@ def walk(top: Stage, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ..
 def layout(top: Stage) -> list[dict[str, Any]]:
     """The chain as the state fingerprint records it: each stage's path and fingerprint."""
     return [{"path": list(path), **stage.fingerprint()} for path, stage in walk(top)]
-
-
-def renumber_state(stage: Stage, state: dict[str, Any], change: DatasetRenumbering) -> dict:
-    """A saved chain state after a change of the dataset list, stage by stage."""
-    children = stage.children()
-    own = {k: v for k, v in state.items() if k not in children}
-    out = dict(stage.renumber(own, change))
-    for key, child in children.items():
-        out[key] = renumber_state(child, state[key], change)
-    return out
 
 
 def held_spans(stage: Stage, state: dict[str, Any]) -> np.ndarray:

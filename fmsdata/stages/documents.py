@@ -1,4 +1,4 @@
-"""The documents of one dataset inside one logical shard: a seeded walk per epoch, or stored order.
+"""The documents of one dataset inside one logical shard, in an order a subclass chooses.
 
 A dataset's files are cut into ``L`` fragments each; laid end to end (file by file), the
 ``F * L`` fragments are dealt to the ``L`` logical shards in contiguous runs of ``F``. A
@@ -8,10 +8,12 @@ random order, and the documents inside each fragment in another keyed order: pos
 ``p`` of the walk maps to a document by arithmetic, so nothing is materialized and the
 state is two integers.
 
-``order="sequential"`` (config ``document_order``) drops both permutations: a shard reads
-its fragments in file order and their documents in stored order, so with one logical shard
-the stream is the files' own order of documents, and with several the shards' stretches,
-concatenated in shard order, are that order (fragments are dealt in contiguous runs).
+That walk is ``RandomWalk``, one subclass of ``DocumentStream``; ``StoredOrder`` (config
+``document_order: sequential``) drops both permutations: a shard reads its fragments in
+file order and their documents in stored order, so with one logical shard the stream is the
+files' own order of documents, and with several the shards' stretches, concatenated in
+shard order, are that order (fragments are dealt in contiguous runs). Another order is
+another subclass (``DocumentStream.walk_order``).
 
 **Small datasets rotate.** When a dataset holds fewer (kept, decorated) tokens than
 ``n_shards`` lines, a shard's own portion is smaller than a line and the plain walk would
@@ -34,7 +36,9 @@ documents, so ``state_dict`` always describes consumed documents only.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -42,17 +46,20 @@ import numpy as np
 from fmsdata.config import DOCUMENT_ORDERS
 from fmsdata.errors import ConfigError, EmptyDatasetError, StateMismatchError
 from fmsdata.permute import Permutations, derive_key, hash_values, permute
-from fmsdata.statecheck import need_count, need_int, need_keys
+from fmsdata.stages.source import Documents, DocumentSource
+from fmsdata.statecheck import need_count, need_int
 
 __all__ = [
     "Decoration",
-    "DocBlock",
     "DocumentStream",
+    "RandomWalk",
+    "StoredOrder",
+    "WalkOrder",
+    "stream_class",
     "all_fragments",
     "shard_fragments",
 ]
 
-STATE_KEYS = ("epoch", "pos", "docs", "skipped", "size")
 # Read-ahead starts small (a fast first batch) and grows fourfold up to _MAX_BLOCK documents,
 # or more for short documents: up to _BLOCK_TOKENS tokens (each block costs a fixed number of
 # vectorized steps, which short documents would otherwise pay per handful of lines), never
@@ -101,40 +108,6 @@ class Decoration:
         return lead, trail
 
 
-@dataclasses.dataclass
-class DocBlock:
-    """Read-ahead documents of one stream: kept documents only, in walk order."""
-
-    file: np.ndarray  # file index within the dataset
-    doc: np.ndarray  # document index within the file
-    dlen: np.ndarray  # decorated length
-    base: np.ndarray  # first kept token in the file's flat token buffer, -1 if none
-    gpos: np.ndarray  # epoch * size + position in the walk (monotone)
-
-    def __len__(self) -> int:
-        return len(self.doc)
-
-    def take(self, start: int, stop: int | None = None) -> DocBlock:
-        return DocBlock(*(getattr(self, f)[start:stop] for f in _BLOCK_FIELDS))
-
-    def select(self, index: np.ndarray) -> DocBlock:
-        return DocBlock(*(getattr(self, f)[index] for f in _BLOCK_FIELDS))
-
-    @staticmethod
-    def concat(blocks: list[DocBlock]) -> DocBlock:
-        if len(blocks) == 1:
-            return blocks[0]
-        return DocBlock(*(np.concatenate([getattr(b, f) for b in blocks]) for f in _BLOCK_FIELDS))
-
-    @staticmethod
-    def empty() -> DocBlock:
-        e = np.zeros(0, dtype=np.int64)
-        return DocBlock(e, e, e, e, e)
-
-
-_BLOCK_FIELDS = ("file", "doc", "dlen", "base", "gpos")
-
-
 def shard_fragments(counts: np.ndarray, n_shards: int, shard: int) -> np.ndarray:
     """Document ranges of one logical shard: rows ``(file, first_doc, end_doc)``, non-empty.
 
@@ -179,22 +152,42 @@ def all_fragments(counts: np.ndarray, n_shards: int) -> tuple[np.ndarray, np.nda
     return rows, (lo_g // n_files)[keep].astype(np.int64)
 
 
-def fresh_stream_state() -> dict[str, int]:
-    """The state of a stream that has not started (size -1: not measured yet)."""
-    return {"epoch": 0, "pos": 0, "docs": 0, "skipped": 0, "size": -1}
+@dataclasses.dataclass(frozen=True)
+class WalkOrder:
+    """The order of one cycle's walk over a stream's fragments (``DocumentStream.walk_order``).
+
+    Attributes:
+        order: A permutation of the fragment indices: the walk reads fragment ``order[0]``
+            first, then ``order[1]``, ...
+        keys: None to read each fragment's documents in stored order, or one 64-bit key per
+            fragment *in walk order* (``fmsdata.permute.derive_key``): its documents are
+            read in the keyed pseudo-random permutation of that key.
+    """
+
+    order: np.ndarray
+    keys: Sequence[int] | np.ndarray | None = None
 
 
-class DocumentStream:
-    """One dataset's documents in one logical shard, epoch after epoch.
+class DocumentStream(DocumentSource):
+    """One dataset's documents in one logical shard, epoch after epoch: the base class of
+    a document order.
 
-    The walk order is a pure function of (data, config, seed, dataset name, shard, epoch),
-    never of rank, world size or worker. State keys: ``epoch``, ``pos`` (next walk position
-    in the epoch), ``docs`` (documents used), ``skipped`` (documents passed over as too
-    short), ``size`` (documents of one cycle, -1 before the stream first reads).
+    The stream owns everything but the order: which documents fall to the shard (its
+    *fragments*, see the module docstring), rotation of small datasets, epochs, skipping
+    documents shorter than ``min_length``, read-ahead and commits, state and its checks.
+    A subclass says in which order a cycle reads the fragments and their documents
+    (``walk_order``), and, for a rotating dataset, in which order the shards' portions
+    come (``portion_order``). Both must be pure functions of (data, config, seed, dataset,
+    shard, cycle) — never of rank, world size or worker — and ``walk_order`` must return
+    a permutation: then every document is read once per epoch (G4) and a resume or a
+    rescale continues exactly (G1-G3), whatever the order. Built in: ``RandomWalk`` (a
+    seeded walk per epoch, ``document_order: random``) and ``StoredOrder``
+    (``document_order: sequential``).
 
-    ``order="sequential"`` reads the shard's fragments in file order and the documents of
-    each in stored order. A *rotating* stream (see the module docstring) reads a different
-    shard's portion in each epoch; its cycle is ``n_shards`` epochs, otherwise one.
+    State keys: ``epoch``, ``pos`` (next walk position in the epoch), ``docs`` and
+    ``tokens`` (documents used, and their decorated tokens), ``skipped`` (documents passed
+    over as too short), ``size`` (documents of one cycle, -1 before the stream first
+    reads). Loading a state checks ``pos`` and ``size`` against the data.
 
     Args:
         access: The dataset's files, counts and readers in this worker.
@@ -202,10 +195,12 @@ class DocumentStream:
         n_shards: Number of logical shards.
         seed: Run seed.
         decoration: Stripping, BOS/EOS and minimum length.
-        order: ``"random"`` (keyed walk) or ``"sequential"``.
         line_tokens: Document tokens per line; a dataset holding fewer (decorated, kept)
             tokens than ``n_shards * line_tokens`` rotates (0: never).
+        dataset: The dataset's index among the chain's datasets (what spans record).
     """
+
+    role = "dataset"
 
     def __init__(
         self,
@@ -214,21 +209,20 @@ class DocumentStream:
         n_shards: int,
         seed: int,
         decoration: Decoration,
-        order: str = "random",
         line_tokens: int = 0,
+        dataset: int = 0,
     ):
-        if order not in DOCUMENT_ORDERS:
-            raise ConfigError(f"document_order must be one of {DOCUMENT_ORDERS}, got {order!r}")
         self.access = access
         self.shard = shard
         self.n_shards = n_shards
         self.seed = seed
         self.decoration = decoration
-        self.order = order
         self.line_tokens = line_tokens
+        self.dataset = dataset
         self.epoch = 0
         self.pos = 0
         self.docs = 0
+        self.tokens = 0
         self.skipped = 0
         self.rotating = False
         self._saved_size = -1  # size recorded in a loaded state, checked at setup
@@ -243,6 +237,42 @@ class DocumentStream:
         self._walk_orders: Permutations | None = None
         self._ahead = 0  # global position of the read-ahead cursor
         self._block_docs = _FIRST_BLOCK
+        # Walk positions and running decorated lengths of the documents read ahead and not
+        # committed, block by block.
+        self._issued: collections.deque[tuple[np.ndarray, np.ndarray]] = collections.deque()
+        self._issued_used = 0  # of the first block
+        self._has_read = False  # size is saved once the stream has read (-1 before)
+
+    # -- the order: what a subclass says ------------------------------------------------
+
+    def walk_order(self, fragments: np.ndarray, cycle: int) -> WalkOrder:
+        """The order in which cycle ``cycle`` reads ``fragments`` and their documents.
+
+        Args:
+            fragments: ``[n, 3]`` rows ``(file, first_doc, end_doc)``: the cycle's fragments
+                in file order (a rotating stream: the portions of ``portion_order``, each
+                in file order).
+            cycle: The cycle (an epoch, or ``n_shards`` epochs of a rotating stream).
+        """
+        raise NotImplementedError(f"{type(self).__name__} must define walk_order")
+
+    def portion_order(self) -> np.ndarray:
+        """A rotating stream's order of the shards' portions over a cycle: a permutation of
+        ``range(n_shards)`` (default: shard order). The stream starts at its own portion."""
+        return np.arange(self.n_shards)
+
+    def settings(self) -> dict[str, Any]:
+        """The dataset (its name keys the walk), decoration and the rotation threshold; a
+        subclass adds what its order depends on (``{**super().settings(), ...}``)."""
+        d = self.decoration
+        return {
+            "dataset": self.access.name,
+            "bos": d.bos,
+            "eos": d.eos,
+            "strip": sorted(d.strip),
+            "min_length": d.min_length,
+            "line_tokens": self.line_tokens,
+        }
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -272,14 +302,7 @@ class DocumentStream:
         if self.rotating:
             counts = np.array([self.access.doc_count(f) for f in range(n_files)], dtype=np.int64)
             rows, owner = all_fragments(counts, n_shards)
-            if self.order == "random":
-                portions = permute(
-                    np.arange(n_shards),
-                    n_shards,
-                    derive_key(self.seed, self.access.name, "portions"),
-                )
-            else:
-                portions = np.arange(n_shards)
+            portions = _checked_permutation(self.portion_order(), n_shards, self, "portion_order")
             at = int(np.flatnonzero(portions == self.shard)[0])
             portions = portions[(at + np.arange(n_shards)) % n_shards]  # epoch 0: own portion
             per_portion = np.bincount(owner, minlength=n_shards)
@@ -359,26 +382,23 @@ class DocumentStream:
         if cycle == self._walk_cycle:
             return
         rows = self._rows
-        assert rows is not None, "set up before walking"
-        name = self.access.name
-        if self.order == "sequential":
-            self._walk, self._walk_orders = rows, None
-        elif self.rotating:
-            self._walk = rows
-            key = derive_key(self.seed, name, self.shard, "cycle", cycle)
-            self._walk_orders = Permutations(
-                rows[:, 2] - rows[:, 1], hash_values(key, 0, len(rows))
-            )
+        if rows is None:
+            raise RuntimeError("a document stream is set up before it walks")
+        walk = self.walk_order(rows.copy(), cycle)
+        order = _checked_permutation(walk.order, len(rows), self, "walk_order")
+        self._walk = rows[order]
+        sizes = self._walk[:, 2] - self._walk[:, 1]
+        if walk.keys is None:
+            self._walk_orders = None
         else:
-            order = permute(
-                np.arange(len(rows)), len(rows), derive_key(self.seed, name, self.shard, cycle)
-            )
-            self._walk = rows[order]
-            keys = [
-                derive_key(self.seed, name, self.shard, cycle, int(f)) for f in self._walk[:, 0]
-            ]
-            self._walk_orders = Permutations(self._walk[:, 2] - self._walk[:, 1], keys)
-        self._walk_ends = np.cumsum(self._walk[:, 2] - self._walk[:, 1])
+            keys = np.asarray(walk.keys, dtype=np.uint64)
+            if keys.shape != (len(rows),):
+                raise ConfigError(
+                    f"{type(self).__name__}.walk_order gave {keys.shape} keys for "
+                    f"{len(rows)} fragments of dataset {self.access.name!r}: one key per fragment"
+                )
+            self._walk_orders = Permutations(sizes, keys)
+        self._walk_ends = np.cumsum(sizes)
         self._walk_cycle = cycle
 
     def prefetch_upcoming(self) -> None:
@@ -392,7 +412,7 @@ class DocumentStream:
 
     # -- read ahead / commit -------------------------------------------------------------
 
-    def read_ahead(self) -> DocBlock:
+    def read_ahead(self) -> Documents:
         """The next block of kept documents after the read-ahead cursor (never empty).
 
         A block covers a few files of the walk at most, so a stream keeps only a few files
@@ -402,6 +422,7 @@ class DocumentStream:
             EmptyDatasetError: A whole cycle of the shard passed without a usable document.
         """
         self._setup()
+        self._has_read = True
         passed = 0
         while True:
             block, walked = self._read_block()
@@ -410,6 +431,7 @@ class DocumentStream:
                 most = _BLOCK_TOKENS * len(block) // max(1, int(block.dlen.sum()))
                 most = min(max(most, _MAX_BLOCK), _MAX_BLOCK_SHORT)
                 self._block_docs = min(self._block_docs * 4, most)
+                self._issued.append((block.gpos, np.cumsum(block.dlen)))
                 return block
             if passed >= self._size:
                 raise EmptyDatasetError(
@@ -417,7 +439,7 @@ class DocumentStream:
                     f"at least min_length={self.decoration.min_length} tokens"
                 )
 
-    def _read_block(self) -> tuple[DocBlock, int]:
+    def _read_block(self) -> tuple[Documents, int]:
         cycle, pos = divmod(self._ahead, self._size)
         self._walk_for(cycle)
         ends = self._walk_ends
@@ -449,41 +471,143 @@ class DocumentStream:
         kept = np.flatnonzero(content >= max(1, self.decoration.min_length))
         gpos = self._ahead + np.arange(len(positions), dtype=np.int64)
         self._ahead += len(positions)
-        block = DocBlock(files, docs, content + self.decoration.extra, base, gpos)
+        ds = np.full(len(positions), self.dataset, dtype=np.int64)
+        block = Documents(ds, files, docs, content + self.decoration.extra, base, gpos)
         return block.select(kept), len(positions)
 
-    def commit(self, last_gpos: int, used: int) -> None:
-        """Mark documents up to walk position ``last_gpos`` as consumed, ``used`` of them kept."""
+    def commit(self, rows: int) -> None:
+        """Mark the next ``rows`` read-ahead documents as used; the documents passed over
+        before the last of them (too short) count as skipped."""
+        if rows <= 0:
+            return
+        left, last = rows, -1
+        while left:
+            if not self._issued:
+                raise RuntimeError(
+                    f"dataset {self.access.name!r}: committed {rows} documents, more than were "
+                    "read ahead"
+                )
+            gpos, ends = self._issued[0]
+            used = self._issued_used
+            take = min(left, len(gpos) - used)
+            self.tokens += int(ends[used + take - 1]) - (int(ends[used - 1]) if used else 0)
+            self._issued_used = used + take
+            last = int(gpos[used + take - 1])
+            if self._issued_used == len(gpos):
+                self._issued.popleft()
+                self._issued_used = 0
+            left -= take
         current = self._global(self.epoch, self.pos)
-        nxt = last_gpos + 1
-        self.skipped += nxt - current - used
-        self.docs += used
-        self.epoch, self.pos = self._local(nxt)
+        self.skipped += last + 1 - current - rows
+        self.docs += rows
+        self.epoch, self.pos = self._local(last + 1)
 
     def rewind(self) -> None:
         """Drop read-ahead: the next ``read_ahead`` starts at the consumed position."""
         if self._rows is not None:
             self._ahead = self._global(self.epoch, self.pos)
+        self._issued.clear()
+        self._issued_used = 0
         self._block_docs = _FIRST_BLOCK
 
     # -- state ---------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        size = self._size if self._rows is not None else self._saved_size
+    @staticmethod
+    def fresh_state() -> dict[str, int]:
+        """The state of a stream that has not started (size -1: not measured yet)."""
+        return {"epoch": 0, "pos": 0, "docs": 0, "tokens": 0, "skipped": 0, "size": -1}
+
+    def own_state(self) -> dict[str, Any]:
+        size = self._size if self._has_read else self._saved_size
         return {
             "epoch": self.epoch,
             "pos": self.pos,
             "docs": self.docs,
+            "tokens": self.tokens,
             "skipped": self.skipped,
             "size": size,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        need_keys(state, "", STATE_KEYS, f"document stream {self.access.name!r} state")
+    def load_own_state(self, state: dict[str, Any]) -> None:
+        """Take the position back and check it against the data (the stream's documents in
+        this shard are counted: ``pos`` must lie inside its epoch, ``size`` must agree)."""
         size = need_int(state["size"], "size", -1)  # -1: saved before the stream started
         self.epoch = need_count(state["epoch"], "epoch")
         self.pos = need_count(state["pos"], "pos", max(size - 1, 0))
         self.docs = need_count(state["docs"], "docs")
+        self.tokens = need_count(state["tokens"], "tokens")
         self.skipped = need_count(state["skipped"], "skipped")
         self._saved_size = size
+        self._has_read = False
+        self._rows = None  # set up again, against the loaded position
+        self._walk_cycle = -1
         self.rewind()
+        self._setup()
+
+    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+        """Where the stream is: documents and tokens taken, epoch, position of ``size`` documents,
+        documents skipped as shorter than ``min_length`` (``fmsdata.report`` files it
+        under the dataset its settings name)."""
+        return {
+            "dataset": {
+                "taken_docs": int(own.get("docs", 0)),
+                "taken_tokens": int(own.get("tokens", 0)),
+                "epoch": int(own.get("epoch", 0)),
+                "pos": int(own.get("pos", 0)),
+                "size": int(own.get("size", -1)),
+                "skipped": int(own.get("skipped", 0)),
+            }
+        }
+
+
+class RandomWalk(DocumentStream):
+    """A seeded random walk per epoch (``document_order: random``): the shard's fragments
+    in a keyed random order, the documents inside each in another; a rotating stream
+    visits the shards' portions in a keyed order, its documents keyed per cycle."""
+
+    def walk_order(self, fragments: np.ndarray, cycle: int) -> WalkOrder:
+        n, name = len(fragments), self.access.name
+        if self.rotating:
+            key = derive_key(self.seed, name, self.shard, "cycle", cycle)
+            return WalkOrder(np.arange(n), hash_values(key, 0, n))
+        order = permute(np.arange(n), n, derive_key(self.seed, name, self.shard, cycle))
+        keys = [derive_key(self.seed, name, self.shard, cycle, int(f)) for f in fragments[order, 0]]
+        return WalkOrder(order, keys)
+
+    def portion_order(self) -> np.ndarray:
+        n = self.n_shards
+        return permute(np.arange(n), n, derive_key(self.seed, self.access.name, "portions"))
+
+
+class StoredOrder(DocumentStream):
+    """The files' own order (``document_order: sequential``): fragments in file order,
+    documents in stored order, every epoch alike. With one logical shard the stream is the
+    dataset's order of documents; with several, the shards' stretches concatenated in
+    shard order are (fragments are dealt in contiguous runs)."""
+
+    def walk_order(self, fragments: np.ndarray, cycle: int) -> WalkOrder:
+        return WalkOrder(np.arange(len(fragments)))
+
+
+def stream_class(order: str) -> type[DocumentStream]:
+    """The document stream of a config's ``document_order``."""
+    if order not in _ORDERS:
+        raise ConfigError(f"document_order must be one of {DOCUMENT_ORDERS}, got {order!r}")
+    return _ORDERS[order]
+
+
+_ORDERS: dict[str, type[DocumentStream]] = {"random": RandomWalk, "sequential": StoredOrder}
+
+
+def _checked_permutation(values: Any, n: int, stream: DocumentStream, hook: str) -> np.ndarray:
+    order = np.asarray(values)
+    if (
+        order.shape != (n,)
+        or not np.issubdtype(order.dtype, np.integer)
+        or not np.array_equal(np.sort(order), np.arange(n))
+    ):
+        raise ConfigError(
+            f"{type(stream).__name__}.{hook} must give a permutation of range({n}) for dataset "
+            f"{stream.access.name!r} in logical shard {stream.shard}, got {values!r}"
+        )
+    return order.astype(np.int64)

@@ -28,43 +28,11 @@ import numpy as np
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.schedule import ShareTargets, WeightSchedule
 from fmsdata.stages.base import DatasetRenumbering, Stage
-from fmsdata.stages.documents import DocBlock, DocumentStream, fresh_stream_state
-from fmsdata.statecheck import need_count, within
+from fmsdata.stages.documents import DocumentStream
+from fmsdata.stages.source import Documents, DocumentSource
+from fmsdata.statecheck import need_count
 
-__all__ = ["MixedDocs", "TokenShareMixer"]
-
-
-@dataclasses.dataclass
-class MixedDocs:
-    """Read-ahead documents in mixed order."""
-
-    ds: np.ndarray  # dataset index
-    file: np.ndarray
-    doc: np.ndarray
-    dlen: np.ndarray
-    base: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.doc)
-
-    def tail(self, start: int) -> MixedDocs:
-        return MixedDocs(*(getattr(self, f)[start:] for f in _MIXED_FIELDS))
-
-    def then(self, other: MixedDocs) -> MixedDocs:
-        """These documents followed by ``other``."""
-        if not len(self):
-            return other
-        return MixedDocs(
-            *(np.concatenate([getattr(self, f), getattr(other, f)]) for f in _MIXED_FIELDS)
-        )
-
-    @staticmethod
-    def empty() -> MixedDocs:
-        e = np.zeros(0, dtype=np.int64)
-        return MixedDocs(e, e, e, e, e)
-
-
-_MIXED_FIELDS = ("ds", "file", "doc", "dlen", "base")
+__all__ = ["DatasetStreams", "TokenShareMixer"]
 
 
 @dataclasses.dataclass
@@ -73,27 +41,48 @@ class _Ledger:
 
     count: np.ndarray  # [rows, datasets] documents taken so far
     tokens: np.ndarray  # [rows, datasets] tokens taken so far
-    last_gpos: np.ndarray  # [rows, datasets] walk position of the latest document taken
     used: int = 0
 
 
-class TokenShareMixer(Stage):
-    """Mixes document streams by token share: the chain's document source (role
-    ``"mixer"``), read by the packer through ``read_ahead`` / ``commit`` / ``rewind``.
+class DatasetStreams(Stage):
+    """The mixer's input: one document source per dataset, each under its dataset's name
+    (so ``walk``, ``settings``, ``renumber`` and ``held_spans`` reach every stream). Holds
+    no state of its own; on a change of the dataset list (``renumber_inputs``) the kept
+    datasets' streams go on, new ones start, removed ones are dropped."""
+
+    def __init__(self, streams: Sequence[DocumentSource], names: Sequence[str]):
+        self.streams = dict(zip(names, streams))
+
+    def __next__(self) -> Any:
+        raise TypeError("DatasetStreams is read by the mixer, one stream at a time")
+
+    def children(self) -> dict[str, Stage]:
+        return dict(self.streams)
+
+    def renumber_inputs(self, inputs: dict[str, Any], change: DatasetRenumbering) -> dict:
+        """A new dataset's stream starts fresh (``DocumentStream.fresh_state``)."""
+        return {name: inputs.get(name, DocumentStream.fresh_state()) for name in change.mix}
+
+
+class TokenShareMixer(DocumentSource):
+    """Mixes document sources (one per dataset) by token share: the document source the
+    packer reads in the default chain (role ``"mixer"``).
 
     State keys: ``tokens`` and ``base`` (per dataset name: tokens taken in total, and the
     count the targets start from — zero, or the tokens taken where a resume changed the
-    mix) and ``sources`` (each dataset's stream state, by name).
+    mix) and ``sources`` (the streams' states, by dataset name: ``DatasetStreams``).
 
     Args:
-        streams: One stream per dataset, in config order.
+        streams: One document source per dataset, in config order.
         names: Dataset names, same order.
         schedule: Weights (non-negative, any scale) as a function of the shard's clock,
             the document tokens it has mixed.
     """
 
+    role = "mixer"
+
     def __init__(
-        self, streams: Sequence[DocumentStream], names: Sequence[str], schedule: WeightSchedule
+        self, streams: Sequence[DocumentSource], names: Sequence[str], schedule: WeightSchedule
     ):
         if len(streams) != len(names):
             raise ConfigError(
@@ -102,16 +91,20 @@ class TokenShareMixer(Stage):
             )
         self.streams = list(streams)
         self.names = list(names)
+        self.sources = DatasetStreams(self.streams, self.names)
         self.schedule = schedule
         n = len(self.streams)
         self.tokens = [0] * n
         self.base = [0] * n
         self._ahead_tokens = [0] * n
         self._targets: tuple[list[int], ShareTargets] | None = None
-        self._left: list[DocBlock] = [DocBlock.empty() for _ in range(n)]
+        self._left: list[Documents] = [Documents.empty() for _ in range(n)]
         self._ledgers: collections.deque[_Ledger] = collections.deque()
 
-    def read_ahead(self) -> MixedDocs:
+    def children(self) -> dict[str, Stage]:
+        return {"sources": self.sources}
+
+    def read_ahead(self) -> Documents:
         """The next mixed documents after the read-ahead cursor (never empty)."""
         n = len(self.streams)
         targets = self._share_targets()
@@ -142,15 +135,16 @@ class TokenShareMixer(Stage):
             ds = np.concatenate([np.full(take[d], d, dtype=np.int64) for d in active])
             order = np.lexsort((ds, np.concatenate([keys[d][: take[d]] for d in active])))
             ds = ds[order]
-        merged = DocBlock.concat([self._left[d].take(0, take[d]) for d in active])
+        merged = Documents.concat([self._left[d].take(0, take[d]) for d in active])
         if order is not None:
             merged = merged.select(order)
+        merged.ds = ds  # the dataset's index in this mixer, whatever the stream says
         for d in active:
             if take[d]:
                 self._ahead_tokens[d] += int(self._left[d].dlen[: take[d]].sum())
                 self._left[d] = self._left[d].take(take[d])
         self._ledgers.append(self._ledger(ds, merged))
-        return MixedDocs(ds, merged.file, merged.doc, merged.dlen, merged.base)
+        return merged
 
     def _share_targets(self) -> ShareTargets:
         """Targets counted from ``base`` (kept until the base changes: a loaded state)."""
@@ -158,12 +152,11 @@ class TokenShareMixer(Stage):
             self._targets = (list(self.base), self.schedule.targets(self.base))
         return self._targets[1]
 
-    def _ledger(self, ds: np.ndarray, block: DocBlock) -> _Ledger:
+    def _ledger(self, ds: np.ndarray, block: Documents) -> _Ledger:
         onehot = ds[:, None] == np.arange(len(self.streams))[None, :]
         count = np.cumsum(onehot, axis=0)
         tokens = np.cumsum(onehot * block.dlen[:, None], axis=0)
-        last = np.maximum.accumulate(np.where(onehot, block.gpos[:, None], -1), axis=0)
-        return _Ledger(count, tokens, last)
+        return _Ledger(count, tokens)
 
     def commit(self, rows: int) -> None:
         """Mark the next ``rows`` read-ahead documents as consumed."""
@@ -174,9 +167,7 @@ class TokenShareMixer(Stage):
             end = ledger.used + take - 1
             # One row of per-dataset counters as Python ints: cheaper than indexing numpy
             # element by element.
-            count, tokens, last = (
-                a[end].tolist() for a in (ledger.count, ledger.tokens, ledger.last_gpos)
-            )
+            count, tokens = ledger.count[end].tolist(), ledger.tokens[end].tolist()
             if ledger.used:
                 count_before = ledger.count[ledger.used - 1].tolist()
                 tokens_before = ledger.tokens[ledger.used - 1].tolist()
@@ -186,7 +177,7 @@ class TokenShareMixer(Stage):
                 used = count[d] - count_before[d]
                 if used:
                     self.tokens[d] += tokens[d] - tokens_before[d]
-                    self.streams[d].commit(last[d], used)
+                    self.streams[d].commit(used)
             ledger.used += take
             if ledger.used == len(ledger.count):
                 self._ledgers.popleft()
@@ -195,20 +186,21 @@ class TokenShareMixer(Stage):
     def rewind(self) -> None:
         """Drop read-ahead: the next ``read_ahead`` starts at the consumed position."""
         self._ahead_tokens = list(self.tokens)
-        self._left = [DocBlock.empty() for _ in self.streams]
+        self._left = [Documents.empty() for _ in self.streams]
         self._ledgers.clear()
         for stream in self.streams:
             stream.rewind()
 
-    # -- stage protocol ------------------------------------------------------------------
+    def prefetch_upcoming(self) -> None:
+        for stream in self.streams:
+            stream.prefetch_upcoming()
 
-    role = "mixer"
+    # -- stage protocol ------------------------------------------------------------------
 
     def own_state(self) -> dict[str, Any]:
         return {
             "tokens": dict(zip(self.names, self.tokens)),
             "base": dict(zip(self.names, self.base)),
-            "sources": {name: s.state_dict() for name, s in zip(self.names, self.streams)},
         }
 
     def load_own_state(self, state: dict[str, Any]) -> None:
@@ -221,48 +213,24 @@ class TokenShareMixer(Stage):
                 )
         self.tokens = [need_count(state["tokens"][n], f"tokens.{n}") for n in self.names]
         self.base = [need_count(state["base"][n], f"base.{n}") for n in self.names]
-        for name, stream in zip(self.names, self.streams):
-            with within("sources"), within(name):
-                stream.load_state_dict(state["sources"][name])
         self.rewind()
 
     def settings(self) -> dict[str, Any]:
-        decoration = self.streams[0].decoration if self.streams else None
-        return {
-            "datasets": list(self.names),
-            "bos": None if decoration is None else decoration.bos,
-            "eos": None if decoration is None else decoration.eos,
-            "strip": [] if decoration is None else sorted(decoration.strip),
-            "min_length": None if decoration is None else decoration.min_length,
-            "document_order": getattr(self.streams[0], "order", None) if self.streams else None,
-        }
+        return {"datasets": list(self.names)}
 
     def report(self, own: dict[str, Any]) -> dict[str, Any]:
-        """Per dataset: documents and tokens taken into lines, and where its stream is
-        (epoch, position of ``size`` documents, documents skipped as shorter than
-        ``min_length``). Holds no spans: what is taken and not handed out is held below."""
-        datasets = {}
-        for name, tokens in own["tokens"].items():
-            source = own["sources"].get(name) or {}
-            datasets[name] = {
-                "taken_tokens": int(tokens),
-                "taken_docs": int(source.get("docs", 0)),
-                "epoch": int(source.get("epoch", 0)),
-                "pos": int(source.get("pos", 0)),
-                "size": int(source.get("size", -1)),
-                "skipped": int(source.get("skipped", 0)),
-            }
-        return {"datasets": datasets}
+        """Nothing of its own: each dataset's stream reports what was taken from it. Holds
+        no spans: what is taken and not handed out is held below."""
+        return {}
 
     def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
-        """Datasets kept continue from their own positions, new ones start at their
-        beginning, removed ones are dropped; with ``change.rebase`` every share is measured
-        afresh from here (``base`` moves to the tokens taken), so new weights hold now."""
+        """Datasets kept continue from their own counts, new ones start at zero, removed
+        ones are dropped; with ``change.rebase`` every share is measured afresh from here
+        (``base`` moves to the tokens taken), so new weights hold now."""
         tokens = {name: int(own["tokens"].get(name, 0)) for name in change.mix}
         base = (
             dict(tokens)
             if change.rebase
             else {name: int(own["base"].get(name, 0)) for name in change.mix}
         )
-        sources = {name: own["sources"].get(name, fresh_stream_state()) for name in change.mix}
-        return {"tokens": tokens, "base": base, "sources": sources}
+        return {"tokens": tokens, "base": base}

@@ -1,4 +1,4 @@
-"""Pack the mixed document stream into fixed-length lines of spans.
+"""Pack a document source's documents into fixed-length lines of spans.
 
 ``hard`` packing fills every line exactly, splitting documents across lines (the remainder
 of a split document, the *carry*, starts the next line). ``pad`` packing never splits a
@@ -33,7 +33,7 @@ from fmsdata.stages.base import (
     restore_spans,
 )
 from fmsdata.stages.kernels import plan_hard_lines
-from fmsdata.stages.mixing import MixedDocs, TokenShareMixer
+from fmsdata.stages.source import Documents, DocumentSource
 from fmsdata.statecheck import need_int, need_list
 
 __all__ = ["LinePacker"]
@@ -66,15 +66,15 @@ class LinePacker(SpanStage):
     list) and ``source`` (the document source's state).
 
     Args:
-        source: The document source (the mixer, or a stage with its ``read_ahead`` /
-            ``commit`` / ``rewind`` protocol wrapping it).
+        source: Any document source (``fmsdata.stages.source``): the mixer, one
+            dataset's stream, or a user's own.
         capacity: Document tokens per line (line length minus BOL/EOL).
         mode: ``"hard"`` or ``"pad"``.
     """
 
     role = "packer"
 
-    def __init__(self, source: TokenShareMixer, capacity: int, mode: str = "hard"):
+    def __init__(self, source: DocumentSource, capacity: int, mode: str = "hard"):
         if mode not in ("hard", "pad"):
             raise ConfigError(f"packing must be 'hard' or 'pad', got {mode!r}")
         if capacity < 1:
@@ -86,7 +86,7 @@ class LinePacker(SpanStage):
         self._uncommitted = 0  # documents of handed-out lines not yet committed upstream
         self._plan: _Plan | None = None
         self._plan_carry: np.ndarray | None = None  # carry after the last planned line
-        self._pending = MixedDocs.empty()  # read-ahead documents not yet in a planned line
+        self._pending = Documents.empty()  # read-ahead documents not yet in a planned line
 
     def __next__(self) -> np.ndarray:
         plan = self._plan
@@ -161,7 +161,7 @@ class LinePacker(SpanStage):
         self._uncommitted = 0
         self._plan = None
         self._plan_carry = self._carry
-        self._pending = MixedDocs.empty()
+        self._pending = Documents.empty()
 
     def settings(self) -> dict[str, Any]:
         return {"capacity": self.capacity, "mode": self.mode}
@@ -180,7 +180,7 @@ class LinePacker(SpanStage):
         return {"held": self.held_spans(own), "held_as": "unsent"}
 
 
-def _pieces(docs: MixedDocs, carry: np.ndarray | None) -> tuple[np.ndarray, int]:
+def _pieces(docs: Documents, carry: np.ndarray | None) -> tuple[np.ndarray, int]:
     """Rows ``(ds, file, doc, start, length)`` for the carry (if any) then each document,
     and how many leading rows are carry (0 or 1)."""
     rows = np.empty((len(docs), SPAN_WIDTH), dtype=np.int64)
@@ -197,8 +197,8 @@ def _pieces(docs: MixedDocs, carry: np.ndarray | None) -> tuple[np.ndarray, int]
 
 
 def _plan_hard(
-    docs: MixedDocs, carry: np.ndarray | None, capacity: int
-) -> tuple[_Plan, MixedDocs, np.ndarray | None]:
+    docs: Documents, carry: np.ndarray | None, capacity: int
+) -> tuple[_Plan, Documents, np.ndarray | None]:
     rows, head = _pieces(docs, carry)
     spans, offsets, first_line, carries = plan_hard_lines(rows, capacity)
     n_lines = len(offsets) - 1
@@ -213,8 +213,8 @@ def _plan_hard(
 
 
 def _plan_pad(
-    docs: MixedDocs, carry: np.ndarray | None, capacity: int
-) -> tuple[_Plan, MixedDocs, np.ndarray | None]:
+    docs: Documents, carry: np.ndarray | None, capacity: int
+) -> tuple[_Plan, Documents, np.ndarray | None]:
     # Sequential by nature (whether a document fits depends on the line so far); one
     # Python step per document, which pad packing (mostly fine-tuning data) can afford.
     rows, head = _pieces(docs, carry)

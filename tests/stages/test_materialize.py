@@ -11,7 +11,7 @@ from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.arrow import write_arrow_docs
 from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.base import BASE, DLEN, restore_spans
-from fmsdata.stages.documents import Decoration, DocumentStream
+from fmsdata.stages.documents import Decoration, RandomWalk
 from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.packing import LinePacker
@@ -88,7 +88,7 @@ def test_written_lines_match_a_document_by_document_reference(
     deco = Decoration(bos=bos, eos=eos, strip=frozenset({STRIP}) if strip else frozenset())
     line_length = seq + 1
     capacity = line_length - (bol is not None) - (eol is not None)
-    mixer = TokenShareMixer([DocumentStream(acc[0], 0, 1, seed, deco)], ["a"], ONE)
+    mixer = TokenShareMixer([RandomWalk(acc[0], 0, 1, seed, deco)], ["a"], ONE)
     packer = LinePacker(mixer, capacity, "pad" if pad_mode else "hard")
     lines = [next(packer) for _ in range(12)]
     writer = LineWriter(acc, deco, line_length, bol=bol, eol=eol, pad=5 if pad_mode else None)
@@ -118,7 +118,7 @@ def test_vocab_check_names_the_file(tmp_path):
     acc = accesses(info)
     deco = Decoration()
     packer = LinePacker(
-        TokenShareMixer([DocumentStream(acc[0], 0, 1, 0, deco)], ["a"], ONE),
+        TokenShareMixer([RandomWalk(acc[0], 0, 1, 0, deco)], ["a"], ONE),
         13,
         "hard",
     )
@@ -132,7 +132,7 @@ def test_spans_carry_document_facts(tmp_path):
     acc = accesses(info)
     deco = Decoration(bos=1, eos=2, strip=frozenset({STRIP}))
     packer = LinePacker(
-        TokenShareMixer([DocumentStream(acc[0], 0, 1, 0, deco)], ["a"], ONE),
+        TokenShareMixer([RandomWalk(acc[0], 0, 1, 0, deco)], ["a"], ONE),
         50,
         "hard",
     )
@@ -149,7 +149,7 @@ def test_a_token_that_does_not_fit_an_int32_row_names_the_file_and_document(tmp_
     acc = accesses(info)
     deco = Decoration()
     packer = LinePacker(
-        TokenShareMixer([DocumentStream(acc[0], 0, 1, 0, deco)], ["a"], ONE), 13, "hard"
+        TokenShareMixer([RandomWalk(acc[0], 0, 1, 0, deco)], ["a"], ONE), 13, "hard"
     )
     writer = LineWriter(acc, deco, 13)
     with pytest.raises(

@@ -5,7 +5,7 @@ from stagecheck import check_stage_rescale, check_stage_resume, saved
 from support import accesses, corpus, scratch_dir
 
 from fmsdata.schedule import WeightSchedule
-from fmsdata.stages.documents import Decoration, DocumentStream
+from fmsdata.stages.documents import Decoration, RandomWalk
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.packing import LinePacker
 
@@ -14,7 +14,7 @@ def mixer(info, weights, shard=0, n_shards=1, seed=3, deco=None):
     deco = deco or Decoration()
     names = list(info.ranges)
     acc = accesses(info)
-    streams = [DocumentStream(a, shard, n_shards, seed, deco) for a in acc]
+    streams = [RandomWalk(a, shard, n_shards, seed, deco) for a in acc]
     return TokenShareMixer(streams, names, WeightSchedule.constant(weights))
 
 
@@ -68,7 +68,7 @@ def test_block_merge_equals_the_one_at_a_time_rule(weights, seed):
     acc = accesses(info)
     for d, a in enumerate(acc):
         s = TokenShareMixer(
-            [DocumentStream(a, 0, 1, seed, Decoration())], [a.name], WeightSchedule.constant([1.0])
+            [RandomWalk(a, 0, 1, seed, Decoration())], [a.name], WeightSchedule.constant([1.0])
         )
         singles.append([(d, f, doc, dl) for _, f, doc, dl in mix(s, 120)])
     assert got == greedy_reference(singles, weights, 120)

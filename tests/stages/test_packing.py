@@ -6,14 +6,14 @@ from support import accesses, corpus, scratch_dir
 
 from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.base import DLEN, LENGTH, START
-from fmsdata.stages.documents import Decoration, DocumentStream
+from fmsdata.stages.documents import Decoration, RandomWalk
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.packing import LinePacker
 
 
 def packer(info, capacity, mode="hard", weights=None, seed=1):
     acc = accesses(info)
-    streams = [DocumentStream(a, 0, 1, seed, Decoration(bos=1, eos=2)) for a in acc]
+    streams = [RandomWalk(a, 0, 1, seed, Decoration(bos=1, eos=2)) for a in acc]
     mixer = TokenShareMixer(
         streams, list(info.ranges), WeightSchedule.constant(weights or [1.0] * len(acc))
     )
@@ -85,7 +85,7 @@ def test_packer_rescales_exactly(tmp_path, mode):
 
     def shard(sid):
         acc = accesses(info)
-        streams = [DocumentStream(a, sid, 4, 1, Decoration(bos=1, eos=2)) for a in acc]
+        streams = [RandomWalk(a, sid, 4, 1, Decoration(bos=1, eos=2)) for a in acc]
         mixer = TokenShareMixer(streams, list(info.ranges), WeightSchedule.constant([2.0, 1.0]))
         return LinePacker(mixer, 37, mode)
 

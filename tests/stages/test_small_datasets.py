@@ -9,7 +9,7 @@ from stagecheck import check_stage_rescale, check_stage_resume
 from support import accesses, corpus, scratch_dir
 
 from fmsdata.stages.base import DOC, DS, FILE, START
-from fmsdata.stages.documents import Decoration, DocumentStream
+from fmsdata.stages.documents import Decoration, RandomWalk, stream_class
 
 SHARDS = 1024
 SEQ = 32  # 33 tokens per line: the budget is 1024 * 33 tokens per dataset
@@ -35,7 +35,7 @@ def by_epoch(stream, stop):
             return out
         doc = (stream.access.path(int(block.file[0])), int(block.doc[0]))
         out.setdefault(stream.epoch, []).append(doc)
-        stream.commit(int(block.gpos[0]), 1)
+        stream.commit(1)
         stream.rewind()
 
 
@@ -61,9 +61,9 @@ def test_every_pass_over_the_shards_covers_the_small_dataset_once():
     for sid in range(SHARDS):
         # Passes across the end of each shard's first cycle of 1024 epochs (the first
         # passes are checked for smaller shapes below).
-        stream = DocumentStream(access, sid, SHARDS, rec.seed, Decoration(), "random", SEQ + 1)
+        stream = RandomWalk(access, sid, SHARDS, rec.seed, Decoration(), SEQ + 1)
         stream.load_state_dict(
-            {"epoch": 1022, "pos": 0, "docs": 0, "skipped": 0, "size": len(reference)}
+            {"epoch": 1022, "pos": 0, "docs": 0, "tokens": 0, "skipped": 0, "size": len(reference)}
         )
         for epoch, docs in by_epoch(stream, 1026).items():
             passes[epoch].extend(docs)
@@ -86,7 +86,7 @@ def test_passes_cover_every_document_once_for_any_shape(n_shards, files, docs, o
     ref = sorted((path, d) for _, path, d in writer_order(info, "s"))
     passes = {}
     for sid in range(n_shards):
-        stream = DocumentStream(access, sid, n_shards, seed, Decoration(), order, 10**6)
+        stream = stream_class(order)(access, sid, n_shards, seed, Decoration(), 10**6)
         assert stream.size == len(ref) and stream.rotating
         for epoch, got in by_epoch(stream, n_shards + 2).items():
             passes.setdefault(epoch, []).extend(got)
