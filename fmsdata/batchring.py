@@ -61,6 +61,7 @@ class BatchRing:
             self.data.share_memory_()
             self.free_for.share_memory_()
         self.position = 0  # the next batch number the main process handles
+        self.in_use = False  # an iteration of the loader hands out from it
         self._setup()
 
     def _setup(self) -> None:
@@ -73,7 +74,7 @@ class BatchRing:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"slots": self.slots, "fields": self.fields, "data": self.data,
-                "free_for": self.free_for, "position": self.position}  # fmt: skip
+                "free_for": self.free_for, "position": self.position, "in_use": False}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -66,12 +66,14 @@ class _Feed:
         parts: Iterator[WorkerItem],
         ring: BatchRing | None,
         n_parts: int,
-        assemble: Callable[[list[WorkerItem], int], Any],
+        assemble: Callable[[list[WorkerItem], BatchRing | None, int], Any],
     ):
         self.parts, self.ring, self.n_parts, self.assemble = parts, ring, n_parts, assemble
         self._current: list[WorkerItem] | None = None
         self._upto = 0  # the next batch of the current items to assemble
         self._received: int | None = None  # end of the batch numbers of items received
+        if ring is not None:
+            ring.in_use = True
 
     def items(self) -> tuple[list[WorkerItem], int]:
         """The next items (one per worker) and how many batches they hold. A worker's
@@ -97,7 +99,7 @@ class _Feed:
             self.ring.collect()
         self._pass_over(k)
         self._upto = k + 1
-        return self.assemble(self._current, k)
+        return self.assemble(self._current, self.ring, k)
 
     def _pass_over(self, until: int | None) -> None:
         """Batches of the current items before ``until`` (None: all) not assembled: their
@@ -113,9 +115,11 @@ class _Feed:
     def close(self) -> None:
         """Stop using the ring: the next workers number their batches past all of these."""
         self._current = None
-        if self.ring is not None and self._received is not None:
-            self.ring.restart(self._received)
-            self._received = None
+        if self.ring is not None:
+            if self._received is not None:
+                self.ring.restart(self._received)
+                self._received = None
+            self.ring.in_use = False
 
 
 class _AheadFeed(_Feed):
@@ -263,11 +267,13 @@ class FmsDataLoader(DataLoader):
             self._parts = None
             del parts, feed
 
-    def _assemble(self, items: list[WorkerItem], k: int) -> dict[str, torch.Tensor]:
+    def _assemble(
+        self, items: list[WorkerItem], ring: BatchRing | None, k: int
+    ) -> dict[str, torch.Tensor]:
         config = self.config
         return assemble_batch(
             items,
-            self._ring,
+            ring,
             self._fields,
             k,
             config.batch_size,
@@ -316,7 +322,9 @@ class FmsDataLoader(DataLoader):
     def _start_workers(self) -> tuple[Iterator[Any], BatchRing | None]:
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         config = self.config
-        if self._ring is None and dataset.preprocess is None:
+        # One ring per live iteration: a second iteration started while another still
+        # runs (both continue from the consumed position) gets a ring of its own.
+        if (self._ring is None or self._ring.in_use) and dataset.preprocess is None:
             slots = ring_slots(
                 config.batch_size, config.line_length, config.prefetch_factor, self.num_workers
             )

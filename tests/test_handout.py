@@ -144,3 +144,17 @@ def test_batches_that_find_their_slot_held_come_in_fresh_memory(tmp_path, monkey
     reference = take(build_dataloader(padded_config(info, **STRUCTURE)), 40)
     monkeypatch.setattr(fmsdata.batchring.BatchRing, "claim", lambda self, batch: None)
     assert_same_batches(reference, take(build_dataloader(config), 40))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_two_live_iterations_have_a_ring_each(tmp_path, monkeypatch, num_workers):
+    info = corpus(tmp_path)
+    reference = take(build_dataloader(padded_config(info)), 60)
+    small_ring(monkeypatch)
+    loader = build_dataloader(padded_config(info, num_workers=num_workers))
+    first = iter(loader)
+    held = [next(first) for _ in range(5)]
+    second = iter(loader)  # continues from the 5 batches consumed
+    assert_same_batches(reference[5:55], [next(second) for _ in range(50)])
+    assert_same_batches(reference[:5], held)
+    next(first)  # the first iteration still runs on its own ring
