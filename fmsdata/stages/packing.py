@@ -207,7 +207,7 @@ def _plan_hard(
     doc_first = first_line[head:]
     commits = np.bincount(doc_first[doc_first < n_lines], minlength=n_lines)
     started = np.flatnonzero(doc_first >= n_lines)
-    pending = docs.tail(int(started[0]) if started.size else len(docs))
+    pending = docs.take(int(started[0]) if started.size else len(docs))
     plan_carry = carries[-1] if carries[-1, LENGTH] > 0 else None
     return _Plan(spans, offsets, commits, carries), pending, plan_carry
 
@@ -265,7 +265,7 @@ def _plan_pad(
     if fill == 0:
         open_row, open_carry = len(rows), None
     cut = max(int(open_row) - head, 0)
-    pending = docs.tail(cut)
+    pending = docs.take(cut)
     plan = _Plan(
         np.stack(pieces[: offsets[-1]]),
         np.asarray(offsets, dtype=np.int64),

@@ -53,9 +53,6 @@ class Documents:
     def take(self, start: int, stop: int | None = None) -> Documents:
         return Documents(*(getattr(self, f)[start:stop] for f in _FIELDS))
 
-    def tail(self, start: int) -> Documents:
-        return self.take(start)
-
     def select(self, index: np.ndarray) -> Documents:
         return Documents(*(getattr(self, f)[index] for f in _FIELDS))
 
