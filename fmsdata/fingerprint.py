@@ -161,7 +161,8 @@ def _check_stages(
     setting is named with its stage, after the config fields that differ when the state
     records them (``_changed_config``, worded only for the refusal). The mixer's dataset
     list may differ with a mix change."""
-    saved, current = fingerprint.get("stages"), now.get("stages")
+    saved: Any = fingerprint.get("stages")
+    current: Any = now.get("stages")
     changed = _changed_config(fingerprint.get(CONFIG_KEY), now.get(CONFIG_KEY))
     if mix_change and isinstance(saved, list) and isinstance(current, list):
         # A dataset's stream (role "dataset", under its name) on one side only: the dataset

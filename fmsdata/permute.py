@@ -103,7 +103,7 @@ class Permutations:
         keys: 64-bit key of each permutation (see ``derive_key``).
     """
 
-    def __init__(self, sizes: Sequence[int] | np.ndarray, keys: Sequence[int]):
+    def __init__(self, sizes: Sequence[int] | np.ndarray, keys: Sequence[int] | np.ndarray):
         self.sizes = np.ascontiguousarray(sizes, dtype=np.int64)
         self._bits, self._table = _round_constants(self.sizes, np.asarray(keys, dtype=np.uint64))
 

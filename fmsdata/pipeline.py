@@ -352,7 +352,7 @@ def build_pipeline(
     pipeline = ShardPipeline((factory or default_stages)(Shard(shard, recipe, accesses)))
     for _, stage in walk(pipeline.top):
         if stage.role == "shuffle" and getattr(stage, "documents", False) is None:
-            stage.documents = DocumentLengths(accesses, recipe.decoration)
+            setattr(stage, "documents", DocumentLengths(accesses, recipe.decoration))  # noqa: B010
     return pipeline
 
 

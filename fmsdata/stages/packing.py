@@ -80,6 +80,7 @@ class LinePacker(SpanStage):
         if capacity < 1:
             raise ConfigError(f"a line needs room for at least one document token, got {capacity}")
         super().__init__(source)
+        self.source: DocumentSource = source
         self.capacity = capacity
         self.mode = mode
         self._carry: np.ndarray | None = None  # carry before the current plan's first line
