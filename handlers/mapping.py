@@ -18,6 +18,7 @@ page is read.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import itertools
 import mmap
@@ -66,11 +67,11 @@ class MappedFile:
         self.stamp = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
         self.bytes = np.frombuffer(self._map, dtype=np.uint8)
         key = next(_SERIAL)
-        _OPEN[key] = (path, self.stamp)
+        self._key = key
+        _mapped(key, path, self.stamp)
         # Dropped without ``close``, the mapping is still forgotten (once) when collected.
-        self._forget = weakref.finalize(self, _unmapped, key)
+        self._forget = weakref.finalize(self, _collected, key)
         self._forget.atexit = False
-        _mapped(key)
         for made in getattr(_RECORDERS, "stack", ()):
             made.append(self)
 
@@ -101,7 +102,8 @@ class MappedFile:
         self.bytes = self._CLOSED
         self._map = None
         with contextlib.suppress(AttributeError, TypeError):  # shutdown: globals are gone
-            self._forget()
+            if self._forget.detach() is not None:
+                _unmapped(self._key)
         return self._CLOSED
 
 
@@ -129,7 +131,9 @@ def recording() -> Iterator[list[MappedFile]]:
 
 def mapped_paths() -> list[str]:
     """The paths of this process's open mappings, oldest first (a copy)."""
-    return [path for path, _ in list(_OPEN.values())]
+    with _LOCK:
+        _forget_collected()
+        return [path for path, _ in _OPEN.values()]
 
 
 def _change(path: str, stamp: tuple[int, int, int]) -> str | None:
@@ -252,17 +256,36 @@ def _new_lock_after_fork() -> None:
     _LOCK = threading.RLock()
 
 
-def _mapped(key: int) -> None:
+def _mapped(key: int, path: str, stamp: tuple[int, int, int]) -> None:
+    """Record a new mapping. ``_OPEN`` changes only under ``_LOCK``: threads map files side
+    by side while another lists them (``publish``)."""
     global _fork_hooked
     if not _fork_hooked:  # a fork while another thread holds the lock would keep it held
         os.register_at_fork(after_in_child=_new_lock_after_fork)
         _fork_hooked = True
     with _LOCK:
+        _forget_collected()
+        _OPEN[key] = (path, stamp)
         journal = _listing()
         if journal is not None:
-            path, stamp = _OPEN[key]
             journal.add(_added(key, path, stamp))
         _tell_note(journal)
+
+
+# Keys of mappings collected without ``close``. Their finalizer may run inside any
+# allocation (a garbage collection), even while this thread lists ``_OPEN``: it only queues
+# the key, and the next change of the list, under the lock, forgets it.
+_COLLECTED: collections.deque[int] = collections.deque()
+
+
+def _collected(key: int) -> None:
+    _COLLECTED.append(key)
+
+
+def _forget_collected() -> None:
+    """Forget the mappings collected since the last change (the lock is held)."""
+    while _COLLECTED:
+        _unmapped(_COLLECTED.popleft())
 
 
 def _unmapped(key: int) -> None:
@@ -286,6 +309,7 @@ def _unmapped(key: int) -> None:
 def publish() -> None:
     """List every open mapping now (the fault note calls it when it starts)."""
     with _LOCK:
+        _forget_collected()
         journal = _listing()
         if journal is not None:
             journal.rewrite()

@@ -3,6 +3,7 @@ line per file mapped or closed, rewritten once mostly closed lines, so what a pr
 writes grows with the files it opens, not with files opened x files open; read back it
 gives exactly the open mappings; a reader cache sees only the mappings its open made."""
 
+import gc
 import os
 
 import pytest
@@ -111,3 +112,36 @@ def test_the_note_names_the_list_before_the_newest_files():
         "newest: /d/b.npy, /d/a.npy>"
     )
     assert len(name) < 500  # faulthandler prints the first 500 characters
+
+
+def test_a_mapping_collected_while_the_list_is_written_is_forgotten_after(
+    tmp_path, listing, monkeypatch
+):
+    """A mapping dropped inside a reference cycle is freed by the garbage collector, which
+    can run inside any allocation: also while this process writes out its list. Its
+    finalizer then only queues it, and the next change of the list forgets it (it used to
+    change the list under the writer: 'dictionary changed size during iteration')."""
+
+    class CollectedMidway(dict):
+        """The open mappings, with a garbage collection in the middle of every listing."""
+
+        def items(self):
+            for i, item in enumerate(super().items()):
+                if i == 1:
+                    gc.collect()
+                yield item
+
+    monkeypatch.setattr(mapping, "_OPEN", CollectedMidway(mapping._OPEN))
+    paths = files(tmp_path, 20)
+    kept = [MappedFile(p) for p in paths[:10]]
+    for path in paths[10:]:
+        cycle = [MappedFile(path)]
+        cycle.append(cycle)  # only the collector frees it
+        del cycle
+        mapping.publish()  # lists every mapping: the collection runs inside
+    gc.collect()
+    assert sorted(mapping.mapped_paths()) == sorted(paths[:10])
+    listed = mapping._read_list(mapping.list_path(os.getpid()))
+    assert sorted(name for name, _ in listed.values()) == sorted(paths[:10])
+    for m in kept:
+        m.close()
