@@ -20,6 +20,7 @@ import numpy as np
 
 from fmsdata import filecounts
 from fmsdata.catalog import Catalog, DatasetFiles
+from fmsdata.delimiters import check_stored_delimiters
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.mapping import MappedFile, recording
@@ -137,6 +138,7 @@ class DatasetAccess:
         self._source = source
         self._readers = readers
         self._counts = files.docs.copy()
+        self._delimiters_checked: set[tuple[int, Decoration]] = set()
 
     @property
     def num_files(self) -> int:
@@ -225,6 +227,12 @@ class DatasetAccess:
         n = self.handler.num_docs(reader)
         if n != self.doc_count(file):
             raise ShardFormatError(count_mismatch(self.files.paths[file], n, self.doc_count(file)))
+        if (file, decoration) not in self._delimiters_checked:
+            relative = self.files.paths[file]
+            path = f"{self.root.rstrip('/')}/{relative}" if self.root else relative
+            d = decoration
+            check_stored_delimiters(self.handler, reader, path, d.bos, d.eos, d.strip)
+            self._delimiters_checked.add((file, decoration))
         lengths = np.asarray(self.handler.doc_lengths(reader, docs), dtype=np.int64)
         buffer = self.handler.token_buffer(reader)
         starts = buffer[1][docs] if buffer is not None else None

@@ -137,7 +137,9 @@ class LoaderConfig:
         batch_size: Sequences per batch on this rank.
         bos_token, eos_token: Added at the start / end of every document when set; a
             document that already starts / ends with that token (``pbin``, ``npy``, or as
-            the root's ``metadata.json`` records) keeps just one. Unset ``eos_token`` is
+            the root's ``metadata.json`` records) keeps just one. Elsewhere a file most of
+            whose sampled documents already carry it is refused (``fmsdata.delimiters``):
+            list it in ``strip_tokens``, or unset the field. Unset ``eos_token`` is
             the EOS the root's ``metadata.json`` records; a set one must agree with it,
             as must a set ``bos_token`` with the tokenizer's BOS recorded there.
         bol_token, eol_token: Added at the start / end of every packed line when set.

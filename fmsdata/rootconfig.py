@@ -14,7 +14,9 @@ Delimiters are never doubled: when the loader adds ``eos_token`` (or ``bos_token
 documents that already end (start) with it, the stored one is listed in ``strip_tokens``,
 so each document is framed by exactly one. This holds for the formats that always keep
 their end token (``npy`` flat streams, ``pbin``: ``FileHandler.documents_end_with_eos``)
-with or without metadata, and for whatever ``metadata.json`` records.
+with or without metadata, and for whatever ``metadata.json`` records. Where neither says
+(``file_type: auto``, other formats without metadata), the first read of a file refuses a
+delimiter most of its documents already carry (``fmsdata.delimiters``).
 """
 
 from __future__ import annotations

@@ -211,6 +211,9 @@ class AutoHandler(FileHandler):
     def doc_edges(self, reader: _AutoReader, indices: Any) -> Any:
         return reader.handler.doc_edges(reader.reader, indices)
 
+    def reader_format(self, reader: _AutoReader) -> type[FileHandler]:
+        return reader.handler.reader_format(reader.reader)
+
     def token_buffer(self, reader: _AutoReader) -> Any:
         return reader.handler.token_buffer(reader.reader)
 

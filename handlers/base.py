@@ -125,6 +125,10 @@ class FileHandler(ABC):
                 last[k] = int(doc[-1])
         return first, last
 
+    def reader_format(self, reader: Any) -> type[FileHandler]:
+        """The format that reads an open file (``auto`` answers the one it picked)."""
+        return type(self)
+
     def token_buffer(self, reader: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``(flat, starts, lengths)`` when every document is ``flat[start : start + length]``.
 
