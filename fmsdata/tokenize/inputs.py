@@ -33,6 +33,9 @@ JSONL_ENDINGS = (".jsonl", ".json", ".ndjson")
 COMPRESSED = (".gz", ".zst", ".zstd")
 TEXT_ENDINGS = (".txt", ".md", ".text")
 PARQUET_ENDINGS = (".parquet",)
+# Compressions tokenize does not read: an input under one of them is refused, never left
+# out of a folder without a word.
+UNREAD_COMPRESSIONS = (".bz2", ".xz", ".lzma", ".lz4", ".br", ".snappy", ".z", ".zip", ".7z")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +75,25 @@ def kind_of(path: str) -> tuple[str, bool] | None:
     return None
 
 
+def _unread_compression(path: str) -> ConfigError | None:
+    """The error for an input (by its inner ending) under a compression not read here."""
+    name = path.lower()
+    if not name.endswith(UNREAD_COMPRESSIONS):
+        return None
+    inner, suffix = name.rsplit(".", 1)
+    if not inner.endswith(JSONL_ENDINGS + TEXT_ENDINGS + PARQUET_ENDINGS):
+        return None
+    return ConfigError(
+        f"{path}: input under .{suffix} compression, which tokenize does not read (it reads "
+        f"{', '.join(COMPRESSED)}); decompress it or recompress it with zstd or gzip"
+    )
+
+
 def find_inputs(paths: Sequence[str]) -> list[InputFile]:
     """The input files named by ``paths`` (files, or folders searched recursively), sorted
     within each folder; a named file of unknown kind is an error, one found in a folder is
-    left out."""
+    left out, unless its name says it is an input under a compression not read here
+    (``.jsonl.bz2``): then it is an error too, since leaving it out drops its documents."""
     found: list[InputFile] = []
     seen: set[str] = set()
     for given in paths:
@@ -83,10 +101,17 @@ def find_inputs(paths: Sequence[str]) -> list[InputFile]:
             names = sorted(
                 os.path.join(folder, f) for folder, _, files in os.walk(given) for f in files
             )
+            for path in names:
+                unread = _unread_compression(path)
+                if unread is not None:
+                    raise unread
             candidates = [p for p in names if kind_of(p) is not None]
             if not candidates:
                 raise ConfigError(f"input folder {given!r} holds no .jsonl, .parquet or .txt file")
         elif os.path.isfile(given):
+            unread = _unread_compression(given)
+            if unread is not None:
+                raise unread
             if kind_of(given) is None:
                 raise ConfigError(
                     f"input {given!r}: unknown kind of file (want .jsonl/.json[.gz|.zst], "
