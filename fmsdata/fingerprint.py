@@ -179,6 +179,13 @@ def _check_stages(
             ]
             for stages in (saved, current)
         )
+        # A reordered dataset list reorders the streams' entries: compare them by path.
+        saved, current = (
+            sorted(stages, key=lambda s: (s.get("role") == "dataset", str(s.get("path"))))
+            if all(isinstance(s, Mapping) for s in stages)
+            else stages
+            for stages in (saved, current)
+        )
 
     def shape(stages: Any) -> list[tuple[Any, Any]]:
         if not isinstance(stages, list) or not all(isinstance(s, Mapping) for s in stages):
