@@ -157,6 +157,13 @@ class Shard:
         (``fmsdata.stages.documents``)."""
         r = self.recipe
         cls = order or stream_class(r.document_order)
+        if not (isinstance(cls, type) and issubclass(cls, DocumentStream)):
+            raise ConfigError(f"a document order is a DocumentStream subclass, got {cls!r}")
+        if cls.walk_order is DocumentStream.walk_order:
+            raise ConfigError(
+                f"document order {cls.__module__}.{cls.__qualname__} does not define walk_order "
+                "(fragments, cycle) -> WalkOrder: the order a cycle reads its fragments in"
+            )
         return [
             cls(access, self.id, r.n_shards, r.seed, r.decoration, r.capacity, dataset=d)
             for d, access in enumerate(self.accesses[: len(r.names)])

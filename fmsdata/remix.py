@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.loaderstate import ShardEntry
-from fmsdata.report import stage_types
+from fmsdata.report import stage_class, stage_types
 from fmsdata.stages.base import SAVED_SPAN_WIDTH, DatasetRenumbering, Stage
 from fmsdata.statecheck import fail, join, within
 
@@ -112,7 +112,7 @@ def _own_parts(
             node = node[key]
         if not isinstance(node, dict):
             raise fail(where, f"expected a mapping, got {type(node).__name__}")
-        cls = types.get(str(stage.get("stage")))
+        cls = stage_class(stage, types)
         if cls is None:
             raise fail(where, f"stage type {stage.get('stage')!r} is not imported here")
         inputs = {p[len(path)] for p in paths if len(p) == len(path) + 1 and p[: len(path)] == path}

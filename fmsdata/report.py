@@ -20,8 +20,10 @@ a worker item in flight) are not in its state: they are counted only once replay
 (``state show --config``), and left out, and said to be, otherwise.
 
 A stage type is looked up among the ``Stage`` classes this process has imported (never
-imported by the name a state file gives); a stage of another type is named in
-``unknown`` and what it holds is not subtracted.
+imported by the name a state file gives, ``stage_class``); a dataset's stream of a class
+not imported here (a user's document order) is read by ``DocumentStream``, which owns
+every stream's state; a stage of another unknown type is named in ``unknown`` and what
+it holds is not subtracted.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from fmsdata.stages.base import LENGTH, SAVED_SPAN_WIDTH, START, Stage
+from fmsdata.stages.documents import DocumentStream
 
-__all__ = ["DELIVERY_KEYS", "ShardReport", "shard_report", "stage_types"]
+__all__ = ["DELIVERY_KEYS", "ShardReport", "shard_report", "stage_class", "stage_types"]
 
 # Per dataset: taken (by the document source), held (by the stages after it, by kind),
 # dropped (by token stages), delivered = taken - buffered - unsent - held - dropped.
@@ -66,6 +69,18 @@ def stage_types() -> dict[str, type[Stage]]:
         found[f"{cls.__module__}.{cls.__qualname__}"] = cls
         pending.extend(cls.__subclasses__())
     return found
+
+
+def stage_class(record: Mapping[str, Any], types: Mapping[str, type[Stage]]) -> type[Stage] | None:
+    """The class that reads a recorded stage's own state: its type, when this process has
+    imported it; else, for a dataset's stream (role ``"dataset"``), ``DocumentStream``: a
+    subclass only orders the documents, the base class owns the state, its checks and its
+    report (so ``fmsdata state show`` reads a state saved with a user's order without
+    importing it). None: a type not imported here."""
+    cls = types.get(str(record.get("stage")))
+    if cls is None and record.get("role") == DocumentStream.role:
+        return DocumentStream
+    return cls
 
 
 def _own_parts(
@@ -130,7 +145,7 @@ def shard_report(
         label = str(stage.get("stage", "?")).rsplit(".", 1)[-1] + (
             " at " + "/".join(path) if path else ""
         )
-        cls = types.get(str(stage.get("stage")))
+        cls = stage_class(stage, types)
         if cls is None:
             out.unknown.append(label)
             continue

@@ -122,3 +122,10 @@ def test_a_v3_state_with_a_filter_and_either_order_continues_exactly(config, ord
     resumed = build_dataloader(cfg, rank=0, world_size=1, stages=_filtered)
     resumed.load_state_dict(old)
     assert_same_batches(reference, take(resumed, 4))
+
+
+def test_state_show_says_a_v3_file_is_read_as_today(capsys):
+    from fmsdata.cli.main import main
+
+    assert main(["state", "show", os.path.join(FIXTURES, "rank0.state")]) == 0
+    assert "format version 3 (read as 4)" in capsys.readouterr().out

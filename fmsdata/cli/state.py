@@ -249,9 +249,11 @@ def run_show(args: argparse.Namespace) -> int:
 
         check_plot_target(args.plot)
     where, states = read_states(args.path)
+    saved_version = states[0].get("version") if states and isinstance(states[0], dict) else None
     if args.config:
         states = settle_states(states, args.config)
     summary = summarize(states)
+    summary["saved_version"] = saved_version
     if args.plot is not None:
         plot_state(summary, args.plot, title=f"loader state: {where}")
     if args.json:
@@ -259,7 +261,13 @@ def run_show(args: argparse.Namespace) -> int:
         return 0
     print(f"loader state: {where}")
     print(
-        f"format version {summary['version']}, saved by {summary['world_size']} rank(s) at step "
+        f"format version {summary['saved_version']}"
+        + (
+            f" (read as {summary['version']})"
+            if summary["saved_version"] != summary["version"]
+            else ""
+        )
+        + f", saved by {summary['world_size']} rank(s) at step "
         f"{summary['steps']}, {summary['logical_shards']} logical shards"
     )
     if summary["skips"]:

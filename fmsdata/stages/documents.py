@@ -55,6 +55,7 @@ __all__ = [
     "RandomWalk",
     "StoredOrder",
     "WalkOrder",
+    "not_started",
     "stream_class",
     "all_fragments",
     "shard_fragments",
@@ -252,7 +253,12 @@ class DocumentStream(DocumentSource):
             fragments: ``[n, 3]`` rows ``(file, first_doc, end_doc)``: the cycle's fragments
                 in file order (a rotating stream: the portions of ``portion_order``, each
                 in file order).
-            cycle: The cycle (an epoch, or ``n_shards`` epochs of a rotating stream).
+            cycle: The cycle: one epoch, or for a rotating stream (a small dataset, see the
+                module docstring) ``n_shards`` epochs, epoch ``j`` of the cycle reading the
+                ``j``-th portion. A rotating stream reads its cycle portion by portion
+                whatever the order says: the fragments of each portion come in the relative
+                order of ``order`` (and their ``keys`` with them), so any permutation keeps
+                every epoch of every shard together a cover of the dataset.
         """
         raise NotImplementedError(f"{type(self).__name__} must define walk_order")
 
@@ -386,18 +392,22 @@ class DocumentStream(DocumentSource):
             raise RuntimeError("a document stream is set up before it walks")
         walk = self.walk_order(rows.copy(), cycle)
         order = _checked_permutation(walk.order, len(rows), self, "walk_order")
+        keys = None if walk.keys is None else np.asarray(walk.keys, dtype=np.uint64)
+        if keys is not None and keys.shape != (len(rows),):
+            raise ConfigError(
+                f"{type(self).__name__}.walk_order gave {keys.shape} keys for "
+                f"{len(rows)} fragments of dataset {self.access.name!r}: one key per fragment"
+            )
+        if self._cycle_len > 1:
+            # A rotating cycle reads its portions one epoch each, in portion order: the
+            # order's fragments are regrouped by epoch, keeping their relative order inside
+            # each (so any permutation keeps every pass over the shards a cover, G4).
+            by_epoch = np.argsort(self._row_epoch[order], kind="stable")
+            order = order[by_epoch]
+            keys = None if keys is None else keys[by_epoch]
         self._walk = rows[order]
         sizes = self._walk[:, 2] - self._walk[:, 1]
-        if walk.keys is None:
-            self._walk_orders = None
-        else:
-            keys = np.asarray(walk.keys, dtype=np.uint64)
-            if keys.shape != (len(rows),):
-                raise ConfigError(
-                    f"{type(self).__name__}.walk_order gave {keys.shape} keys for "
-                    f"{len(rows)} fragments of dataset {self.access.name!r}: one key per fragment"
-                )
-            self._walk_orders = Permutations(sizes, keys)
+        self._walk_orders = None if keys is None else Permutations(sizes, keys)
         self._walk_ends = np.cumsum(sizes)
         self._walk_cycle = cycle
 
@@ -512,10 +522,12 @@ class DocumentStream(DocumentSource):
 
     # -- state ---------------------------------------------------------------------------
 
-    @staticmethod
-    def fresh_state() -> dict[str, int]:
-        """The state of a stream that has not started (size -1: not measured yet)."""
-        return {"epoch": 0, "pos": 0, "docs": 0, "tokens": 0, "skipped": 0, "size": -1}
+    def fresh_state(self) -> dict[str, Any]:
+        """The state of this stream before it starts. A subclass that keeps state of its
+        own (``own_state``/``load_own_state``) adds its keys' starting values here: a
+        dataset that a mix change adds is given ``not_started()``, the base keys only, and
+        its stream loads them as this."""
+        return not_started()
 
     def own_state(self) -> dict[str, Any]:
         size = self._size if self._has_read else self._saved_size
@@ -527,6 +539,13 @@ class DocumentStream(DocumentSource):
             "skipped": self.skipped,
             "size": size,
         }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load strictly (``Stage.load_state_dict``); ``not_started()`` (a dataset a mix
+        change added) loads as this stream's ``fresh_state()``."""
+        if dict(state) == not_started():
+            state = self.fresh_state()
+        super().load_state_dict(state)
 
     def load_own_state(self, state: dict[str, Any]) -> None:
         """Take the position back and check it against the data (the stream's documents in
@@ -587,6 +606,12 @@ class StoredOrder(DocumentStream):
 
     def walk_order(self, fragments: np.ndarray, cycle: int) -> WalkOrder:
         return WalkOrder(np.arange(len(fragments)))
+
+
+def not_started() -> dict[str, int]:
+    """The base keys of a document stream that has not started (size -1: not measured):
+    what a mix change gives a dataset it adds, whatever the stream's class."""
+    return {"epoch": 0, "pos": 0, "docs": 0, "tokens": 0, "skipped": 0, "size": -1}
 
 
 def stream_class(order: str) -> type[DocumentStream]:

@@ -28,7 +28,7 @@ import numpy as np
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.schedule import ShareTargets, WeightSchedule
 from fmsdata.stages.base import DatasetRenumbering, Stage
-from fmsdata.stages.documents import DocumentStream
+from fmsdata.stages.documents import not_started
 from fmsdata.stages.source import Documents, DocumentSource
 from fmsdata.statecheck import need_count
 
@@ -60,8 +60,9 @@ class DatasetStreams(Stage):
         return dict(self.streams)
 
     def renumber_inputs(self, inputs: dict[str, Any], change: DatasetRenumbering) -> dict:
-        """A new dataset's stream starts fresh (``DocumentStream.fresh_state``)."""
-        return {name: inputs.get(name, DocumentStream.fresh_state()) for name in change.mix}
+        """A new dataset's stream starts fresh (``not_started``: its stream, of whatever
+        class, loads that as its ``fresh_state``)."""
+        return {name: inputs.get(name, not_started()) for name in change.mix}
 
 
 class TokenShareMixer(DocumentSource):

@@ -41,3 +41,32 @@ def writer_order(info: CorpusInfo, name: str) -> list[tuple[str, str, int]]:
         if path.split("/")[0] == name
         for d in range(len(firsts))
     ]
+
+
+def take_documents(stream: Any, n: int) -> list[tuple[int, int]]:
+    """``(file, doc)`` of the next ``n`` kept documents of a document stream, committed in
+    uneven bites and read ahead again after each, as a packer does."""
+    out: list[tuple[int, int]] = []
+    bite = 1
+    while len(out) < n:
+        block = stream.read_ahead()
+        take = min(len(block), n - len(out), bite)
+        out.extend(zip(block.file[:take].tolist(), block.doc[:take].tolist()))
+        stream.commit(take)
+        stream.rewind()
+        bite = bite * 3 % 17 + 1
+    return out
+
+
+def documents_by_epoch(stream: Any, stop: int) -> dict[int, list[tuple[str, int]]]:
+    """``{epoch: [(file path, doc), ...]}`` for a document stream's epochs below ``stop``,
+    read one document at a time as a packer would commit them."""
+    out: dict[int, list[tuple[str, int]]] = {}
+    while True:
+        block = stream.read_ahead()
+        if stream.epoch >= stop:  # (a fresh stream may start at a later epoch)
+            return out
+        doc = (stream.access.path(int(block.file[0])), int(block.doc[0]))
+        out.setdefault(stream.epoch, []).append(doc)
+        stream.commit(1)
+        stream.rewind()

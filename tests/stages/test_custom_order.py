@@ -6,19 +6,25 @@ and the uninterrupted run (resume and rescale through the stage checker). A hook
 does not return a permutation is refused, naming the class and the dataset.
 """
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
-from chains import recipe
+from chains import documents_by_epoch, recipe, take_documents, writer_order
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagecheck import check_stage_rescale, check_stage_resume
-from support import accesses, corpus, scratch_dir
+from support import accesses, base_config, corpus, delivered_truth, roundtrip, scratch_dir, take
 
+from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError
 from fmsdata.permute import derive_key, permute
 from fmsdata.pipeline import build_pipeline
 from fmsdata.stages import Decoration, DocumentStream, WalkOrder, walk
 from fmsdata.stages.documents import shard_fragments
+from fmsdata.statefile import save_state
 
 
 class FilesShuffled(DocumentStream):
@@ -39,21 +45,50 @@ class Backwards(DocumentStream):
         return WalkOrder(np.arange(n)[::-1], keys)
 
 
+class Tallied(FilesShuffled):
+    """``FilesShuffled`` keeping a state key of its own: the documents it committed."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.committed = 0
+
+    def commit(self, rows):
+        super().commit(rows)
+        self.committed += max(rows, 0)
+
+    def fresh_state(self):
+        return {**super().fresh_state(), "committed": 0}
+
+    def own_state(self):
+        return {**super().own_state(), "committed": self.committed}
+
+    def load_own_state(self, state):
+        self.committed = int(state["committed"])
+        super().load_own_state(state)
+
+
+def tallied(shard):
+    return shard.shuffle(shard.pack(shard.documents(Tallied)))
+
+
+class NoOrder(DocumentStream):
+    """Forgot ``walk_order``."""
+
+
+def no_order(shard):
+    return shard.pack(shard.documents(NoOrder))
+
+
+def test_an_order_without_walk_order_is_refused_when_the_loader_is_built(tmp_path):
+    info = corpus(tmp_path, {"a": 2}, docs_per_file=5)
+    config = base_config(info, datasets=["a"], weights=[1], num_workers=1)
+    with pytest.raises(ConfigError, match="NoOrder does not define walk_order"):
+        build_dataloader(config, stages=no_order)
+
+
 class NotAPermutation(DocumentStream):
     def walk_order(self, fragments, cycle):
         return WalkOrder(np.zeros(len(fragments), dtype=np.int64))
-
-
-def read(stream, n, bite=3):
-    """``(file, doc)`` of ``n`` documents, committed in bites as a packer does."""
-    out = []
-    while len(out) < n:
-        block = stream.read_ahead()
-        take = min(len(block), n - len(out), bite)
-        out.extend(zip(block.file[:take].tolist(), block.doc[:take].tolist()))
-        stream.commit(take)
-        stream.rewind()
-    return out
 
 
 @settings(max_examples=20, deadline=None)
@@ -78,7 +113,7 @@ def test_each_epoch_reads_the_shards_documents_once_in_the_promised_order(
             continue
         stream = order(access, shard, n_shards, seed, Decoration())
         size = len(mine)
-        epochs = [read(stream, size), read(stream, size)]
+        epochs = [take_documents(stream, size), take_documents(stream, size)]
         for got in epochs:
             assert sorted(got) == sorted(mine), "an epoch is not its shard's documents once"
             if order is FilesShuffled:  # stored order inside every fragment
@@ -93,10 +128,45 @@ def test_each_epoch_reads_the_shards_documents_once_in_the_promised_order(
         # A resume anywhere continues exactly: the state is the stream's, not the order's.
         again = order(access, shard, n_shards, seed, Decoration())
         k = cut % (2 * size)
-        read(again, k)
+        take_documents(again, k)
         resumed = order(access, shard, n_shards, seed, Decoration())
         resumed.load_state_dict(again.state_dict())
-        assert read(resumed, 2 * size - k) == (epochs[0] + epochs[1])[k:]
+        assert take_documents(resumed, 2 * size - k) == (epochs[0] + epochs[1])[k:]
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    order=st.sampled_from([FilesShuffled, Backwards]),
+    n_shards=st.integers(2, 12),
+    files=st.integers(1, 3),
+    docs=st.integers(1, 12),
+    seed=st.integers(0, 99),
+    cut=st.integers(0, 60),
+)
+def test_a_small_dataset_rotates_under_any_order(order, n_shards, files, docs, seed, cut):
+    """A dataset below a line per shard rotates: epoch ``e`` of each shard reads one portion.
+    An order that permutes the whole cycle (across portions) still has every pass over the
+    shards cover every document once (G4), and resumes anywhere exactly."""
+    info = corpus(scratch_dir(), {"s": files}, docs_per_file=docs, mean_length=3)
+    access = accesses(info)[0]
+    ref = sorted((path, d) for _, path, d in writer_order(info, "s"))
+    passes = {}
+    for sid in range(n_shards):
+        stream = order(access, sid, n_shards, seed, Decoration(), 10**6)
+        assert stream.size == len(ref) and stream.rotating
+        for epoch, got in documents_by_epoch(stream, n_shards + 2).items():
+            passes.setdefault(epoch, []).extend(got)
+    assert sorted(passes) == list(range(n_shards + 2))
+    for epoch, got in passes.items():
+        assert sorted(got) == ref, f"pass {epoch} does not cover every document once"
+    sid = seed % n_shards
+    whole = take_documents(order(access, sid, n_shards, seed, Decoration(), 10**6), 2 * len(ref))
+    head = order(access, sid, n_shards, seed, Decoration(), 10**6)
+    k = cut % (2 * len(ref))
+    take_documents(head, k)
+    resumed = order(access, sid, n_shards, seed, Decoration(), 10**6)
+    resumed.load_state_dict(head.state_dict())
+    assert take_documents(resumed, 2 * len(ref) - k) == whole[k:]
 
 
 def custom_chain(info, rec, order):
@@ -135,3 +205,72 @@ def test_an_order_that_is_not_a_permutation_is_refused():
     stream = NotAPermutation(accesses(info)[0], 0, 1, 0, Decoration())
     with pytest.raises(ConfigError, match="NotAPermutation.walk_order.*permutation.*'a'"):
         stream.read_ahead()
+
+
+def stream_states(state):
+    """``[(dataset, state)]`` of every per-dataset stream state in a loader ``state_dict``
+    (a stream's state sits under its dataset's name and holds ``committed``)."""
+    found = []
+
+    def visit(node, key):
+        if isinstance(node, dict):
+            if "committed" in node and "pos" in node:
+                found.append((key, node))
+            for k, value in node.items():
+                visit(value, k)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value, key)
+
+    visit(state, None)
+    return found
+
+
+def test_a_mix_change_adds_a_dataset_under_an_order_with_state_of_its_own(tmp_path):
+    """The added dataset's stream starts from its class's ``fresh_state`` (its own keys
+    included), and the run goes on: the new dataset is read, the state saved again loads."""
+    info = corpus(tmp_path, {"a": 2, "b": 2}, docs_per_file=30)
+    config = base_config(info, datasets=["a"], weights=[1])
+    loader = build_dataloader(config, stages=tallied)
+    take(loader, 4)
+    state = roundtrip(loader.snapshot())
+    wider = {**config, "datasets": ["a", "b"], "weights": [1, 1], "allow_mix_change": True}
+    resumed = build_dataloader(wider, stages=tallied)
+    resumed.load_state_dict(state)
+    take(resumed, 4)
+    saved = roundtrip(resumed.snapshot())
+    streams = stream_states(saved)
+    assert {name for name, _ in streams} == {"a", "b"}
+    assert all(s["committed"] == s["docs"] for _, s in streams)
+    assert sum(s["docs"] for name, s in streams if name == "b") > 0, "b is read after the change"
+    again = build_dataloader(wider, stages=tallied)
+    again.load_state_dict(saved)
+    take(again, 1)
+
+
+def test_state_show_reads_a_custom_order_it_has_not_imported(tmp_path):
+    """``fmsdata state show`` in a fresh process (the order's class not imported) counts
+    exactly what was delivered: the stream's state is the base class's to report."""
+    info = corpus(tmp_path / "data", docs_per_file=60)
+    config = base_config(info, bos_token=None, eos_token=None)
+    loader = build_dataloader(config, stages=tallied)
+    batches = take(loader, 9)
+    save_state(str(tmp_path / "state.fms"), loader.snapshot(settle=True))
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from fmsdata.cli.main import main; sys.exit(main())",
+            "state",
+            "show",
+            str(tmp_path / "state.fms"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    summary = json.loads(shown.stdout)
+    assert summary["left_out"] is None
+    got = {n: {"tokens": d["tokens"], "docs": d["docs"]} for n, d in summary["datasets"].items()}
+    assert got == delivered_truth(info, config, batches)

@@ -1,25 +1,12 @@
 import numpy as np
 import pytest
+from chains import take_documents
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import accesses, corpus, scratch_dir
 
 from fmsdata.errors import EmptyDatasetError
 from fmsdata.stages.documents import Decoration, RandomWalk, shard_files, shard_fragments
-
-
-def walk(stream: RandomWalk, n: int) -> list[tuple[int, int]]:
-    """Consume ``n`` kept documents, committing as a packer would, in uneven bites."""
-    out: list[tuple[int, int]] = []
-    bite = 1
-    while len(out) < n:
-        block = stream.read_ahead()
-        take = min(len(block), n - len(out), bite)
-        out.extend(zip(block.file[:take].tolist(), block.doc[:take].tolist()))
-        stream.commit(take)
-        stream.rewind()
-        bite = bite * 3 % 17 + 1
-    return out
 
 
 def all_docs(info) -> set[tuple[int, int]]:
@@ -47,7 +34,7 @@ def test_shards_partition_the_dataset_and_each_epoch_covers_its_shard_once(
         except EmptyDatasetError:
             assert n_files * docs < n_shards or docs < n_shards
             continue
-        epoch0 = walk(stream, size)
+        epoch0 = take_documents(stream, size)
         assert len(set(epoch0)) == size, "a document repeats within an epoch"
         lengths = [lens for _, lens in info.files.values()]
         assert stream.state_dict() == {
@@ -58,7 +45,7 @@ def test_shards_partition_the_dataset_and_each_epoch_covers_its_shard_once(
             "skipped": 0,
             "size": size,
         }
-        epoch1 = walk(stream, size)
+        epoch1 = take_documents(stream, size)
         assert set(epoch1) == set(epoch0)
         if size >= 8:  # (fewer documents repeat an order by chance: 4 of 2x2 do 1 time in 8)
             assert epoch1 != epoch0, "each epoch should have a fresh order"
@@ -71,9 +58,9 @@ def test_shards_partition_the_dataset_and_each_epoch_covers_its_shard_once(
 
 def test_order_is_a_function_of_seed_and_shard_only(tmp_path):
     info = corpus(tmp_path, {"a": 3}, docs_per_file=40)
-    first = walk(RandomWalk(accesses(info)[0], 2, 4, 11, Decoration()), 50)
-    again = walk(RandomWalk(accesses(info)[0], 2, 4, 11, Decoration()), 50)
-    other_seed = walk(RandomWalk(accesses(info)[0], 2, 4, 12, Decoration()), 50)
+    first = take_documents(RandomWalk(accesses(info)[0], 2, 4, 11, Decoration()), 50)
+    again = take_documents(RandomWalk(accesses(info)[0], 2, 4, 11, Decoration()), 50)
+    other_seed = take_documents(RandomWalk(accesses(info)[0], 2, 4, 12, Decoration()), 50)
     assert first == again
     assert first != other_seed
 
@@ -82,12 +69,12 @@ def test_order_is_a_function_of_seed_and_shard_only(tmp_path):
 def test_resume_from_any_committed_position(stop):
     info = corpus(scratch_dir(), {"a": 2}, docs_per_file=20)
     stream = RandomWalk(accesses(info)[0], 1, 3, 5, Decoration())
-    reference = walk(stream, 80)
+    reference = take_documents(stream, 80)
     head = RandomWalk(accesses(info)[0], 1, 3, 5, Decoration())
-    walk(head, stop)
+    take_documents(head, stop)
     resumed = RandomWalk(accesses(info)[0], 1, 3, 5, Decoration())
     resumed.load_state_dict(head.state_dict())
-    assert walk(resumed, 80 - stop) == reference[stop:]
+    assert take_documents(resumed, 80 - stop) == reference[stop:]
 
 
 def test_short_documents_are_skipped_and_counted(tmp_path):
@@ -95,7 +82,7 @@ def test_short_documents_are_skipped_and_counted(tmp_path):
     lengths = np.concatenate([lengths for _, lengths in info.files.values()])
     stream = RandomWalk(accesses(info)[0], 0, 1, 0, Decoration(min_length=10))
     kept = int((lengths >= 10).sum())
-    walk(stream, kept)
+    take_documents(stream, kept)
     state = stream.state_dict()
     # The skipped documents after the last kept one are counted when the walk passes them.
     assert state["docs"] == kept

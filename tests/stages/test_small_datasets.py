@@ -2,7 +2,7 @@
 (rotation), so a line repeats no document while the dataset has others, and every pass
 over all shards still covers every document once."""
 
-from chains import chain, recipe, writer_order
+from chains import chain, documents_by_epoch, recipe, writer_order
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagecheck import check_stage_rescale, check_stage_resume
@@ -23,20 +23,6 @@ def issue_mix(root):
         info, datasets=["s", "big"], weights=[0.5, 0.5], seq_length=SEQ, logical_shards=SHARDS
     )
     return info, rec
-
-
-def by_epoch(stream, stop):
-    """``{epoch: [(file path, doc), ...]}`` for the stream's epochs below ``stop``, read one
-    document at a time as a packer would commit them."""
-    out = {}
-    while True:
-        block = stream.read_ahead()
-        if stream.epoch >= stop:  # (a fresh stream may start at a later epoch)
-            return out
-        doc = (stream.access.path(int(block.file[0])), int(block.doc[0]))
-        out.setdefault(stream.epoch, []).append(doc)
-        stream.commit(1)
-        stream.rewind()
 
 
 def test_no_document_starts_twice_in_a_line():
@@ -65,7 +51,7 @@ def test_every_pass_over_the_shards_covers_the_small_dataset_once():
         stream.load_state_dict(
             {"epoch": 1022, "pos": 0, "docs": 0, "tokens": 0, "skipped": 0, "size": len(reference)}
         )
-        for epoch, docs in by_epoch(stream, 1026).items():
+        for epoch, docs in documents_by_epoch(stream, 1026).items():
             passes[epoch].extend(docs)
     for epoch, docs in passes.items():
         assert sorted(docs) == ref, f"pass {epoch} does not cover every document once"
@@ -88,7 +74,7 @@ def test_passes_cover_every_document_once_for_any_shape(n_shards, files, docs, o
     for sid in range(n_shards):
         stream = stream_class(order)(access, sid, n_shards, seed, Decoration(), 10**6)
         assert stream.size == len(ref) and stream.rotating
-        for epoch, got in by_epoch(stream, n_shards + 2).items():
+        for epoch, got in documents_by_epoch(stream, n_shards + 2).items():
             passes.setdefault(epoch, []).extend(got)
     assert sorted(passes) == list(range(n_shards + 2))
     for epoch, got in passes.items():
