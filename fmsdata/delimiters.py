@@ -25,7 +25,7 @@ import numpy as np
 from fmsdata.errors import ConfigError
 from fmsdata.handlers.base import FileHandler
 
-__all__ = ["SAMPLE", "check_stored_delimiters"]
+__all__ = ["SAMPLE", "check_stored_delimiters", "sample_edges", "most_carry"]
 
 SAMPLE = 16  # documents looked at per file, spread evenly over it
 
@@ -56,17 +56,32 @@ def check_stored_delimiters(
     ]
     if not checks:
         return
+    first, last = sample_edges(handler, reader)
+    for field, token, side in checks:
+        found = most_carry(last if side == "end" else first, token)
+        if found:
+            raise ConfigError(
+                _message(handler, reader, path, field, token, side, found, len(first))
+            )
+
+
+def sample_edges(handler: FileHandler, reader: Any) -> tuple[np.ndarray, np.ndarray]:
+    """First and last tokens of the non-empty documents among up to ``SAMPLE`` spread
+    evenly over an open file (empty arrays for a file of no documents)."""
     n = handler.num_docs(reader)
     if n == 0:
-        return
+        return np.empty(0, np.int64), np.empty(0, np.int64)
     docs = np.unique(np.linspace(0, n - 1, min(n, SAMPLE)).astype(np.int64))
     first, last = handler.doc_edges(reader, docs)
     present = first >= 0  # empty documents have no edges
-    looked = int(present.sum())
-    for field, token, side in checks:
-        found = int(((last if side == "end" else first) == token)[present].sum())
-        if looked and 2 * found > looked:
-            raise ConfigError(_message(handler, reader, path, field, token, side, found, looked))
+    return first[present], last[present]
+
+
+def most_carry(edges: np.ndarray, token: int) -> int:
+    """How many of the sampled ``edges`` are ``token`` when that is most of them (more
+    than half), else 0: the rule by which a stored delimiter is taken to be there."""
+    found = int((edges == token).sum())
+    return found if 2 * found > len(edges) else 0
 
 
 def _message(
