@@ -48,7 +48,7 @@ from fmsdata.stages.outputs import (
 )
 from fmsdata.stages.savedlines import journal_spans
 from fmsdata.topology import RowDealer, Topology, owned_shards, worker_shards
-from fmsdata.transport import WorkerItem, carry_errors, item_batch_counts
+from fmsdata.transport import ShardLights, WorkerItem, carry_errors, item_batch_counts
 
 __all__ = ["RankLineDataset", "Preprocess", "Start"]
 
@@ -443,7 +443,7 @@ class RankLineDataset(IterableDataset):
             segment_counts=segment_counts,
             segment_ids=segment_ids,
             samples=samples,
-            lights=lights,
+            lights=ShardLights(lights),
             ops=np.asarray(ops, dtype=np.int64).reshape(-1, 2),
             pushed=pushed_spans,
             pushed_offsets=pushed_offsets,

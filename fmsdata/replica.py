@@ -10,16 +10,17 @@ handed to the caller (``fmsdata.loaderstate`` writes it).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from fmsdata.bufferreplica import BufferReplica
 from fmsdata.loaderstate import ShardEntry
 from fmsdata.stages.savedlines import SavedLines, pack_lines, unpack_lines
-from fmsdata.stages.shuffle import BUFFER_KEY, apply_journal
+from fmsdata.stages.shuffle import BUFFER_KEY
 from fmsdata.statecheck import fail, within
-from fmsdata.transport import WorkerItem
+from fmsdata.transport import ShardLights, WorkerItem
 
 __all__ = ["ConsumedState", "journal_path"]
 
@@ -34,19 +35,16 @@ def journal_path(stages: Sequence[Mapping[str, Any]]) -> tuple[str, ...] | None:
     return None
 
 
-def _lines(spans: np.ndarray, offsets: np.ndarray) -> Iterator[np.ndarray]:
-    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
-        yield spans[a:b]
-
-
 class ConsumedState:
     """Per-shard pipeline state as of the last batch handed to the caller.
 
     Each shard is described by a state it passed through (``light`` + the journaled
-    shuffle buffer, kept here as lines: span arrays, or ints for lines of the buffer it
-    was resumed with, still in their saved form) and the number of lines it emitted since
-    (``advance``); a shard's state moves forward when a worker item that advanced it has
-    been consumed completely.
+    shuffle buffer, kept here as line numbers: ``fmsdata.bufferreplica``) and the number
+    of lines it emitted since (``advance``); a shard's state moves forward when a worker
+    item that advanced it has been consumed completely. The light states stay as the
+    items brought them (``ShardLights``), unpickled only when a state is read, and the
+    per-item work is a few array operations and one compiled journal replay: what the
+    main process spends per batch does not grow with the lines or shards of an item.
 
     Args:
         shard_ids: This rank's logical shards.
@@ -73,11 +71,13 @@ class ConsumedState:
         self.steps = steps
         self.skips = [[int(at), int(n)] for at, n in skips]
         self.buffer_path = journal_path(stages)
-        self._light: dict[int, dict[str, Any] | None] = {}
-        self._buffers: dict[int, list[np.ndarray | int]] = {}
+        # A loaded state's light part, or the item whose lights hold the shard's.
+        self._light: dict[int, dict[str, Any] | ShardLights | None] = {}
         self._saved: dict[int, SavedLines] = {}  # the buffer each shard resumed with
-        self._advance: dict[int, int] = {}
-        self._replayed: dict[int, int] = {}  # see workers_start
+        # Per shard id (arrays: an item's counts are added in one operation).
+        size = max(self.shard_ids) + 1 if self.shard_ids else 0
+        self._advance = np.zeros(size, dtype=np.int64)
+        self._replayed = np.zeros(size, dtype=np.int64)  # see workers_start
         # Batches consumed but not counted in _advance yet: {id(item): [item, a, b]}.
         self._runs: dict[int, list[Any]] = {}
         # Where each loaded shard state sat in what was loaded (its checks name it).
@@ -85,7 +85,6 @@ class ConsumedState:
         for sid in self.shard_ids:
             entry = (entries or {}).get(sid) or ShardEntry(sid, None)
             self._advance[sid] = entry.advance
-            self._buffers[sid] = []
             if entry.state is None:
                 self._light[sid] = None
                 continue
@@ -94,8 +93,10 @@ class ConsumedState:
                 with within(entry.path or f"logical shard {sid}"):
                     state, saved = self._split_buffer(state)
                 self._saved[sid] = saved
-                self._buffers[sid] = list(range(len(saved)))
             self._light[sid] = copy.deepcopy(state)
+        self._buffers = BufferReplica(
+            self.shard_ids, {sid: len(saved) for sid, saved in self._saved.items()}
+        )
 
     def _split_buffer(self, state: Mapping[str, Any]) -> tuple[dict[str, Any], SavedLines]:
         """A shard state less its journaled buffer, and the buffer's lines. Shallow copies
@@ -131,9 +132,7 @@ class ConsumedState:
         item, a, b = run
         lines = item.row_shards[item.offsets[a] : item.offsets[b]]
         if len(lines):
-            sids, counts = np.unique(lines, return_counts=True)
-            for sid, n in zip(sids.tolist(), counts.tolist()):
-                self._advance[sid] += n
+            self._advance += np.bincount(lines, minlength=len(self._advance))
         run[1] = b
 
     def _count_all(self) -> None:
@@ -145,8 +144,8 @@ class ConsumedState:
         first line; the state they send with the shard's next item includes them."""
         self._count_all()
         self._runs.clear()  # the items of the last workers: counted, never finished
-        self._replayed = dict(self._advance)
-        return dict(self._advance)
+        self._replayed = self._advance.copy()
+        return self.advances()
 
     def finish_item(self, item: WorkerItem) -> None:
         """Move the shards ``item`` advanced to their state at its end (every batch of it
@@ -154,18 +153,13 @@ class ConsumedState:
         run = self._runs.pop(id(item), None)
         if run is not None:
             self._count(run)
-        self._light.update(item.lights)
-        pushed = _lines(item.pushed, item.pushed_offsets)
-        ops = item.ops
-        # One replay per run of a shard's ops (a worker sends each shard's ops together).
-        cuts = [0, *(np.flatnonzero(np.diff(ops[:, 0])) + 1).tolist(), len(ops)]
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            if b > a:
-                apply_journal(self._buffers[int(ops[a, 0])], ops[a:b, 1].tolist(), pushed)
-        sids, counts = np.unique(item.row_shards, return_counts=True)
-        in_item = dict(zip(sids.tolist(), counts.tolist()))
-        for sid in item.lights:
-            self._advance[sid] -= self._replayed.pop(sid, 0) + in_item.get(sid, 0)
+        lights = item.lights
+        self._light.update(dict.fromkeys(lights.shards, lights))
+        self._buffers.apply(item.ops, item.pushed, item.pushed_offsets)
+        shards = np.fromiter(lights.shards, dtype=np.int64, count=len(lights.shards))
+        in_item = np.bincount(item.row_shards, minlength=len(self._advance))
+        self._advance[shards] -= self._replayed[shards] + in_item[shards]
+        self._replayed[shards] = 0
 
     def advance_by(self, lines: Mapping[int, int]) -> None:
         """Count lines as consumed without their batches (a skip)."""
@@ -177,12 +171,17 @@ class ConsumedState:
         self._count_all()
         counts = []
         for sid in self.shard_ids:
-            light = self._light[sid]
-            counts.append(self._advance[sid] + (0 if light is None else int(light["emitted"])))
+            light = self._light_state(sid)
+            emitted = int(self._advance[sid])
+            counts.append(emitted + (0 if light is None else int(light["emitted"])))
         return counts
 
-    def shard_state(self, sid: int) -> dict[str, Any] | None:
+    def _light_state(self, sid: int) -> dict[str, Any] | None:
         light = self._light[sid]
+        return light.get(sid) if isinstance(light, ShardLights) else light
+
+    def shard_state(self, sid: int) -> dict[str, Any] | None:
+        light = self._light_state(sid)
         if light is None:
             return None
         if self.buffer_path is None:
@@ -193,7 +192,7 @@ class ConsumedState:
         for key in self.buffer_path:
             node[key] = dict(node[key])
             node = node[key]
-        node[BUFFER_KEY] = pack_lines(self._buffers[sid], self._saved.get(sid))
+        node[BUFFER_KEY] = pack_lines(self._buffers.lines(sid), self._saved.get(sid))
         return state
 
     def shard_states(self) -> dict[int, Any]:
@@ -201,4 +200,5 @@ class ConsumedState:
 
     def advances(self) -> dict[int, int]:
         self._count_all()
-        return dict(self._advance)
+        advance = self._advance.tolist()
+        return {sid: advance[sid] for sid in self.shard_ids}

@@ -17,6 +17,7 @@ lines consumed past the last state (a resume fast-forwards them, see
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import traceback
 from collections.abc import Iterator
 from typing import Any, NoReturn
@@ -30,6 +31,7 @@ from fmsdata.errors import FmsDataError
 __all__ = [
     "WorkerItem",
     "WorkerError",
+    "ShardLights",
     "carry_errors",
     "item_batch_counts",
     "ring_slots",
@@ -60,7 +62,7 @@ class WorkerItem:
         segment_ids: Document id of each piece in ``segments`` (None unless requested).
         samples: Custom preprocess outputs, each [R, ...] (None on the built-in path).
         row_shards: [R] logical shard of each row.
-        lights: ``{shard id: light state}`` at the end of the item, for the shards advanced.
+        lights: The light state at the end of the item of each shard advanced.
         ops: [n, 2] shuffle journal ``(shard id, op)`` of the whole item.
         pushed: [P, span width] spans of the lines pushed, in op order.
         pushed_offsets: [pushes + 1] line boundaries in ``pushed``.
@@ -76,10 +78,46 @@ class WorkerItem:
     segment_counts: np.ndarray | None
     segment_ids: np.ndarray | None
     samples: dict[str, torch.Tensor] | None
-    lights: dict[int, dict[str, Any]]
+    lights: ShardLights
     ops: np.ndarray
     pushed: np.ndarray
     pushed_offsets: np.ndarray
+
+
+class ShardLights:
+    """``{shard id: light state}`` of the shards an item advanced, pickled as one blob to
+    travel and unpickled only when a state is read (``get``).
+
+    The main process moves its replica to these states with every item but reads them
+    only to save a state or to start workers: unpickling every item's nested dicts was
+    most of its cost of receiving one. Without workers nothing is pickled at all.
+
+    Attributes:
+        shards: The shard ids, in the order the states were given.
+    """
+
+    __slots__ = ("shards", "_blob", "_states")
+
+    def __init__(self, states: dict[int, dict[str, Any]]):
+        self.shards = tuple(states)
+        self._states: dict[int, dict[str, Any]] | None = states
+        self._blob: bytes | None = None
+
+    def __getstate__(self) -> tuple[tuple[int, ...], bytes]:
+        if self._blob is None:
+            self._blob = pickle.dumps(self._states, protocol=pickle.HIGHEST_PROTOCOL)
+        return self.shards, self._blob
+
+    def __setstate__(self, state: tuple[tuple[int, ...], bytes]) -> None:
+        self.shards, self._blob = state
+        self._states = None
+
+    def get(self, sid: int) -> dict[str, Any]:
+        """Shard ``sid``'s light state (shared: read it, do not change it)."""
+        if self._states is None:
+            assert self._blob is not None
+            self._states = pickle.loads(self._blob)
+        return self._states[sid]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,10 +211,11 @@ def assemble_batch(
     worker found that slot still held, in the items' fresh memory: one worker's rows of
     it are a whole batch (views again); several workers' are copied together.
     """
-    spans = [(item, int(item.offsets[k]), int(item.offsets[k + 1])) for item in items]
     single = len(items) == 1
     pinned = pin_memory and torch.cuda.is_available()
+    spans = None  # each item's rows of the batch, where the batch needs them
     if items[0].samples is not None:
+        spans = _spans(items, k)
         batch = {}
         for key in sorted({key for item in items for key in (item.samples or {})}):
             parts = [
@@ -191,9 +230,11 @@ def assemble_batch(
     if ring is not None and all(item.placed[k] for item in items):
         tensors = ring.hand_out(number)
     else:
+        spans = _spans(items, k)
         tensors = _from_overflow(spans, ring, k, number, batch_size, single)
     batch = dict(zip(fields, tensors))
     if want_cu_seqlens:
+        spans = spans or _spans(items, k)
         lengths = np.concatenate(_row_segments(spans, batch_size))
         cu = np.zeros(len(lengths) + 1, dtype=np.int32)
         np.cumsum(lengths, out=cu[1:])
@@ -203,6 +244,11 @@ def assemble_batch(
         if ids is not None:
             batch["document_ids"] = ids
     return _pin(batch) if pinned else batch
+
+
+def _spans(items: list[WorkerItem], k: int) -> list[tuple[WorkerItem, int, int]]:
+    """Each item with the bounds of its rows of batch ``k``."""
+    return [(item, int(item.offsets[k]), int(item.offsets[k + 1])) for item in items]
 
 
 def _from_overflow(
