@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
 __all__ = ["compiled"]
 
 _log = logging.getLogger(__name__)
-_lock = threading.Lock()
+_lock = threading.RLock()  # compiling a function compiles the helpers it calls
 
 
 class _Compiled:
@@ -53,8 +54,9 @@ class _Compiled:
             if self.dispatcher is None:
                 import numba  # here, not at import: importing fmsdata compiles nothing
 
+                func = self._with_compiled_helpers()
                 try:
-                    self.dispatcher = numba.njit(cache=True, nogil=True)(self.func)
+                    self.dispatcher = numba.njit(cache=True, nogil=True)(func)
                 except RuntimeError as error:  # numba found no writable cache location
                     _log.warning(
                         "%s.%s: compiled code cannot be cached on disk (%s); compiling it in "
@@ -63,10 +65,30 @@ class _Compiled:
                         self.__name__,
                         error,
                     )
-                    self.dispatcher = numba.njit(nogil=True)(self.func)
+                    self.dispatcher = numba.njit(nogil=True)(func)
             return self.dispatcher
+
+    def _with_compiled_helpers(self) -> Callable[..., Any]:
+        """The function with each ``compiled`` function it names globally replaced by its
+        numba dispatcher (numba calls those, not the lazy wrapper Python callers see)."""
+        func = self.func
+        helpers = {
+            name: value
+            for name, value in func.__globals__.items()
+            if isinstance(value, _Compiled) and value is not self and name in func.__code__.co_names
+        }
+        if not helpers:
+            return func
+        scope = dict(func.__globals__)
+        scope.update({name: helper._compile() for name, helper in helpers.items()})
+        rebound = types.FunctionType(
+            func.__code__, scope, func.__name__, func.__defaults__, func.__closure__
+        )
+        rebound.__qualname__, rebound.__module__ = func.__qualname__, func.__module__
+        return rebound
 
 
 def compiled(func: Callable[..., Any]) -> Any:
-    """Decorate ``func`` (numba-compatible code) to be compiled on its first call."""
+    """Decorate ``func`` (numba-compatible code) to be compiled on its first call. It may
+    call other ``compiled`` functions of its module by their global names."""
     return _Compiled(func)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fmsdata.compiled import compiled
+
 __all__ = ["RecordBatchIndex", "batch_rows", "footer_blocks", "footer_length"]
 
 _MAGIC = b"ARROW1"
@@ -100,46 +102,130 @@ class RecordBatchIndex:
         in the simple layout (compressed, nulls, unexpected metadata): the caller asks
         pyarrow, which also reports real corruption.
         """
-        offset = self.offsets[indices]
-        meta_len = self.meta_lengths[indices]
-        try:
-            batch = _record_batch_tables(buf, offset)
-            if batch is None:
-                return None
-            length_field = _field(buf, batch, 0)
-            nodes_field = _field(buf, batch, 1)
-            buffers_field = _field(buf, batch, 2)
-            if (
-                (_field(buf, batch, 3) != 0).any()
-                or (nodes_field == 0).any()
-                or (buffers_field == 0).any()
-            ):
-                return None  # compressed bodies, or no column metadata
-            lengths = np.where(length_field > 0, _read(buf, batch + length_field, "<i8"), 0)
-            nodes = _deref(buf, batch + nodes_field)
-            buffers = _deref(buf, batch + buffers_field)
-            if (_read(buf, nodes, "<u4") <= column).any() or (
-                _read(buf, buffers, "<u4") <= 2 * column + 1
-            ).any():
-                return None
-            node_length = _read(buf, nodes + 4 + 16 * column, "<i8")
-            null_count = _read(buf, nodes + 4 + 16 * column + 8, "<i8")
-            data = buffers + 4 + 16 * (2 * column + 1)
-            data_offset = _read(buf, data, "<i8")
-            data_length = _read(buf, data + 8, "<i8")
-        except IndexError:
-            return None
-        start = offset + meta_len + data_offset
+        starts, lengths, ok = _locate_batches(
+            buf,
+            self.offsets[indices],
+            self.meta_lengths[indices],
+            np.int64(column),
+            np.int64(itemsize),
+            np.int64(self.footer),
+        )
+        return (starts, lengths) if ok else None
+
+
+@compiled
+def _locate_batches(
+    buf: np.ndarray,
+    offsets: np.ndarray,
+    meta_lengths: np.ndarray,
+    column: int,
+    itemsize: int,
+    footer: int,
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``RecordBatchIndex.locate`` in one compiled pass over the batches: each message's
+    flatbuffer fields read where they lie (a handful of nearby bytes per document), where
+    numpy gathered each field for the whole block in turn (about 30 passes over
+    scattered pages, a fixed cost per pass that short documents paid per few tokens).
+    Returns ``(starts, lengths, ok)``; ``ok`` False: a batch is not in the simple layout,
+    or an offset points outside ``buf``."""
+    n = len(offsets)
+    size = len(buf)
+    starts = np.zeros(n, np.int64)
+    lengths = np.zeros(n, np.int64)
+    for i in range(n):
+        # Each read: (position, bytes, signed); a position outside buf fails the block.
+        pos = offsets[i]
+        if pos < 0 or pos + 4 > size:
+            return starts, lengths, False
+        first = _le(buf, pos, 4, False)
+        at = pos + (8 if first == 0xFFFFFFFF else 4)
+        if at < 0 or at + 4 > size:
+            return starts, lengths, False
+        message = at + _le(buf, at, 4, False)
+        header_type = _table_field(buf, message, 1, size)
+        header_field = _table_field(buf, message, 2, size)
+        if header_type <= 0 or header_field <= 0:
+            return starts, lengths, False
+        tag = message + header_type
+        if tag >= size or buf[tag] != _RECORD_BATCH:
+            return starts, lengths, False
+        at = message + header_field
+        if at + 4 > size:
+            return starts, lengths, False
+        batch = at + _le(buf, at, 4, False)
+        length_field = _table_field(buf, batch, 0, size)
+        nodes_field = _table_field(buf, batch, 1, size)
+        buffers_field = _table_field(buf, batch, 2, size)
+        compression = _table_field(buf, batch, 3, size)
+        if length_field < 0 or nodes_field < 0 or buffers_field < 0 or compression < 0:
+            return starts, lengths, False
+        if compression != 0 or nodes_field == 0 or buffers_field == 0:
+            return starts, lengths, False  # compressed bodies, or no column metadata
+        length = 0
+        if length_field > 0:
+            at = batch + length_field
+            if at + 8 > size:
+                return starts, lengths, False
+            length = _le(buf, at, 8, True)
+        at = batch + nodes_field
+        if at + 4 > size:
+            return starts, lengths, False
+        nodes = at + _le(buf, at, 4, False)
+        at = batch + buffers_field
+        if at + 4 > size:
+            return starts, lengths, False
+        buffers = at + _le(buf, at, 4, False)
+        node_at = nodes + 4 + 16 * column
+        data = buffers + 4 + 16 * (2 * column + 1)
+        if nodes < 0 or buffers < 0 or node_at + 16 > size or data + 16 > size:
+            return starts, lengths, False
+        if _le(buf, nodes, 4, False) <= column or _le(buf, buffers, 4, False) <= 2 * column + 1:
+            return starts, lengths, False
+        node_length = _le(buf, node_at, 8, True)
+        null_count = _le(buf, node_at + 8, 8, True)
+        data_offset = _le(buf, data, 8, True)
+        data_length = _le(buf, data + 8, 8, True)
+        start = offsets[i] + meta_lengths[i] + data_offset
         if (
-            (null_count != 0).any()
-            or (node_length != lengths).any()  # damaged metadata: pyarrow names it
-            or (lengths < 0).any()
-            or (data_length < lengths * itemsize).any()
-            or (start % itemsize != 0).any()
-            or (start + lengths * itemsize > self.footer).any()
+            null_count != 0
+            or node_length != length  # damaged metadata: pyarrow names it
+            or length < 0
+            or data_length < length * itemsize
+            or start % itemsize != 0
+            or start + length * itemsize > footer
         ):
-            return None
-        return start // itemsize, lengths
+            return starts, lengths, False
+        starts[i] = start // itemsize
+        lengths[i] = length
+    return starts, lengths, True
+
+
+@compiled
+def _le(buf: np.ndarray, pos: int, width: int, signed: bool) -> int:
+    """The little-endian integer of ``width`` bytes at ``pos`` (inside ``buf``)."""
+    value = 0
+    for k in range(width):
+        value |= int(buf[pos + k]) << (8 * k)
+    if signed and width < 8 and value >= 1 << (8 * width - 1):
+        value -= 1 << (8 * width)  # (8 bytes wrap to the signed value by themselves)
+    return value
+
+
+@compiled
+def _table_field(buf: np.ndarray, table: int, index: int, size: int) -> int:
+    """Byte offset of field ``index`` inside the flatbuffer table at ``table`` (0 when
+    absent; -1 when the table or its vtable lies outside ``buf``)."""
+    if table < 0 or table + 4 > size:
+        return -1
+    vtable = table - _le(buf, table, 4, True)
+    if vtable < 0 or vtable + 2 > size:
+        return -1
+    slot = 4 + 2 * index
+    if slot >= _le(buf, vtable, 2, False):
+        return 0
+    if vtable + slot + 2 > size:
+        return -1
+    return _le(buf, vtable + slot, 2, False)
 
 
 def footer_blocks(tail: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

@@ -273,3 +273,23 @@ def test_copy_pieces_refuses_a_token_that_does_not_fit_an_int32_row(dtype):
     z = np.zeros(1, dtype=np.int64)
     assert copy_pieces(source, out, z, z, np.array([2]), z, 0, 1) == (COPIED, -1)
     assert copy_pieces(source, out, z, z, np.array([4]), z, 0, 1) == (TOKEN_OUT_OF_RANGE, 0)
+
+
+@compiled
+def _doubled(values):
+    return 2 * values
+
+
+@compiled
+def _doubled_sum(values):
+    total = 0
+    for v in _doubled(values):
+        total += v
+    return total
+
+
+def test_a_compiled_function_calls_the_compiled_helpers_it_names():
+    """numba calls a helper's dispatcher; Python callers still see the lazy wrapper."""
+    values = np.arange(5, dtype=np.int64)
+    assert _doubled_sum(values) == 20
+    assert np.array_equal(_doubled(values), 2 * values)
