@@ -227,6 +227,7 @@ def get_dataset(
     drop_last: bool = True,
     pad_token_id: int = 0,
     eos_token: int | None = None,
+    documents_end_with_eos: bool | None = None,
     create_doc_ids: bool = True,
     create_doc_mask: bool = False,
     dense_mask: bool = False,
@@ -261,6 +262,17 @@ def get_dataset(
         eos_token: The token between documents (default: the metadata's EOS; a different
             one is refused, as are ``file_type`` and a ``vocab_size`` smaller than the
             metadata's: see ``fmsdata.metadata.agree``).
+        documents_end_with_eos: Whether the stored documents already end with
+            ``eos_token`` (Megatron data written with ``--append-eod``, Arrow or Parquet
+            another tool wrote with its EOS). None (default): as the root's
+            ``metadata.json`` records (a different value given is refused), else as the
+            format does: flat token files, ``.pbin`` and tatm roots store it; Arrow,
+            Parquet, Megatron, MDS, JSONL, ... do not, so an EOS is added after every
+            document, and a file most of whose sampled documents already end with it is
+            refused (a ``ConfigError`` naming the file, when the dataset is built or
+            before a window of that file is read) rather than read with each EOS twice.
+            True: the stored one ends each document; none is added. False: one is added
+            after every document, unchecked.
         create_doc_ids: Return ``document_ids``.
         create_doc_mask: Return ``document_mask`` (compact ``[L]`` form unless
             ``dense_mask``; see ``document_mask``).
@@ -275,7 +287,8 @@ def get_dataset(
         storage: Access options of remote roots.
 
     Raises:
-        ConfigError: Bad arguments, unknown name or dataset, no EOS known.
+        ConfigError: Bad arguments, unknown name or dataset, no EOS known, documents
+            that already end with the EOS it would add (see ``documents_end_with_eos``).
         ShardFormatError: A file that is not what its format says.
     """
     if isinstance(context_length, bool) or not isinstance(context_length, int):
@@ -290,6 +303,10 @@ def get_dataset(
         raise ConfigError(
             f"token_output_format must be 'torch' or 'numpy', got {token_output_format!r}"
         )
+    if documents_end_with_eos not in (None, True, False):
+        raise ConfigError(
+            f"documents_end_with_eos must be True, False or None, got {documents_end_with_eos!r}"
+        )
     storage = storage or Storage()
     cache_dir = cache_dir or default_cache_dir()
     spec = resolve_root(
@@ -300,6 +317,7 @@ def get_dataset(
         eos_token=eos_token,
         vocab_size=vocab_size,
         options={"col_name": col_name, "token_dtype": token_dtype or dtype},
+        documents_end_with_eos=documents_end_with_eos,
     )
     if spec.eos_token is None:
         raise ConfigError(

@@ -1,11 +1,21 @@
 """The files of a root as one token stream: their order and cumulative token offsets.
 
 The stream is every document of every file, in file order, each followed by the EOS
-unless the format stores it (flat token files, ``.pbin``). Building it needs each file's
-stream length: from ``meta/*counts*.csv`` where the root has one (no file opened), else
-by opening each file once; the lengths are then written to
+unless the root's metadata, the caller (``documents_end_with_eos``) or the format (flat
+token files, ``.pbin``) says the stored documents end with it. Building it needs each
+file's stream length: from ``meta/*counts*.csv`` where the root has one (no file opened),
+else by opening each file once; the lengths are then written to
 ``<cache_dir>/mapstyle/<key>.npy`` (keyed by the root, its file list and sizes and the
 reading options), so later datasets over the same root, in any process, open nothing.
+
+Where an EOS is added, only the documents can tell that they already end with one
+(Megatron data written with ``--append-eod``, Arrow another tool wrote with its EOS), and
+a doubled EOS is silent in every window. So a file an EOS is added to has a few of its
+documents' ends sampled (``fmsdata.delimiters.sample_edges``) each time a process first
+opens it, when counting it and before reading a window from it, and most of them ending
+with the EOS is refused (``check_stored_eos``), unless the caller said
+``documents_end_with_eos=False``. The cache key holds whether files are checked, so a
+count cached unchecked never spares a checked dataset its check.
 """
 
 from __future__ import annotations
@@ -15,18 +25,20 @@ import hashlib
 import logging
 import os
 import posixpath
+from typing import Any
 
 import numpy as np
 
 from fmsdata.catalog import discover, read_counts
-from fmsdata.errors import EmptyDatasetError
+from fmsdata.delimiters import most_carry, sample_edges
+from fmsdata.errors import ConfigError, EmptyDatasetError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.npy_header import load_npy
 from fmsdata.mapstyle.source import RootSpec
 from fmsdata.remote.cache import FileSource
 from fmsdata.remote.storage import Storage
 
-__all__ = ["StreamFiles", "list_stream_files", "EOS_ENDINGS"]
+__all__ = ["StreamFiles", "list_stream_files", "check_stored_eos", "EOS_ENDINGS"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +52,12 @@ class StreamFiles:
     """The files of the stream, small enough to pickle to every worker.
 
     Attributes:
+        root: The root the paths are relative to (for messages).
         paths: File paths relative to the root, in stream order.
         add_eos: Per file, whether an EOS follows each stored document.
+        check_eos: Per file, whether its sampled documents are checked for a stored EOS
+            when a process opens it (``check_stored_eos``): where an EOS is added, unless
+            the caller said ``documents_end_with_eos=False``.
         offsets: int64 ``[n_files + 1]``: where each file's tokens start in the stream.
         docs: int64 ``[n_files]``: documents per file.
         sizes: int64 ``[n_files]``: byte size of each file as listed (a file whose size
@@ -50,8 +66,10 @@ class StreamFiles:
             (read by a direct memory map, see ``windows``).
     """
 
+    root: str
     paths: tuple[str, ...]
     add_eos: np.ndarray
+    check_eos: np.ndarray
     offsets: np.ndarray
     docs: np.ndarray
     sizes: np.ndarray
@@ -60,6 +78,10 @@ class StreamFiles:
     @property
     def num_tokens(self) -> int:
         return int(self.offsets[-1])
+
+    def location(self, f: int) -> str:
+        """File ``f`` as messages name it: its path under the root."""
+        return _name(self.root, self.paths[f])
 
 
 def _listing(spec: RootSpec, handler: FileHandler, storage: Storage) -> tuple[list[str], list]:
@@ -102,8 +124,10 @@ def list_stream_files(
     """List the root's files and find each one's stream length (see the module doc)."""
     paths, sizes = _listing(spec, handler, storage)
     add_eos = np.array([not _ends_with_eos(p, spec) for p in paths], dtype=bool)
+    check_eos = add_eos & spec.check_stored_eos
     key = hashlib.blake2b(digest_size=16)
-    for part in (spec.root, repr(sorted(handler.describe().items())), add_eos.tobytes()):
+    describe = repr(sorted(handler.describe().items()))
+    for part in (spec.root, describe, add_eos.tobytes(), check_eos.tobytes(), spec.eos_token):
         key.update(str(part).encode() + b"\0")
     for path, size in zip(paths, sizes):
         key.update(f"{path}\0{size}\0".encode())
@@ -111,7 +135,7 @@ def list_stream_files(
     if os.path.exists(cache):
         counts = load_npy(cache)
     else:
-        counts = _count(spec, paths, handler, storage, source)
+        counts = _count(spec, paths, check_eos, handler, storage, source)
         _store(cache, counts)
     docs, tokens = counts[0], counts[1]
     lengths = tokens + np.where(add_eos, docs, 0)
@@ -124,14 +148,52 @@ def list_stream_files(
         & ~add_eos
     )
     return StreamFiles(
-        tuple(paths), add_eos, offsets, docs.astype(np.int64), np.array(sizes, np.int64), direct
+        root=spec.root,
+        paths=tuple(paths),
+        add_eos=add_eos,
+        check_eos=check_eos,
+        offsets=offsets,
+        docs=docs.astype(np.int64),
+        sizes=np.array(sizes, np.int64),
+        direct=direct,
     )
 
 
+def check_stored_eos(handler: FileHandler, reader: Any, path: str, eos: int) -> None:
+    """Refuse to add ``eos`` after the documents of a file most of whose sampled
+    documents already end with it (the sample and the rule of ``fmsdata.delimiters``).
+
+    Args:
+        handler, reader: The file's handler and its open reader.
+        path: The file, for the message.
+        eos: The token the dataset adds after every document of the file.
+
+    Raises:
+        ConfigError: Naming the file, the token, how many sampled documents end with it
+            and the fix.
+    """
+    _, last = sample_edges(handler, reader)
+    found = most_carry(last, eos)
+    if found:
+        raise ConfigError(
+            f"{path}: {found} of {len(last)} sampled documents already end with "
+            f"eos_token={eos}, and get_dataset adds eos_token after every document of this "
+            "file (neither the root's metadata nor its format says its documents end with "
+            "it): each would end with it twice. Pass documents_end_with_eos=True to keep the "
+            "stored ones and add none (documents_end_with_eos=False adds one anyway)"
+        )
+
+
 def _count(
-    spec: RootSpec, paths: list[str], handler: FileHandler, storage: Storage, source: FileSource
+    spec: RootSpec,
+    paths: list[str],
+    check_eos: np.ndarray,
+    handler: FileHandler,
+    storage: Storage,
+    source: FileSource,
 ) -> np.ndarray:
-    """``[2, n_files]`` documents and stored tokens per file."""
+    """``[2, n_files]`` documents and stored tokens per file; a file opened to count is
+    checked for a stored EOS where ``check_eos`` says."""
     known = read_counts(spec.root, list(spec.datasets or ()), storage) if spec.datasets else {}
     counts = np.zeros((2, len(paths)), dtype=np.int64)
     opened = 0
@@ -139,8 +201,17 @@ def _count(
         if path in known:
             counts[:, f] = known[path]
             continue
-        try:
-            counts[:, f] = handler.count(source.local(path))
+        try:  # one open both counts the file and checks it
+            reader = handler.open(source.local(path))
+            try:
+                if check_eos[f]:
+                    assert spec.eos_token is not None  # get_dataset requires one
+                    check_stored_eos(handler, reader, _name(spec.root, path), spec.eos_token)
+                n = handler.num_docs(reader)
+                lengths = handler.doc_lengths(reader, np.arange(n, dtype=np.int64))
+                counts[:, f] = n, int(np.sum(lengths))
+            finally:
+                handler.close(reader)
         finally:
             source.release(path)
         opened += 1
@@ -158,3 +229,8 @@ def _store(cache: str, counts: np.ndarray) -> None:
         os.replace(partial, cache)
     except OSError as err:  # a read-only cache only costs a recount next time
         logger.info("could not cache the token counts of the root: %s", err)
+
+
+def _name(root: str, path: str) -> str:
+    """A file of the root as messages name it."""
+    return posixpath.join(root.rstrip("/"), path) if root else path

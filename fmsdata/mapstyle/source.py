@@ -56,6 +56,9 @@ class RootSpec:
         options: Handler options (``col_name``, ``token_dtype``, ``separator``, ...).
         eos_token: End-of-document token (None when neither metadata nor user gave one).
         ends_with_eos: Whether stored documents already end with it (None: by format).
+        check_stored_eos: Whether files an EOS is added to are sampled for documents that
+            already end with it (refused; see ``files.check_stored_eos``). False only where
+            the caller said ``documents_end_with_eos=False``.
         vocab_size: Given, else from the metadata's tokenizer (None if unknown).
         tokenizer_file: Path or URL of the tokenizer bundled with the root, if any.
     """
@@ -69,6 +72,7 @@ class RootSpec:
     options: dict[str, Any]
     eos_token: int | None
     ends_with_eos: bool | None
+    check_stored_eos: bool
     vocab_size: int | None
     tokenizer_file: str | None
 
@@ -144,10 +148,13 @@ def resolve_root(
     eos_token: int | None = None,
     vocab_size: int | None = None,
     options: dict[str, Any] | None = None,
+    documents_end_with_eos: bool | None = None,
 ) -> RootSpec:
     """The root ``metadata`` names, with what its metadata says about reading it. Arguments
     left None take the recorded values; given ones must agree with fmsdata metadata
-    (``fmsdata.metadata.agree``, the rule the loader applies to its config).
+    (``fmsdata.metadata.agree``, the rule the loader applies to its config). tatm metadata
+    records no ``documents_end_with_eos``: its files store the EOS unless the caller says
+    they do not.
 
     Raises:
         ConfigError: Unknown name, missing path, unreadable metadata, unknown dataset, an
@@ -160,7 +167,7 @@ def resolve_root(
         posixpath.join(root.rstrip("/"), tokenizer["file"]) if tokenizer.get("file") else None
     )
     prefix = suffix = None
-    ends_with_eos: bool | None = None
+    ends_with_eos = documents_end_with_eos
     described = meta.get("datasets")
     if isinstance(described, dict) and described:
         names = list(datasets) if datasets is not None else sorted(described)
@@ -174,7 +181,13 @@ def resolve_root(
         cols = {described[n].get("col_name") for n in names} - {None}
         if len(cols) == 1:
             options.setdefault("col_name", cols.pop())
-        ends_with_eos = facts.documents_end_with_eos
+        ends_with_eos = agree(
+            "documents_end_with_eos",
+            documents_end_with_eos,
+            facts.documents_end_with_eos,
+            where,
+            "whether its stored documents end with the EOS",
+        )
         eos_token = agree(
             "eos_token", eos_token, facts.eos_token, where, "its end-of-document token"
         )
@@ -191,7 +204,7 @@ def resolve_root(
         file_type = file_type or "npy"
         options.setdefault("token_dtype", info.get("dtype") or "uint16")
         vocab_size = vocab_size or info.get("vocab_size")
-        ends_with_eos = True
+        ends_with_eos = True if documents_end_with_eos is None else documents_end_with_eos
         fs, path = storage.filesystem(root)
         if tokenizer_file is None and fs.isfile(f"{path}/tokenizer.json"):
             tokenizer_file = posixpath.join(root.rstrip("/"), "tokenizer.json")
@@ -212,6 +225,7 @@ def resolve_root(
         options=options,
         eos_token=eos_token,
         ends_with_eos=ends_with_eos,
+        check_stored_eos=documents_end_with_eos is not False,
         vocab_size=int(vocab_size) if vocab_size is not None else None,
         tokenizer_file=tokenizer_file,
     )

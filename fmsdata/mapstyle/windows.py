@@ -12,6 +12,9 @@ Flat token files (``npy``) skip even the handler: a window is a slice of a direc
 map of the file (its dtype and data offset are all it takes), its document ids follow the
 EOS tokens in it, and nothing per document is loaded, so random access costs what a bare
 ``np.memmap`` read does and a process's memory does not grow with the files it touched.
+
+A file an EOS is added to is checked for documents that already end with it the first
+time a process opens it, before any of its windows is read (``files.check_stored_eos``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.flat import FlatTokensHandler
 from fmsdata.handlers.mapping import MappedFile
-from fmsdata.mapstyle.files import StreamFiles
+from fmsdata.mapstyle.files import StreamFiles, check_stored_eos
 from fmsdata.remote.cache import FileSource
 
 __all__ = ["StreamReader"]
@@ -122,6 +125,7 @@ class StreamReader:
         self._readers = ReaderCache(OPEN_FILES)
         self._maps = ReaderCache(OPEN_MAPS)
         self._views: dict[int, _FileView] = {}
+        self._eos_checked: set[int] = set()  # files of ``files.check_eos`` found clean
 
     def _local(self, f: int) -> str:
         """The local path of file ``f``, checked to be the file the dataset was built on."""
@@ -136,6 +140,11 @@ class StreamReader:
 
     def _view(self, f: int) -> _FileView:
         reader = self._readers.get(f, self.handler, lambda: self._local(f), lambda: self._closed(f))
+        if self.files.check_eos[f] and f not in self._eos_checked:
+            # Here, not only when counting: counts may come from meta/ or the cache, and
+            # every process (DataLoader workers too) reads its first window of a file here.
+            check_stored_eos(self.handler, reader, self.files.location(f), self.eos)
+            self._eos_checked.add(f)
         view = self._views.get(f)
         if view is None or view.reader is not reader:
             expect = int(self.files.offsets[f + 1] - self.files.offsets[f])
