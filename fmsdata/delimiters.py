@@ -14,6 +14,9 @@ It refuses rather than strips: the config a user wrote, and the fingerprint of e
 saved with it, keep meaning the stream they meant; the fix is one line, and the error
 names it. Which fix is right (replace the stored token, or keep it and add none) is the
 user's to say.
+
+The map-style dataset (``fmsdata.mapstyle.files.check_stored_eos``) samples and decides the
+same way (``sample_edges``, ``most_carry``), with its own fix: ``documents_end_with_eos``.
 """
 
 from __future__ import annotations
