@@ -69,7 +69,7 @@ class BatchRing:
         self._free = self.free_for.numpy()
         # Main process only: slots' field views reported dead, and the weakrefs reporting.
         self._dead: collections.deque[int] = collections.deque()
-        self._arrivals = np.zeros(self.slots, dtype=np.int64)
+        self._arrivals = [0] * self.slots  # Python ints: this runs for every batch
         self._refs: dict[int, list[Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -127,12 +127,12 @@ class BatchRing:
     def collect(self) -> None:
         """Free the slots whose handed-out tensors are all gone: each is free for the next
         batch number of its own that is not handled yet."""
-        dead, fields = self._dead, len(self.fields)
+        dead, fields, arrivals = self._dead, len(self.fields), self._arrivals
         while dead:
             slot = dead.popleft()
-            self._arrivals[slot] += 1
-            if self._arrivals[slot] == fields:
-                self._arrivals[slot] = 0
+            arrivals[slot] += 1
+            if arrivals[slot] == fields:
+                arrivals[slot] = 0
                 del self._refs[slot]
                 self._free[slot] = self.position + (slot - self.position) % self.slots
 
