@@ -13,11 +13,13 @@ gradient accumulation), so a slot is written again only once nothing of it is re
 - ``free_for[s]`` (shared) is the one batch number a worker may write into slot ``s``;
   a worker that finds another number there writes that batch into fresh memory of its
   item instead (``WorkerItem.overflow``) and never waits.
-- The tensors handed out are ``torch.from_numpy`` views made for that hand-out: their
-  storage holds the numpy view, whose death (every tensor, view, slice or ``.numpy()`` of
-  it gone) a weakref reports. The main process then sets ``free_for[s]`` to the next batch
-  number of that slot it has not handled, at its next hand-out (``collect``, on the thread
-  that hands out: no other thread writes the bookkeeping).
+- The tensors handed out are ``torch.from_numpy`` tensors of numpy views of the slot, one
+  per field, made once with the ring and kept: each tensor's storage holds a reference to
+  its view for as long as any tensor, view, slice or ``.numpy()`` of it lives, so a view's
+  reference count back at what it was before any hand-out says the slot is no longer
+  used. The main process checks the slots it handed out at its next hand-out
+  (``collect``, on the thread that hands out: no other thread writes the bookkeeping)
+  and sets ``free_for[s]`` to the next batch number of that slot it has not handled.
 - A slot whose batch was passed over (a skip) or went to fresh memory is free again at
   once; one still held keeps its number, lower than any the loader has yet to hand out.
 
@@ -30,9 +32,8 @@ ring.
 
 from __future__ import annotations
 
-import collections
-import weakref
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -67,10 +68,12 @@ class BatchRing:
     def _setup(self) -> None:
         self._data = self.data.numpy()
         self._free = self.free_for.numpy()
-        # Main process only: slots' field views reported dead, and the weakrefs reporting.
-        self._dead: collections.deque[int] = collections.deque()
-        self._arrivals = [0] * self.slots  # Python ints: this runs for every batch
-        self._refs: dict[int, list[Any]] = {}
+        # Main process only: each slot's field views (what the tensors handed out hold),
+        # the references they have while nothing holds them, and the slots handed out
+        # and not seen free since, in hand-out order.
+        self._views = [list(self._data[slot]) for slot in range(self.slots)]
+        self._idle = self._references(0)
+        self._held: list[int] = []
 
     def __getstate__(self) -> dict[str, Any]:
         return {"slots": self.slots, "fields": self.fields, "data": self.data,
@@ -98,21 +101,15 @@ class BatchRing:
         assert batch == self.position, (batch, self.position)
         slot = batch % self.slots
         assert self._free[slot] == batch, "every part of the batch is in its slot"
-        report = self._reporter(slot)
-        refs = []
-        out = []
-        for f in range(len(self.fields)):
-            view = self._data[slot, f]
-            refs.append(weakref.ref(view, report))
-            out.append(torch.from_numpy(view))
-        self._refs[slot] = refs
+        out = [torch.from_numpy(view) for view in self._views[slot]]
+        self._held.append(slot)
         self.position = batch + 1
         return out
 
-    def _reporter(self, slot: int) -> Callable[[Any], None]:
-        """What a weakref to a view of ``slot`` calls when the view dies (in any thread)."""
-        dead = self._dead
-        return lambda _: dead.append(slot)
+    def _references(self, slot: int) -> int:
+        """References to the field views of ``slot`` (each tensor handed out holds one);
+        compared only with ``_idle``, counted the same way before any hand-out."""
+        return sum(map(sys.getrefcount, self._views[slot]))
 
     def pass_over(self, batch: int) -> None:
         """Batch ``batch`` is handled without handing out its slot (passed over by a skip,
@@ -127,14 +124,15 @@ class BatchRing:
     def collect(self) -> None:
         """Free the slots whose handed-out tensors are all gone: each is free for the next
         batch number of its own that is not handled yet."""
-        dead, fields, arrivals = self._dead, len(self.fields), self._arrivals
-        while dead:
-            slot = dead.popleft()
-            arrivals[slot] += 1
-            if arrivals[slot] == fields:
-                arrivals[slot] = 0
-                del self._refs[slot]
+        if not self._held:
+            return
+        held = []
+        for slot in self._held:
+            if self._references(slot) > self._idle:
+                held.append(slot)
+            else:
                 self._free[slot] = self.position + (slot - self.position) % self.slots
+        self._held = held
 
     def restart(self, received: int) -> int:
         """Number the batches of a new iteration past everything the last one's workers
