@@ -85,7 +85,7 @@ class BufferReplica:
             self._lengths[row] = n
         # Chunks still held: chunk number base + i is _chunks[i] (None once dropped).
         self._base = 0
-        self._chunks: list[tuple[np.ndarray, np.ndarray] | None] = []
+        self._chunks: list[tuple[np.ndarray, list[int]] | None] = []
         self._live = np.zeros(16, dtype=np.int64)
 
     def apply(self, ops: np.ndarray, pushed: np.ndarray, pushed_offsets: np.ndarray) -> None:
@@ -95,7 +95,8 @@ class BufferReplica:
         chunk = self._base + len(self._chunks)
         if len(self._chunks) == len(self._live):
             self._live = np.concatenate([self._live, np.zeros_like(self._live)])
-        self._chunks.append((pushed, pushed_offsets))
+        # The bounds as ints: a state slices every held line (numpy scalars are slower).
+        self._chunks.append((pushed, pushed_offsets.tolist()))
         self._live[len(self._chunks) - 1] = len(pushed_offsets) - 1
         lengths, live, base = self._lengths, self._live, self._base
         while True:
