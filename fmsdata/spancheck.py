@@ -11,16 +11,17 @@ document lengths measured as the line writer will measure them, before anything 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from fmsdata.errors import StateMismatchError
 from fmsdata.stages.base import DOC, DS, FILE, LENGTH, SAVED_SPAN_WIDTH, START
+from fmsdata.stages.docfacts import document_facts
 from fmsdata.statecheck import fail
 
-__all__ = ["check_saved_spans", "document_facts"]
+__all__ = ["check_saved_spans"]
 
 
 def check_saved_spans(
@@ -85,50 +86,3 @@ def check_saved_spans(
                 f"ends past its document ({access.path(int(spans[i, FILE]))}, document "
                 f"{spans[i, DOC]} has {int(dlen[long[0]])} tokens with BOS/EOS)",
             )
-
-
-def document_facts(
-    spans: np.ndarray,
-    rows: np.ndarray,
-    access: Any,
-    decoration: Any,
-    refuse: Callable[[str, int, str], StateMismatchError],
-    measure: bool = True,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The decorated length and the first kept token in the file's flat buffer (-1: none)
-    of the document each span ``spans[rows]`` names (all of one dataset), measured from
-    its files as the line writer measures them; ``refuse(field, span, message)`` makes the
-    error for a span naming a file past the dataset's (field ``"file"``) or a document past
-    its file's (``"doc"``). Without ``measure`` only those two are checked (from the
-    document counts, opening no file) and the facts returned are -1."""
-    files = spans[rows, FILE]
-    past = rows[files >= access.num_files]
-    if len(past):
-        i = int(past[0])
-        raise refuse(
-            "file",
-            i,
-            f"names file {spans[i, FILE]}, past the {access.num_files} file(s) of its dataset",
-        )
-    dlen = np.empty(len(rows), dtype=np.int64)
-    base = np.empty(len(rows), dtype=np.int64)
-    for file in np.unique(files).tolist():
-        at = np.flatnonzero(files == file)
-        docs = spans[rows[at], DOC]
-        count = access.doc_count(file)
-        beyond = rows[at][docs >= count]
-        if len(beyond):
-            i = int(beyond[0])
-            raise refuse(
-                "doc",
-                i,
-                f"names document {spans[i, DOC]} of {access.path(file)}, which holds {count}",
-            )
-        if not measure:
-            dlen[at] = base[at] = -1
-            continue
-        unique, inverse = np.unique(docs, return_inverse=True)
-        lengths, lead, trail, starts = access.measure(file, unique, decoration)
-        dlen[at] = (lengths - lead - trail + decoration.extra)[inverse]
-        base[at] = -1 if starts is None else (starts + lead)[inverse]
-    return dlen, base

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import StateMismatchError
-from fmsdata.spancheck import document_facts
 from fmsdata.stages.base import (
     BASE,
     DLEN,
@@ -39,6 +38,7 @@ from fmsdata.stages.base import (
     START,
     restore_spans,
 )
+from fmsdata.stages.docfacts import document_facts
 from fmsdata.statecheck import fail, need_keys
 
 __all__ = [
