@@ -205,7 +205,10 @@ def _check_stages(
         raise StateMismatchError(
             (f"{changed}: " if changed else "")
             + "the saved loader state comes from another chain of stages: saved "
-            f"{_chain_text(saved)}, this loader runs {_chain_text(current)}"
+            f"{_chain_text(saved, current)}, this loader runs {_chain_text(current, saved)}"
+            + _first_difference(saved, current)
+            + "; resume with the chain the state was saved with (stage classes are recorded "
+            "by module and name: a class defined in the script run is __main__.<name>)"
         )
     for old, new in zip(saved, current):
         before, after = old.get("settings") or {}, new.get("settings") or {}
@@ -213,10 +216,11 @@ def _check_stages(
             if key in allowed or (mix_change and new.get("role") == "mixer" and key == "datasets"):
                 continue
             if before.get(key) != after.get(key):
-                name = new.get("role") or new.get("stage")
+                path = "/".join(str(p) for p in new.get("path") or []) or "top"
                 setting = (
-                    f"stage {name!r} with {key}={before.get(key)!r} but this loader has "
-                    f"{key}={after.get(key)!r}"
+                    f"stage {new.get('role') or _short(new)!r} ({_short(new)} at {path}) with "
+                    f"{key}={before.get(key)!r} but this loader has {key}={after.get(key)!r}; "
+                    f"if the change is intended, load with allow_changes=[{key!r}]"
                 )
                 said = (
                     f"{changed} (saved {setting})"
@@ -226,8 +230,36 @@ def _check_stages(
                 raise StateMismatchError(said)
 
 
-def _chain_text(stages: list[Mapping[str, Any]]) -> str:
-    return " <- ".join(str(s.get("stage", "?")).rsplit(".", 1)[-1] for s in stages)
+def _short(stage: Mapping[str, Any]) -> str:
+    return str(stage.get("stage", "?")).rsplit(".", 1)[-1]
+
+
+def _chain_text(stages: list[Mapping[str, Any]], other: list[Mapping[str, Any]]) -> str:
+    """The chain by class names; by module and name where the other chain has a class of
+    the same name from elsewhere (``__main__.Order`` against ``orders.Order``)."""
+    clash = {_short(s) for s in stages} & {_short(o) for o in other}
+    full = {
+        name
+        for name in clash
+        if {str(s.get("stage")) for s in stages if _short(s) == name}
+        != {str(o.get("stage")) for o in other if _short(o) == name}
+    }
+    return " <- ".join(
+        str(s.get("stage", "?")) if _short(s) in full else _short(s)
+        for s in stages
+        if s.get("path") is not None
+    )
+
+
+def _first_difference(saved: list[Mapping[str, Any]], current: list[Mapping[str, Any]]) -> str:
+    """Where the two chains first differ: a stage path and the two classes there."""
+    for old, new in zip(saved, current):
+        if (old.get("path"), old.get("stage")) != (new.get("path"), new.get("stage")):
+            at = "/".join(str(p) for p in old.get("path") or []) or "top"
+            if old.get("path") == new.get("path"):
+                return f" (at {at}: saved {old.get('stage')}, now {new.get('stage')})"
+            return ""
+    return ""
 
 
 def mix_changed(saved: Mapping[str, Any], current: Mapping[str, Any]) -> bool:

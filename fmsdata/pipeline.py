@@ -158,7 +158,10 @@ class Shard:
         r = self.recipe
         cls = order or stream_class(r.document_order)
         if not (isinstance(cls, type) and issubclass(cls, DocumentStream)):
-            raise ConfigError(f"a document order is a DocumentStream subclass, got {cls!r}")
+            raise ConfigError(
+                f"a document order is a DocumentStream subclass, got {cls!r} (an order with "
+                "parameters: a subclass with them as class attributes, one per setting)"
+            )
         if cls.walk_order is DocumentStream.walk_order:
             raise ConfigError(
                 f"document order {cls.__module__}.{cls.__qualname__} does not define walk_order "

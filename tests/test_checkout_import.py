@@ -39,7 +39,8 @@ def test_a_script_beside_the_checkout_imports_the_package(tmp_path):
 EACH_MODULE_FIRST = """
 import importlib, os, pkgutil, sys
 import fmsdata
-mods = sorted(m.name for m in pkgutil.walk_packages([os.path.dirname(fmsdata.__file__)], "fmsdata."))
+root = os.path.dirname(fmsdata.__file__)
+mods = sorted(m.name for m in pkgutil.walk_packages([root], "fmsdata."))
 failed = []
 for name in mods:
     for key in [k for k in sys.modules if k == "fmsdata" or k.startswith("fmsdata.")]:

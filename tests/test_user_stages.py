@@ -172,7 +172,9 @@ def test_a_changed_stage_setting_refuses_the_state_naming_it(tmp_path):
     loader = build_dataloader(config)
     take(loader, 3)
     other = build_dataloader({**config, "shuffle_window": 3})
-    with pytest.raises(StateMismatchError, match="'shuffle' with window=6 .* window=3"):
+    with pytest.raises(
+        StateMismatchError, match="'shuffle' \\(ShuffleBuffer at top\\) with window=6 .* window=3"
+    ):
         other.load_state_dict(loader.state_dict())
     inserted = build_dataloader(config, stages=below_shuffle)
     with pytest.raises(StateMismatchError, match="another chain of stages.*SwapPairs"):

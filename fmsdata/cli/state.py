@@ -11,12 +11,14 @@ is JSON.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
-from fmsdata.errors import StateMismatchError
+from fmsdata.errors import ConfigError, StateMismatchError
 
 SHOW_DESCRIPTION = (
     "Print what a saved loader state holds: per dataset and per logical shard, the epoch, "
@@ -55,6 +57,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--config",
         help="the run's loader config (YAML): replay the lines emitted after each shard's "
         "recorded state, reading the data, so delivered counts are exact",
+    )
+    show.add_argument(
+        "--stages",
+        metavar="MODULE:FUNCTION",
+        help="with --config, the run's chain of stages when it is not the default: the "
+        "function passed as build_dataloader(stages=...), imported from MODULE (a module "
+        "name, found from the current folder too)",
     )
     show.set_defaults(run=run_show)
 
@@ -218,7 +227,8 @@ def _left_out(pending: int, lines: int, unknown: Sequence[str]) -> str | None:
         said.append(
             f"{pending:,} of {lines:,} lines delivered were emitted after their shard's "
             "recorded state and are not in the token and document counts (pass --config "
-            "with the run's loader config to count them)"
+            "with the run's loader config, and --stages MODULE:FUNCTION if it built its own "
+            "chain, to count them)"
         )
     if unknown:
         said.append(
@@ -228,13 +238,35 @@ def _left_out(pending: int, lines: int, unknown: Sequence[str]) -> str | None:
     return "; ".join(said) or None
 
 
-def settle_states(states: Sequence[dict[str, Any]], config: str) -> list[dict[str, Any]]:
-    """The states loaded into a one-rank loader over ``config`` and settled: the lines
-    emitted after each shard's recorded state are replayed (reading document lengths from
-    the data), so every count is exact."""
+def stage_factory(spec: str) -> Any:
+    """The chain factory ``MODULE:FUNCTION`` names (``--stages``), imported by the name the
+    user gave (the current folder is searched too, as for ``python -m``)."""
+    module_name, _, function = spec.partition(":")
+    if not module_name or not function:
+        raise ConfigError(f"--stages takes MODULE:FUNCTION, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"--stages {spec}: cannot import {module_name!r} ({error})") from None
+    factory = getattr(module, function, None)
+    if not callable(factory):
+        raise ConfigError(f"--stages {spec}: {module_name} has no function {function!r}")
+    return factory
+
+
+def settle_states(
+    states: Sequence[dict[str, Any]], config: str, stages: str | None = None
+) -> list[dict[str, Any]]:
+    """The states loaded into a one-rank loader over ``config`` (and the chain ``stages``
+    names, default the config's) and settled: the lines emitted after each shard's
+    recorded state are replayed (reading document lengths from the data), so every count
+    is exact."""
     from fmsdata.loader import build_dataloader
 
-    loader = build_dataloader(config, rank=0, world_size=1)
+    factory = stage_factory(stages) if stages else None
+    loader = build_dataloader(config, rank=0, world_size=1, stages=factory)
     loader.load_state_dict(list(states))
     return [loader.snapshot(settle=True)]
 
@@ -250,8 +282,10 @@ def run_show(args: argparse.Namespace) -> int:
         check_plot_target(args.plot)
     where, states = read_states(args.path)
     saved_version = states[0].get("version") if states and isinstance(states[0], dict) else None
+    if args.stages and not args.config:
+        raise ConfigError("--stages names the run's chain for --config: pass both")
     if args.config:
-        states = settle_states(states, args.config)
+        states = settle_states(states, args.config, args.stages)
     summary = summarize(states)
     summary["saved_version"] = saved_version
     if args.plot is not None:

@@ -71,7 +71,7 @@ A stage keeping every 4th line only, inserted between packer and shuffle buffer:
 
 Saving, resuming (also on another world size), skipping and ``fmsdata state show`` work
 unchanged: they find the stages by role. ``examples/custom_stage.py`` trains on such a
-chain and checks resume and rescale; ``tests/stages/checker.py`` is the resume/rescale
+chain and checks resume and rescale; ``tests/stagecheck.py`` is the resume/rescale
 checker every stage's tests run.
 """
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from fmsdata.errors import StateMismatchError
+from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.statecheck import need_keys, within
 
 __all__ = [
@@ -266,8 +266,38 @@ def walk(top: Stage, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ..
 
 
 def layout(top: Stage) -> list[dict[str, Any]]:
-    """The chain as the state fingerprint records it: each stage's path and fingerprint."""
-    return [{"path": list(path), **stage.fingerprint()} for path, stage in walk(top)]
+    """The chain as the state fingerprint records it: each stage's path and fingerprint.
+
+    Raises:
+        ConfigError: A stage's ``settings()`` holds a value a state file cannot keep (said
+            when the loader is built, not at the first checkpoint).
+    """
+    out = []
+    for path, stage in walk(top):
+        record = stage.fingerprint()
+        _check_plain(record["settings"], stage, "settings()")
+        out.append({"path": list(path), **record})
+    return out
+
+
+def _check_plain(value: Any, stage: Stage, where: str) -> None:
+    """Refuse what JSON and the state file cannot hold (a numpy scalar, a set, an object)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_plain(item, stage, f"{where}[{i}]")
+        return
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        for key, item in value.items():
+            _check_plain(item, stage, f"{where}[{key!r}]")
+        return
+    cls = type(stage)
+    raise ConfigError(
+        f"{cls.__module__}.{cls.__qualname__}: {where} is {type(value).__name__} {value!r}; "
+        "settings are saved in every state's fingerprint: give plain values (bool, int, "
+        "float, str, None, lists, dicts with str keys), e.g. bool(x) or int(x)"
+    )
 
 
 def held_spans(stage: Stage, state: dict[str, Any]) -> np.ndarray:

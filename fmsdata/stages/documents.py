@@ -198,7 +198,15 @@ class DocumentStream(DocumentSource):
         decoration: Stripping, BOS/EOS and minimum length.
         line_tokens: Document tokens per line; a dataset holding fewer (decorated, kept)
             tokens than ``n_shards * line_tokens`` rotates (0: never).
-        dataset: The dataset's index among the chain's datasets (what spans record).
+        dataset: The dataset's index among the chain's datasets (what spans record). A
+            mix change renumbers it: an order keys its walk by the dataset's name
+            (``self.access.name``), never by this index.
+
+    What an order may read: ``seed``, ``shard``, ``n_shards``, ``access.name`` (the
+    dataset), ``rotating`` (a small dataset, see the module docstring), its own class
+    attributes (its parameters, returned from ``settings``) and the fragments it is given.
+    An order that keeps state of its own (``own_state``/``load_own_state``) extends
+    ``fresh_state``.
     """
 
     role = "dataset"
@@ -391,13 +399,13 @@ class DocumentStream(DocumentSource):
         if rows is None:
             raise RuntimeError("a document stream is set up before it walks")
         walk = self.walk_order(rows.copy(), cycle)
-        order = _checked_permutation(walk.order, len(rows), self, "walk_order")
-        keys = None if walk.keys is None else np.asarray(walk.keys, dtype=np.uint64)
-        if keys is not None and keys.shape != (len(rows),):
+        if not isinstance(walk, WalkOrder):
             raise ConfigError(
-                f"{type(self).__name__}.walk_order gave {keys.shape} keys for "
-                f"{len(rows)} fragments of dataset {self.access.name!r}: one key per fragment"
+                f"{type(self).__name__}.walk_order must return a WalkOrder(order, keys) for "
+                f"dataset {self.access.name!r}, got {type(walk).__name__}"
             )
+        order = _checked_permutation(walk.order, len(rows), self, "walk_order")
+        keys = None if walk.keys is None else _checked_keys(walk.keys, len(rows), self)
         if self._cycle_len > 1:
             # A rotating cycle reads its portions one epoch each, in portion order: the
             # order's fragments are regrouped by epoch, keeping their relative order inside
@@ -545,6 +553,15 @@ class DocumentStream(DocumentSource):
         change added) loads as this stream's ``fresh_state()``."""
         if dict(state) == not_started():
             state = self.fresh_state()
+            missing = sorted(set(self.own_state()) - set(state))
+            if missing:
+                cls = type(self)
+                raise ConfigError(
+                    f"{cls.__module__}.{cls.__qualname__} keeps state keys {missing} of its own "
+                    f"but its fresh_state() does not give them: dataset "
+                    f"{self.access.name!r} starts fresh (a mix change added it) from "
+                    "fresh_state(); define it as {**super().fresh_state(), <key>: <start>, ...}"
+                )
         super().load_state_dict(state)
 
     def load_own_state(self, state: dict[str, Any]) -> None:
@@ -622,6 +639,29 @@ def stream_class(order: str) -> type[DocumentStream]:
 
 
 _ORDERS: dict[str, type[DocumentStream]] = {"random": RandomWalk, "sequential": StoredOrder}
+
+
+def _checked_keys(values: Any, n: int, stream: DocumentStream) -> np.ndarray:
+    """``WalkOrder.keys`` as uint64: one integer in ``[0, 2**64)`` per fragment."""
+    try:
+        items = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    except TypeError:
+        items = None
+    fits = (
+        items is not None
+        and len(items) == n
+        and all(
+            isinstance(k, (int, np.integer)) and not isinstance(k, bool) and 0 <= k < 2**64
+            for k in items
+        )
+    )
+    if not fits:
+        raise ConfigError(
+            f"{type(stream).__name__}.walk_order must give one integer key in [0, 2**64) per "
+            f"fragment ({n}) of dataset {stream.access.name!r} in logical shard "
+            f"{stream.shard}, or keys=None, got {values!r}"
+        )
+    return np.array([int(k) for k in items], dtype=np.uint64)
 
 
 def _checked_permutation(values: Any, n: int, stream: DocumentStream, hook: str) -> np.ndarray:

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+import yaml
 from chains import documents_by_epoch, recipe, take_documents, writer_order
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,7 +20,8 @@ from stagecheck import check_stage_rescale, check_stage_resume
 from support import accesses, base_config, corpus, delivered_truth, roundtrip, scratch_dir, take
 
 from fmsdata import build_dataloader
-from fmsdata.errors import ConfigError
+from fmsdata.cli.main import main as cli
+from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.permute import derive_key, permute
 from fmsdata.pipeline import build_pipeline
 from fmsdata.stages import Decoration, DocumentStream, WalkOrder, walk
@@ -271,6 +273,112 @@ def test_state_show_reads_a_custom_order_it_has_not_imported(tmp_path):
         check=True,
     )
     summary = json.loads(shown.stdout)
+    assert summary["left_out"] is None
+    got = {n: {"tokens": d["tokens"], "docs": d["docs"]} for n, d in summary["datasets"].items()}
+    assert got == delivered_truth(info, config, batches)
+
+
+class GivesAnArray(DocumentStream):
+    def walk_order(self, fragments, cycle):
+        return np.arange(len(fragments))
+
+
+class NegativeKeys(DocumentStream):
+    def walk_order(self, fragments, cycle):
+        return WalkOrder(np.arange(len(fragments)), [-1] * len(fragments))
+
+
+class FloatKeys(DocumentStream):
+    def walk_order(self, fragments, cycle):
+        return WalkOrder(np.arange(len(fragments)), [0.5] * len(fragments))
+
+
+@pytest.mark.parametrize(
+    "order, said",
+    [
+        (GivesAnArray, "GivesAnArray.walk_order must return a WalkOrder.*'a', got ndarray"),
+        (NegativeKeys, "NegativeKeys.walk_order must give one integer key in \\[0, 2\\*\\*64\\)"),
+        (FloatKeys, "FloatKeys.walk_order must give one integer key.*'a'"),
+    ],
+)
+def test_a_walk_order_of_the_wrong_kind_is_refused_naming_class_and_dataset(order, said):
+    info = corpus(scratch_dir(), {"a": 2}, docs_per_file=5)
+    with pytest.raises(ConfigError, match=said):
+        order(accesses(info)[0], 0, 1, 0, Decoration()).read_ahead()
+
+
+class TalliedWithoutFresh(Tallied):
+    """Keeps ``committed`` but forgot to extend ``fresh_state``."""
+
+    def fresh_state(self):
+        return DocumentStream.fresh_state(self)
+
+
+def without_fresh(shard):
+    return shard.shuffle(shard.pack(shard.documents(TalliedWithoutFresh)))
+
+
+def test_an_order_with_state_of_its_own_and_no_fresh_state_is_told_to_define_it(tmp_path):
+    info = corpus(tmp_path, {"a": 2, "b": 2}, docs_per_file=30)
+    config = base_config(info, datasets=["a"], weights=[1])
+    loader = build_dataloader(config, stages=without_fresh)
+    take(loader, 2)
+    wider = {**config, "datasets": ["a", "b"], "weights": [1, 1], "allow_mix_change": True}
+    resumed = build_dataloader(wider, stages=without_fresh)
+    resumed.load_state_dict(roundtrip(loader.snapshot()))
+    with pytest.raises(ConfigError, match="TalliedWithoutFresh keeps state keys \\['committed'\\]"):
+        take(resumed, 1)
+
+
+class NumpySetting(FilesShuffled):
+    def settings(self):
+        return {**super().settings(), "flag": np.bool_(True)}
+
+
+def numpy_setting(shard):
+    return shard.pack(shard.documents(NumpySetting))
+
+
+def test_a_setting_a_state_cannot_keep_is_refused_when_the_loader_is_built(tmp_path):
+    info = corpus(tmp_path, {"a": 2}, docs_per_file=5)
+    with pytest.raises(ConfigError, match="NumpySetting: settings\\(\\)\\['flag'\\] is bool"):
+        build_dataloader(base_config(info, datasets=["a"], weights=[1]), stages=numpy_setting)
+
+
+def test_a_state_of_a_same_named_order_from_elsewhere_is_refused_naming_both(tmp_path):
+    """A class defined in the script run (``__main__.Order``) and the same class imported
+    from a module are different orders: the refusal says which is which."""
+    info = corpus(tmp_path, {"a": 2}, docs_per_file=20)
+    config = base_config(info, datasets=["a"], weights=[1])
+    loader = build_dataloader(config, stages=tallied)
+    take(loader, 2)
+    Elsewhere = type("Tallied", (Tallied,), {"__module__": "__main__"})  # noqa: N806
+
+    def elsewhere(shard):
+        return shard.shuffle(shard.pack(shard.documents(Elsewhere)))
+
+    resumed = build_dataloader(config, stages=elsewhere)
+    with pytest.raises(StateMismatchError, match="test_custom_order.Tallied.*__main__.Tallied"):
+        resumed.load_state_dict(roundtrip(loader.snapshot()))
+
+
+def test_state_show_settles_a_custom_chain_it_is_told_of(tmp_path, capsys):
+    """``--config`` with ``--stages MODULE:FUNCTION`` replays the lines in flight through
+    the run's own chain: exact counts, nothing left out."""
+    info = corpus(tmp_path / "data", docs_per_file=60)
+    config = base_config(info, num_workers=1, bos_token=None, eos_token=None)
+    loader = build_dataloader(config, stages=tallied)
+    batches = take(loader, 9)
+    save_state(str(tmp_path / "state.fms"), loader.snapshot())
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    show = ["state", "show", str(tmp_path / "state.fms"), "--json"]
+    assert cli(show + ["--config", str(tmp_path / "config.yaml")]) != 0  # default chain: refused
+    capsys.readouterr()
+    assert (
+        cli(show + ["--config", str(tmp_path / "config.yaml"), "--stages", f"{__name__}:tallied"])
+        == 0
+    )
+    summary = json.loads(capsys.readouterr().out)
     assert summary["left_out"] is None
     got = {n: {"tokens": d["tokens"], "docs": d["docs"]} for n, d in summary["datasets"].items()}
     assert got == delivered_truth(info, config, batches)
