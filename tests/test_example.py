@@ -105,16 +105,19 @@ def test_resume_and_rescale_under_torchrun(tmp_path):
         assert resumed == pytest.approx({s: reference_losses[s] for s in range(5, 11)}, rel=1e-2)
 
 
+def run_example(name, *args):
+    """``examples/<name>`` run in a subprocess; its stdout (fails with its output)."""
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", name)
+    done = subprocess.run(
+        [sys.executable, example, *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
 @pytest.mark.slow  # the example end to end in subprocesses
 def test_custom_format_example_matches_arrow_and_resumes(tmp_path):
-    example = os.path.join(os.path.dirname(__file__), "..", "examples", "custom_format.py")
-    done = subprocess.run(
-        [sys.executable, example, "--dir", str(tmp_path), "--batches", "12"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_example("custom_format.py", "--dir", str(tmp_path), "--batches", "12")
     assert "same batches as the Arrow original: True" in done.stdout
     assert "not a multiple of logical_shards" not in done.stderr  # it follows the advice
     assert "resumed run continues exactly: True" in done.stdout
@@ -122,14 +125,7 @@ def test_custom_format_example_matches_arrow_and_resumes(tmp_path):
 
 @pytest.mark.slow  # the example end to end in subprocesses
 def test_custom_stage_example_trains_resumes_and_rescales(tmp_path):
-    example = os.path.join(os.path.dirname(__file__), "..", "examples", "custom_stage.py")
-    done = subprocess.run(
-        [sys.executable, example, "--dir", str(tmp_path), "--steps", "10"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_example("custom_stage.py", "--dir", str(tmp_path), "--steps", "10")
     assert "resumed run continues exactly: True" in done.stdout
     assert "two ranks rescaled to one continue exactly: True" in done.stdout
 
@@ -229,14 +225,7 @@ def test_resume_without_a_checkpoint_is_a_warning(tmp_path, caplog):
 
 @pytest.mark.slow  # the example end to end in subprocesses
 def test_custom_order_example_resumes_rescales_and_is_fingerprinted(tmp_path):
-    example = os.path.join(os.path.dirname(__file__), "..", "examples", "custom_order.py")
-    done = subprocess.run(
-        [sys.executable, example, "--dir", str(tmp_path), "--steps", "10"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_example("custom_order.py", "--dir", str(tmp_path), "--steps", "10")
     for claim in (
         "each file's documents come in stored order: True",
         "resumed run continues exactly: True",
