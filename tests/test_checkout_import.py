@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = """
@@ -39,6 +41,7 @@ def test_a_script_beside_the_checkout_imports_the_package(tmp_path):
 EACH_MODULE_FIRST = """
 import importlib, os, pkgutil, sys
 import fmsdata
+from fmsdata.errors import MissingDependencyError
 root = os.path.dirname(fmsdata.__file__)
 mods = sorted(m.name for m in pkgutil.walk_packages([root], "fmsdata."))
 failed = []
@@ -47,6 +50,8 @@ for name in mods:
         del sys.modules[key]
     try:
         importlib.import_module(name)
+    except MissingDependencyError:
+        pass  # a trainer's integration without that trainer installed: said, by design
     except Exception as error:
         failed.append(f"{name}: {error!r}")
 print(len(mods))
@@ -54,6 +59,7 @@ print("\\n".join(failed))
 """
 
 
+@pytest.mark.slow  # ~100 fresh imports in a subprocess
 def test_every_module_imports_first():
     """A user's first fmsdata import may be any module (``from fmsdata.pipeline import
     Shard``): no import cycle shows only in some orders."""

@@ -2,6 +2,7 @@
 after; each test gets its own bucket. Credentials come from the AWS environment variables
 (as users' usually do)."""
 
+import gc
 import hashlib
 import pathlib
 
@@ -15,6 +16,15 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.parent == HERE:
             item.add_marker(pytest.mark.remote)
+
+
+@pytest.fixture(autouse=True)
+def collect_dropped_loaders():
+    """Shut down, at the end of the test that made them, the DataLoader workers of loaders
+    it left iterating: collected later, on whatever thread (fsspec's IO loop in another
+    test), joining workers busy with remote reads blocks that thread for seconds."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="module")
@@ -50,5 +60,9 @@ def proxy(s3):
         return p
 
     yield make
+    # Loaders a test left iterating shut their workers down when collected; collected
+    # later, on whatever thread (fsspec's IO loop, in a later test), their workers would
+    # still be retrying reads from this proxy, and joining them blocks that thread.
+    gc.collect()
     for p in proxies:
         p.stop()

@@ -39,6 +39,7 @@ def remote(config, url, endpoint, tmp_path, **overrides):
     }
 
 
+@pytest.mark.slow  # S3 through DataLoader workers, end to end
 def test_s3_root_gives_the_local_batches_and_resumes_exactly(data, s3, bucket, tmp_path):
     local = base_config(data, num_workers=1)
     config = remote(local, f"s3://{bucket}/root", s3.url, tmp_path)
@@ -57,6 +58,7 @@ def test_s3_root_gives_the_local_batches_and_resumes_exactly(data, s3, bucket, t
     assert_same_batches(reference[8:], take(moved, 12))
 
 
+@pytest.mark.slow  # S3 through DataLoader workers, end to end
 def test_transient_failures_are_retried_and_change_nothing(data, s3, bucket, proxy, tmp_path):
     local = base_config(data, num_workers=1)
     reference = take(build_dataloader(local), 15)
