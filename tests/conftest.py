@@ -15,6 +15,15 @@ settings.register_profile(
 )
 settings.load_profile("fmsdata")
 
+# A DataLoader iterator a test drops shuts its workers down when it is collected: torch
+# joins each worker for MP_STATUS_CHECK_INTERVAL (5 s), then terminates it. Some workers
+# (over an S3 root, or after an error raised in the worker) are still there when joined,
+# so each such drop stalled whichever test the garbage collector ran in by 5 s, about a
+# minute of the run in all. The join waits 0.5 s here; no test checks shutdown time.
+import torch.utils.data._utils as _torch_data_utils  # noqa: E402
+
+_torch_data_utils.MP_STATUS_CHECK_INTERVAL = 0.5
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _scratch_root(tmp_path_factory):
