@@ -9,6 +9,7 @@ is in it and how two are compared.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -206,9 +207,9 @@ def _check_stages(
             (f"{changed}: " if changed else "")
             + "the saved loader state comes from another chain of stages: saved "
             f"{_chain_text(saved, current)}, this loader runs {_chain_text(current, saved)}"
-            + _first_difference(saved, current)
-            + "; resume with the chain the state was saved with (stage classes are recorded "
-            "by module and name: a class defined in the script run is __main__.<name>)"
+            + " (the first stage that differs in brackets); resume with the chain the state "
+            "was saved with (stage classes are recorded by module and name: a class defined "
+            "in the script run is __main__.<name>)"
         )
     for old, new in zip(saved, current):
         before, after = old.get("settings") or {}, new.get("settings") or {}
@@ -216,7 +217,7 @@ def _check_stages(
             if key in allowed or (mix_change and new.get("role") == "mixer" and key == "datasets"):
                 continue
             if before.get(key) != after.get(key):
-                path = "/".join(str(p) for p in new.get("path") or []) or "top"
+                path = _path_text(new.get("path"))
                 setting = (
                     f"stage {new.get('role') or _short(new)!r} ({_short(new)} at {path}) with "
                     f"{key}={before.get(key)!r} but this loader has {key}={after.get(key)!r}; "
@@ -230,13 +231,19 @@ def _check_stages(
                 raise StateMismatchError(said)
 
 
+def _path_text(path: Any) -> str:
+    """A stage's path in the shard state as messages write it (``source/sources/a``)."""
+    return functools.reduce(lambda a, b: f"{a}/{b}", map(str, path or [])) if path else "top"
+
+
 def _short(stage: Mapping[str, Any]) -> str:
     return str(stage.get("stage", "?")).rsplit(".", 1)[-1]
 
 
 def _chain_text(stages: list[Mapping[str, Any]], other: list[Mapping[str, Any]]) -> str:
     """The chain by class names; by module and name where the other chain has a class of
-    the same name from elsewhere (``__main__.Order`` against ``orders.Order``)."""
+    the same name from elsewhere (``__main__.Order`` against ``orders.Order``); the first
+    stage that differs from the other chain (type or path) in brackets."""
     clash = {_short(s) for s in stages} & {_short(o) for o in other}
     full = {
         name
@@ -244,22 +251,20 @@ def _chain_text(stages: list[Mapping[str, Any]], other: list[Mapping[str, Any]])
         if {str(s.get("stage")) for s in stages if _short(s) == name}
         != {str(o.get("stage")) for o in other if _short(o) == name}
     }
+    differs = next(
+        (
+            k
+            for k, (s, o) in enumerate(zip(stages, other))
+            if (s.get("path"), s.get("stage")) != (o.get("path"), o.get("stage"))
+        ),
+        min(len(stages), len(other)),
+    )
+    names = [str(s.get("stage", "?")) if _short(s) in full else _short(s) for s in stages]
     return " <- ".join(
-        str(s.get("stage", "?")) if _short(s) in full else _short(s)
-        for s in stages
+        f"[{name}]" if k == differs else name
+        for k, (name, s) in enumerate(zip(names, stages))
         if s.get("path") is not None
     )
-
-
-def _first_difference(saved: list[Mapping[str, Any]], current: list[Mapping[str, Any]]) -> str:
-    """Where the two chains first differ: a stage path and the two classes there."""
-    for old, new in zip(saved, current):
-        if (old.get("path"), old.get("stage")) != (new.get("path"), new.get("stage")):
-            at = "/".join(str(p) for p in old.get("path") or []) or "top"
-            if old.get("path") == new.get("path"):
-                return f" (at {at}: saved {old.get('stage')}, now {new.get('stage')})"
-            return ""
-    return ""
 
 
 def mix_changed(saved: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
