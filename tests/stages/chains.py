@@ -9,6 +9,7 @@ from support import accesses
 from fmsdata.config import LoaderConfig
 from fmsdata.pipeline import ShardRecipe, build_pipeline
 from fmsdata.stages.base import DOC, DS, FILE, START, Stage
+from fmsdata.stages.documents import Decoration
 from fmsdata.synthetic import CorpusInfo
 
 
@@ -70,3 +71,22 @@ def documents_by_epoch(stream: Any, stop: int) -> dict[int, list[tuple[str, int]
         out.setdefault(stream.epoch, []).append(doc)
         stream.commit(1)
         stream.rewind()
+
+
+def check_rotating_passes(info: CorpusInfo, order: Any, n_shards: int, seed: int) -> dict:
+    """Dataset ``"s"`` of ``info`` read by ``order`` in each of ``n_shards`` logical shards as
+    a rotating stream (a budget of 10**6 tokens per line): each pass over the shards (epoch
+    ``e`` of every shard) covers every document the writer wrote exactly once (G4), for
+    ``n_shards + 2`` passes. Returns the passes, ``{epoch: [(file path, doc), ...]}``."""
+    access = accesses(info)[0]
+    ref = sorted((path, d) for _, path, d in writer_order(info, "s"))
+    passes: dict[int, list[tuple[str, int]]] = {}
+    for sid in range(n_shards):
+        stream = order(access, sid, n_shards, seed, Decoration(), 10**6)
+        assert stream.size == len(ref) and stream.rotating
+        for epoch, got in documents_by_epoch(stream, n_shards + 2).items():
+            passes.setdefault(epoch, []).extend(got)
+    assert sorted(passes) == list(range(n_shards + 2))
+    for epoch, got in passes.items():
+        assert sorted(got) == ref, f"pass {epoch} does not cover every document once"
+    return passes

@@ -2,7 +2,7 @@
 (rotation), so a line repeats no document while the dataset has others, and every pass
 over all shards still covers every document once."""
 
-from chains import chain, documents_by_epoch, recipe, writer_order
+from chains import chain, check_rotating_passes, documents_by_epoch, recipe, writer_order
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagecheck import check_stage_rescale, check_stage_resume
@@ -68,17 +68,7 @@ def test_every_pass_over_the_shards_covers_the_small_dataset_once():
 def test_passes_cover_every_document_once_for_any_shape(n_shards, files, docs, order, seed):
     """Also with fewer documents than shards (some portions empty) and either order."""
     info = corpus(scratch_dir(), {"s": files}, docs_per_file=docs, mean_length=3)
-    access = accesses(info)[0]
-    ref = sorted((path, d) for _, path, d in writer_order(info, "s"))
-    passes = {}
-    for sid in range(n_shards):
-        stream = stream_class(order)(access, sid, n_shards, seed, Decoration(), 10**6)
-        assert stream.size == len(ref) and stream.rotating
-        for epoch, got in documents_by_epoch(stream, n_shards + 2).items():
-            passes.setdefault(epoch, []).extend(got)
-    assert sorted(passes) == list(range(n_shards + 2))
-    for epoch, got in passes.items():
-        assert sorted(got) == ref, f"pass {epoch} does not cover every document once"
+    passes = check_rotating_passes(info, stream_class(order), n_shards, seed)
     if order == "sequential":  # first pass: shards in order give the stored order
         assert passes[0] == [(path, d) for _, path, d in writer_order(info, "s")]
 
