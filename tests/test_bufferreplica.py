@@ -2,9 +2,10 @@
 
 import numpy as np
 import pytest
+from support import apply_journal
 
 from fmsdata.bufferreplica import BufferReplica
-from fmsdata.stages.shuffle import PUSH, apply_journal
+from fmsdata.stages.shuffle import PUSH
 
 
 def _journal(rng, sizes, sids, window, steps, chunk):

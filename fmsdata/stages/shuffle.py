@@ -17,7 +17,6 @@ worker sending the whole buffer each time (see ``fmsdata.replica``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,7 @@ from fmsdata.stages.savedlines import (
 )
 from fmsdata.statecheck import need_count, within
 
-__all__ = ["ShuffleBuffer", "PUSH", "BUFFER_KEY", "apply_journal"]
+__all__ = ["ShuffleBuffer", "PUSH", "BUFFER_KEY"]
 
 BUFFER_KEY = "buffer"  # where a shuffle buffer's own state keeps its lines
 
@@ -244,16 +243,3 @@ def _take(buffer: list[Any], slot: int) -> Any:
     if slot < len(buffer):
         buffer[slot] = last
     return line
-
-
-def apply_journal(buffer: list[Any], ops: Iterable[int], pushed: Iterator[np.ndarray]) -> None:
-    """Replay buffer changes recorded by ``ShuffleBuffer`` onto a copy of its buffer (whose
-    lines may be anything: the replay only moves them)."""
-    append, pop = buffer.append, buffer.pop
-    for op in ops:
-        if op == PUSH:
-            append(next(pushed))
-        else:  # _take, inlined: this runs in the main process for every line
-            last = pop()
-            if op < len(buffer):
-                buffer[op] = last

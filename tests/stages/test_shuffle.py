@@ -2,9 +2,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagecheck import check_stage_resume
+from support import apply_journal
 
 from fmsdata.stages.base import SPAN_WIDTH, SpanStage
-from fmsdata.stages.shuffle import ShuffleBuffer, apply_journal
+from fmsdata.stages.shuffle import ShuffleBuffer
 
 
 class Counter(SpanStage):
