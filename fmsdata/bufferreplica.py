@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fmsdata.compiled import compiled
+from fmsdata.narrowrows import NarrowRows
 from fmsdata.stages.shuffle import PUSH
 
 __all__ = ["BufferReplica"]
@@ -85,10 +86,10 @@ class BufferReplica:
             self._lengths[row] = n
         # Chunks still held: chunk number base + i is _chunks[i] (None once dropped).
         self._base = 0
-        self._chunks: list[tuple[np.ndarray, list[int]] | None] = []
+        self._chunks: list[tuple[NarrowRows, list[int]] | None] = []
         self._live = np.zeros(16, dtype=np.int64)
 
-    def apply(self, ops: np.ndarray, pushed: np.ndarray, pushed_offsets: np.ndarray) -> None:
+    def apply(self, ops: np.ndarray, pushed: NarrowRows, pushed_offsets: np.ndarray) -> None:
         """Replay one item's journal (``WorkerItem.ops``, ``pushed``, ``pushed_offsets``)."""
         if not len(ops):
             return
@@ -135,7 +136,8 @@ class BufferReplica:
                 continue
             chunk = chunks[(line >> _SHIFT) - base]
             assert chunk is not None, "a held line's chunk is kept"
-            spans, offsets = chunk
+            rows, offsets = chunk
+            spans = rows.array  # widened at the first state that reads the chunk
             k = line & ((1 << _SHIFT) - 1)
             out.append(spans[offsets[k] : offsets[k + 1]])
         return out

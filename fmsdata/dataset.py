@@ -30,6 +30,7 @@ from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.derived import default_cache_dir
 from fmsdata.handlers.mapping import resident_file_bytes
+from fmsdata.narrowrows import NarrowRows
 from fmsdata.pipeline import (
     ShardPipeline,
     ShardRecipe,
@@ -445,7 +446,7 @@ class RankLineDataset(IterableDataset):
             samples=samples,
             lights=ShardLights(lights),
             ops=np.asarray(ops, dtype=np.int64).reshape(-1, 2),
-            pushed=pushed_spans,
+            pushed=NarrowRows(pushed_spans),
             pushed_offsets=pushed_offsets,
         )
 

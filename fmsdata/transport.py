@@ -27,6 +27,7 @@ import torch
 
 from fmsdata.batchring import BatchRing
 from fmsdata.errors import FmsDataError
+from fmsdata.narrowrows import NarrowRows
 
 __all__ = [
     "WorkerItem",
@@ -64,7 +65,8 @@ class WorkerItem:
         row_shards: [R] logical shard of each row.
         lights: The light state at the end of the item of each shard advanced.
         ops: [n, 2] shuffle journal ``(shard id, op)`` of the whole item.
-        pushed: [P, span width] spans of the lines pushed, in op order.
+        pushed: [P, span width] spans of the lines pushed, in op order (``NarrowRows``:
+            narrow columns on the way to the main process).
         pushed_offsets: [pushes + 1] line boundaries in ``pushed``.
     """
 
@@ -80,7 +82,7 @@ class WorkerItem:
     samples: dict[str, torch.Tensor] | None
     lights: ShardLights
     ops: np.ndarray
-    pushed: np.ndarray
+    pushed: NarrowRows
     pushed_offsets: np.ndarray
 
 

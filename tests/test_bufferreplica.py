@@ -1,10 +1,13 @@
 """The line-number replica of the journaled buffers against ``apply_journal`` on lists."""
 
+import pickle
+
 import numpy as np
 import pytest
 from support import apply_journal
 
 from fmsdata.bufferreplica import BufferReplica
+from fmsdata.narrowrows import NarrowRows
 from fmsdata.stages.shuffle import PUSH
 
 
@@ -40,7 +43,8 @@ def test_replica_follows_apply_journal(seed):
     for chunk in range(60):
         sids = [sid for sid in shard_ids if rng.random() < 0.7]
         ops, spans, offsets = _journal(rng, sizes, sids, window + chunk // 20, 6, chunk)
-        replica.apply(ops, spans, offsets)
+        # As the main process gets them: packed by a worker, unpacked here.
+        replica.apply(ops, pickle.loads(pickle.dumps(NarrowRows(spans))), offsets)
         lines = iter([spans[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
         for sid in sids:
             apply_journal(lists[sid], ops[ops[:, 0] == sid, 1].tolist(), lines)
@@ -55,5 +59,5 @@ def test_replica_follows_apply_journal(seed):
     # Chunks none of whose lines is held are forgotten.
     held = {int(line[0, 0]) // 1000 for sid in shard_ids for line in lists[sid]
             if not isinstance(line, int)}  # fmt: skip
-    kept = {int(chunk[0][0, 0]) // 1000 for chunk in replica._chunks if chunk is not None}
+    kept = {int(chunk[0].array[0, 0]) // 1000 for chunk in replica._chunks if chunk is not None}
     assert kept == held
