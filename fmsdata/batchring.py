@@ -106,6 +106,18 @@ class BatchRing:
         self.position = batch + 1
         return out
 
+    def hand_out_copy(self, batch: int, pin: bool) -> list[torch.Tensor]:
+        """Tensors of batch ``batch``'s fields in new memory, pinned if ``pin``: the whole
+        slot in one copy (one allocation, and a copy torch may split over threads, where
+        pinning field by field made two); the slot is free again at once."""
+        assert batch == self.position, (batch, self.position)
+        slot = batch % self.slots
+        assert self._free[slot] == batch, "every part of the batch is in its slot"
+        out = torch.empty(self.data.shape[1:], dtype=self.data.dtype, pin_memory=pin)
+        out.copy_(self.data[slot])
+        self.pass_over(batch)
+        return list(out.unbind(0))
+
     def _references(self, slot: int) -> int:
         """References to the field views of ``slot`` (each tensor handed out holds one);
         compared only with ``_idle``, counted the same way before any hand-out."""

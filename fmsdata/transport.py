@@ -211,7 +211,8 @@ def assemble_batch(
 
     The batch's per-token outputs are in its ring slot (handed out as views) or, where a
     worker found that slot still held, in the items' fresh memory: one worker's rows of
-    it are a whole batch (views again); several workers' are copied together.
+    it are a whole batch (views again); several workers' are copied together. Pinned, a
+    batch in its slot is copied out whole into one pinned block (its slot free at once).
     """
     single = len(items) == 1
     pinned = pin_memory and torch.cuda.is_available()
@@ -229,7 +230,14 @@ def assemble_batch(
         return _pin(batch) if pinned else batch
 
     number = items[0].first + k
-    if ring is not None and all(item.placed[k] for item in items):
+    in_slot = ring is not None and all(item.placed[k] for item in items)
+    pinned_fields: tuple[str, ...] = ()
+    if in_slot and pinned:
+        assert ring is not None
+        tensors = ring.hand_out_copy(number, pin=True)
+        pinned_fields = fields
+    elif in_slot:
+        assert ring is not None
         tensors = ring.hand_out(number)
     else:
         spans = _spans(items, k)
@@ -245,7 +253,7 @@ def assemble_batch(
         batch["max_seqlen"] = torch.tensor(int(lengths.max()))
         if ids is not None:
             batch["document_ids"] = ids
-    return _pin(batch) if pinned else batch
+    return _pin(batch, pinned_fields) if pinned else batch
 
 
 def _spans(items: list[WorkerItem], k: int) -> list[tuple[WorkerItem, int, int]]:
@@ -319,5 +327,6 @@ def _row_segments(
     return per_row
 
 
-def _pin(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.pin_memory() for k, v in batch.items()}
+def _pin(batch: dict[str, torch.Tensor], pinned: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """``batch`` in pinned memory (the fields in ``pinned`` are there already)."""
+    return {k: v if k in pinned else v.pin_memory() for k, v in batch.items()}

@@ -6,7 +6,9 @@ import pytest
 import torch
 from support import EOL, assert_same_batches, base_config, check_resume, corpus, roundtrip, take
 
+import fmsdata.batchring
 import fmsdata.loader
+import fmsdata.transport
 from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError
 
@@ -76,3 +78,46 @@ def test_batches_come_pinned(tmp_path):
         config = pinned_config(info, num_workers=workers, pin_memory=True)
         for batch in take(build_dataloader(config), 3):
             assert all(value.is_pinned() for value in batch.values())
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_pinned_batches_are_the_ring_slot_copied_whole(tmp_path, monkeypatch, num_workers):
+    """The pinned path without CUDA: pinned memory stood in by plain memory. A batch in
+    its ring slot comes as one copy of the slot (``BatchRing.hand_out_copy``), the same
+    batches as unpinned, kept ones unchanged while the ring turns, and resumes exactly."""
+    info = corpus(tmp_path)
+    reference = take(build_dataloader(pinned_config(info, num_workers=num_workers)), 60)
+    pinned_blocks = []
+
+    class PinlessTorch:
+        """``torch`` for fmsdata.batchring, recording the pinned blocks it is asked for."""
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def empty(*args, pin_memory=False, **kwargs):
+            block = torch.empty(*args, **kwargs)
+            if pin_memory:
+                pinned_blocks.append(block)
+            return block
+
+    # Items of a batch or two: the ring holds a handful, so 60 batches turn it many times.
+    monkeypatch.setattr(fmsdata.transport, "_ITEM_TOKENS", 4 * 33 * 2)
+    monkeypatch.setattr(fmsdata.transport, "_KEPT_BATCHES", 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self.clone())
+    monkeypatch.setattr(fmsdata.batchring, "torch", PinlessTorch())
+    config = pinned_config(info, num_workers=num_workers, pin_memory=True)
+    loader = build_dataloader(config)
+    got = []
+    for batch in loader:
+        got.append(batch)  # every batch kept: the copies are the caller's own
+        if len(got) == 60:
+            break
+    assert_same_batches(reference, got)
+    assert len(pinned_blocks) >= 50  # the others (if any) found their slot held
+    first = pinned_blocks[0]
+    assert got[0]["input_ids"].data_ptr() == first.data_ptr()
+    assert got[0]["labels"].data_ptr() == first[1].data_ptr()
+    check_resume(lambda: build_dataloader(config), total=40, points=[9, 31])
