@@ -23,7 +23,9 @@ reading documents shuffled, before any loader logic — the ceiling for any load
 shuffles documents); the amortized cost per document; the main process's
 CPU time per delivered token (batch assembly, pinning, state bookkeeping), scaled to a
 share of one core at 100 M tokens/s; state size and save time at about 10,000 buffered
-lines. Prints a table, writes ``benchmarks/results/throughput.json`` and a chart of the
+lines. Where CUDA is available, also each worker count with ``pin_memory``, and the
+hand-over to the GPU (``gpu_transfer``; ``benchmarks/gpu_host.sh`` runs it all on a GPU
+host). Prints a table, writes ``benchmarks/results/throughput.json`` and a chart of the
 ratios (``benchmarks/throughput.png``, needs matplotlib).
 
     python benchmarks/throughput.py                      # full run (~1.5 GB of shards)
@@ -284,10 +286,10 @@ def measure_corpus(
     runs: dict[str, list[dict[str, float]]] = {}
     settings = [("in_process", {"num_workers": 0})]
     settings += [(f"{w}_workers", {"num_workers": w}) for w in workers]
-    if torch.cuda.is_available():
-        settings.append(
-            (f"{workers[0]}_workers_pinned", {"num_workers": workers[0], "pin_memory": True})
-        )
+    if torch.cuda.is_available():  # pinned batches: a copy out of the ring per batch
+        settings += [
+            (f"{w}_workers_pinned", {"num_workers": w, "pin_memory": True}) for w in workers
+        ]
     for _ in range(repeat):
         shuffled = shuffled_read(root, seconds)  # a property of the files: once per round
         for key, overrides in settings:
