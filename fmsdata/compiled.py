@@ -35,8 +35,9 @@ _lock = threading.RLock()  # compiling a function compiles the helpers it calls
 class _Compiled:
     """A function compiled with ``numba.njit(cache=True, nogil=True)`` on its first call."""
 
-    def __init__(self, func: Callable[..., Any]):
+    def __init__(self, func: Callable[..., Any], options: dict[str, Any]):
         self.func = func
+        self.options = options  # more numba.njit options
         self.dispatcher: Any = None  # numba's dispatcher once compiled
         self.__doc__ = func.__doc__
         self.__name__ = func.__name__
@@ -56,7 +57,7 @@ class _Compiled:
 
                 func = self._with_compiled_helpers()
                 try:
-                    self.dispatcher = numba.njit(cache=True, nogil=True)(func)
+                    self.dispatcher = numba.njit(cache=True, nogil=True, **self.options)(func)
                 except RuntimeError as error:  # numba found no writable cache location
                     _log.warning(
                         "%s.%s: compiled code cannot be cached on disk (%s); compiling it in "
@@ -65,7 +66,7 @@ class _Compiled:
                         self.__name__,
                         error,
                     )
-                    self.dispatcher = numba.njit(nogil=True)(func)
+                    self.dispatcher = numba.njit(nogil=True, **self.options)(func)
             return self.dispatcher
 
     def _with_compiled_helpers(self) -> Callable[..., Any]:
@@ -88,7 +89,14 @@ class _Compiled:
         return rebound
 
 
-def compiled(func: Callable[..., Any]) -> Any:
+def compiled(func: Callable[..., Any] | None = None, *, ieee_division: bool = False) -> Any:
     """Decorate ``func`` (numba-compatible code) to be compiled on its first call. It may
-    call other ``compiled`` functions of its module by their global names."""
-    return _Compiled(func)
+    call other ``compiled`` functions of its module by their global names.
+
+    ``@compiled(ieee_division=True)``: a float divided by zero gives inf or nan, as in
+    numpy, instead of raising ``ZeroDivisionError`` (numba's default, Python's rule).
+    """
+    options = {"error_model": "numpy"} if ieee_division else {}
+    if func is None:
+        return lambda f: _Compiled(f, options)
+    return _Compiled(func, options)

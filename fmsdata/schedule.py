@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fmsdata.compiled import compiled
 from fmsdata.errors import ConfigError
 
 __all__ = ["WeightSchedule", "ShareTargets"]
@@ -122,11 +123,33 @@ class ShareTargets:
 
     def clock_at(self, d: int, tokens: np.ndarray) -> np.ndarray:
         """For each token count, the first clock at which dataset ``d``'s target exceeds
-        it (inf when it never does)."""
+        it (inf when it never does). One compiled pass (``_clock_at``): the mixer asks
+        for every document it reads ahead."""
         tokens = np.asarray(tokens, dtype=np.float64)
-        k = np.searchsorted(self.reached[1:, d], tokens, side="right")
-        out = np.full(tokens.shape, np.inf)
-        ok = k < len(self.starts)
-        piece = k[ok]
-        out[ok] = self.starts[piece] + (tokens[ok] - self.reached[piece, d]) / self.shares[piece, d]
+        out = np.empty(tokens.shape)
+        _clock_at(tokens.reshape(-1), d, self.starts, self.shares, self.reached, out.reshape(-1))
         return out
+
+
+@compiled(ieee_division=True)
+def _clock_at(tokens, d, starts, shares, reached, out):  # type: ignore[no-untyped-def]
+    """``out[i]``: the clock at which dataset ``d``'s target passes ``tokens[i]``. Piece
+    ``k`` is the number of targets ``reached[1:, d]`` at most the count (numpy's
+    ``searchsorted(side="right")``, by bisection); past the last piece, inf. The clock is
+    ``starts[k] + (count - reached[k, d]) / shares[k, d]``: the same float operations, in
+    the same order, as that formula in numpy (the mix's tie-breaking depends on them),
+    and, as there, a count below a zero share's target gives -inf or nan, not an error."""
+    pieces = starts.shape[0]
+    for i in range(tokens.shape[0]):
+        count = tokens[i]
+        low, high = 0, pieces
+        while low < high:
+            middle = (low + high) >> 1
+            if reached[middle + 1, d] <= count:
+                low = middle + 1
+            else:
+                high = middle
+        if low < pieces:
+            out[i] = starts[low] + (count - reached[low, d]) / shares[low, d]
+        else:
+            out[i] = np.inf
