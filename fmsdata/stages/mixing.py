@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from fmsdata.compiled import compiled
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.schedule import ShareTargets, WeightSchedule
 from fmsdata.stages.base import DatasetRenumbering, Stage
@@ -42,6 +43,21 @@ class _Ledger:
     count: np.ndarray  # [rows, datasets] documents taken so far
     tokens: np.ndarray  # [rows, datasets] tokens taken so far
     used: int = 0
+
+
+@compiled
+def _running_totals(ds, dlen, count, tokens):  # type: ignore[no-untyped-def]
+    """Row ``i`` of ``count`` and ``tokens``: documents and tokens of each dataset among
+    the block's first ``i + 1`` documents (one pass; the per-dataset cumulative sums)."""
+    n = count.shape[1]
+    documents = np.zeros(n, dtype=np.int64)
+    taken = np.zeros(n, dtype=np.int64)
+    for i in range(ds.shape[0]):
+        documents[ds[i]] += 1
+        taken[ds[i]] += dlen[i]
+        for d in range(n):
+            count[i, d] = documents[d]
+            tokens[i, d] = taken[d]
 
 
 class DatasetStreams(Stage):
@@ -154,9 +170,10 @@ class TokenShareMixer(DocumentSource):
         return self._targets[1]
 
     def _ledger(self, ds: np.ndarray, block: Documents) -> _Ledger:
-        onehot = ds[:, None] == np.arange(len(self.streams))[None, :]
-        count = np.cumsum(onehot, axis=0)
-        tokens = np.cumsum(onehot * block.dlen[:, None], axis=0)
+        n = len(self.streams)
+        count = np.empty((len(ds), n), dtype=np.int64)
+        tokens = np.empty((len(ds), n), dtype=np.int64)
+        _running_totals(ds, block.dlen.astype(np.int64, copy=False), count, tokens)
         return _Ledger(count, tokens)
 
     def commit(self, rows: int) -> None:

@@ -6,7 +6,7 @@ from support import accesses, corpus, scratch_dir
 
 from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.documents import Decoration, RandomWalk
-from fmsdata.stages.mixing import TokenShareMixer
+from fmsdata.stages.mixing import TokenShareMixer, _running_totals
 from fmsdata.stages.packing import LinePacker
 
 
@@ -116,3 +116,19 @@ def test_state_counts_tokens_per_dataset(tmp_path):
         "b": sum(d[3] for d in docs if d[0] == 1),
     }
     assert sum(s["docs"] for s in state["sources"].values()) == 20
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 4), st.data())
+def test_running_totals_are_the_per_dataset_cumulative_sums(n, data):
+    """The mixer's ledger (compiled) against numpy's one-hot cumulative sums."""
+    rows = data.draw(st.integers(0, 50))
+    ds = np.asarray(data.draw(st.lists(st.integers(0, n - 1), min_size=rows, max_size=rows)))
+    dlen = np.asarray(data.draw(st.lists(st.integers(0, 10**6), min_size=rows, max_size=rows)))
+    ds, dlen = ds.astype(np.int64), dlen.astype(np.int64)
+    count = np.empty((rows, n), dtype=np.int64)
+    tokens = np.empty((rows, n), dtype=np.int64)
+    _running_totals(ds, dlen, count, tokens)
+    onehot = ds[:, None] == np.arange(n)[None, :]
+    assert np.array_equal(count, np.cumsum(onehot, axis=0).reshape(rows, n))
+    assert np.array_equal(tokens, np.cumsum(onehot * dlen[:, None], axis=0).reshape(rows, n))
