@@ -56,6 +56,28 @@ def _keep(part: Any) -> Any:
 # Batches the pinning thread may assemble ahead of the training loop.
 _PIN_AHEAD = 2
 
+# The DataLoader iterator of each running iteration, held here until the iteration ends
+# and has stopped its workers (``_end_workers``). An iteration freed by the cyclic
+# garbage collector (its loader or generator held by a reference cycle: any traceback
+# kept that holds their frames) is otherwise collected together with its DataLoader
+# iterator, and CPython runs the weakref callbacks of garbage before any ``__del__``:
+# multiprocessing's finalizer of each worker's index queue then tells the queue's feeder
+# thread to quit, and the stop message torch's ``__del__`` puts in the queue next is never
+# sent. Each worker waited for it until torch's join timed out (5 s), then was terminated.
+# Held from here, the queues are not garbage while the iteration's ``finally`` runs.
+_RUNNING: dict[int, Any] = {}
+
+
+def _end_workers(parts: Any) -> None:
+    """Stop the workers of a DataLoader iterator whose iteration ended (sending each the
+    stop message and joining it, as its ``__del__`` would), then let it go."""
+    try:
+        shutdown = getattr(parts, "_shutdown_workers", None)  # none without workers
+        if shutdown is not None:
+            shutdown()
+    finally:
+        _RUNNING.pop(id(parts), None)
+
 
 def _receiver(parts: Iterator[WorkerItem]) -> Callable[[], WorkerItem]:
     """The next item of a DataLoader iterator. Its ``__next__`` wraps each item in a
@@ -260,6 +282,7 @@ class FmsDataLoader(DataLoader):
                 # ahead; the training thread only does the bookkeeping of what it consumed.
                 feed = _AheadFeed(feed, _PIN_AHEAD)
             restart = False
+            _RUNNING[id(parts)] = parts
             try:
                 while not restart:
                     items, n_batches = self._next_items(feed)
@@ -279,7 +302,14 @@ class FmsDataLoader(DataLoader):
                         for item in items:
                             self._consumed.finish_item(item)
             finally:
-                feed.close()
+                try:
+                    feed.close()
+                finally:
+                    # Stopped here, not left to the DataLoader iterator's ``__del__``:
+                    # see ``_RUNNING``.
+                    if self._parts is parts:
+                        self._parts = None
+                    _end_workers(parts)
             # Workers restart from the consumed state (they fast-forward the skipped lines).
             self._parts = None
             del parts, feed

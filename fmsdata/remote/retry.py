@@ -16,6 +16,7 @@ import errno
 import logging
 import random
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -120,7 +121,7 @@ def retrying(
     tries = max(1, policy.tries)
     for attempt in range(tries):
         try:
-            return call(*args, **kwargs)
+            return _call(call, args, kwargs)
         except FileNotFoundError as err:
             raise FileNotFoundError(errno.ENOENT, f"no such object: {url}") from err
         except (NotADirectoryError, IsADirectoryError):
@@ -146,3 +147,21 @@ def retrying(
             )
             time.sleep(wait)
     raise AssertionError("unreachable")
+
+
+def _call(call: Callable[..., T], args: Any, kwargs: Any) -> T:
+    """``call(*args, **kwargs)``; an error it raises is re-raised with the locals of its
+    traceback's finished frames dropped (the traceback still prints).
+
+    fsspec's ``sync`` re-raises the error of the coroutine from a list its own frame
+    holds: a reference cycle through the traceback. The traceback also holds the frames
+    it passed through on its way out, and each of those its caller's, up to the caller of
+    a loader's ``build_dataloader`` (a missing ``metadata.json`` is such an error): the
+    loader, its dataset and its DataLoader workers then stayed alive until the cyclic
+    garbage collector ran, long after the user dropped them.
+    """
+    try:
+        return call(*args, **kwargs)
+    except BaseException as err:
+        traceback.clear_frames(err.__traceback__)
+        raise
