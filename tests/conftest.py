@@ -15,11 +15,12 @@ settings.register_profile(
 )
 settings.load_profile("fmsdata")
 
-# A DataLoader iterator a test drops shuts its workers down when it is collected: torch
-# joins each worker for MP_STATUS_CHECK_INTERVAL (5 s), then terminates it. Some workers
-# (over an S3 root, or after an error raised in the worker) are still there when joined,
-# so each such drop stalled whichever test the garbage collector ran in by 5 s, about a
-# minute of the run in all. The join waits 0.5 s here; no test checks shutdown time.
+# A DataLoader iterator that shuts its workers down joins each for MP_STATUS_CHECK_INTERVAL
+# (5 s), then terminates it. fmsdata's iterations stop their workers themselves
+# (fmsdata.loader._RUNNING; before that, loaders freed out of a reference cycle stalled
+# whichever test the garbage collector ran in by 5 s); the join waits 0.5 s here so that
+# any worker still missing its stop message costs a test seconds, not the run minutes.
+# tests/remote/test_s3_shutdown.py checks with torch's own 5 s that none is terminated.
 import torch.utils.data._utils as _torch_data_utils  # noqa: E402
 
 _torch_data_utils.MP_STATUS_CHECK_INTERVAL = 0.5
