@@ -107,18 +107,22 @@ class BatchRing:
         return out
 
     def hand_out_copy(self, batch: int, pin: bool) -> list[torch.Tensor]:
-        """Tensors of batch ``batch``'s fields in new memory, pinned if ``pin``: the whole
-        slot in one allocation and one copy; the slot is free again at once. The copy is
-        numpy's, on this thread alone: torch's ``copy_`` split it over its intra-op
-        threads, which on a 16-core host took no less time and twice the CPU (their
-        waiting spins)."""
+        """Tensors of batch ``batch``'s fields in new memory, pinned if ``pin``, each its
+        own block (as the unpinned fields are views of their own field: keeping or saving
+        one field never holds the others); the slot is free again at once. The copies are
+        numpy's, on this thread alone: torch's ``copy_`` split them over its intra-op
+        threads, which on a 16-core host took no less time and far more CPU (their waiting
+        spins)."""
         assert batch == self.position, (batch, self.position)
         slot = batch % self.slots
         assert self._free[slot] == batch, "every part of the batch is in its slot"
-        out = torch.empty(self.data.shape[1:], dtype=self.data.dtype, pin_memory=pin)
-        np.copyto(out.numpy(), self._data[slot])
+        out = []
+        for view in self._data[slot]:
+            field = torch.empty(view.shape, dtype=self.data.dtype, pin_memory=pin)
+            np.copyto(field.numpy(), view)
+            out.append(field)
         self.pass_over(batch)
-        return list(out.unbind(0))
+        return out
 
     def _references(self, slot: int) -> int:
         """References to the field views of ``slot`` (each tensor handed out holds one);

@@ -37,6 +37,7 @@ class NarrowRows:
             raise TypeError(
                 f"NarrowRows holds a 2-D integer array, got {array.dtype} {array.shape}"
             )
+        array.flags.writeable = False  # packed once: a later change would not travel
         self._array: np.ndarray | None = array
         self._packed: _Packed | None = None
 
@@ -48,18 +49,24 @@ class NarrowRows:
 
     @property
     def array(self) -> np.ndarray:
-        """The rows in their own dtype (read it, do not change it)."""
-        if self._array is None:
-            assert self._packed is not None
-            (rows, width), dtype, columns, blob = self._packed
+        """The rows in their own dtype (read-only)."""
+        array = self._array
+        if array is None:
+            packed = self._packed
+            if packed is None:  # another thread widened them meanwhile
+                assert self._array is not None
+                return self._array
+            (rows, width), dtype, columns, blob = packed
             array = np.empty((rows, width), dtype=dtype)
             at = 0
             for j, kind in columns:
                 values = np.frombuffer(blob, dtype=kind, count=rows, offset=at)
                 array[:, j] = values
                 at += values.nbytes
-            self._array, self._packed = array, None
-        return self._array
+            array.flags.writeable = False
+            self._array = array  # before the blob goes: a reader finds one or the other
+            self._packed = None
+        return array
 
     def __getstate__(self) -> _Packed:
         if self._packed is None:

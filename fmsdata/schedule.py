@@ -125,6 +125,8 @@ class ShareTargets:
         """For each token count, the first clock at which dataset ``d``'s target exceeds
         it (inf when it never does). One compiled pass (``_clock_at``): the mixer asks
         for every document it reads ahead."""
+        if not 0 <= d < self.shares.shape[1]:  # the compiled pass does not check bounds
+            raise IndexError(f"dataset {d} of {self.shares.shape[1]}")
         tokens = np.asarray(tokens, dtype=np.float64)
         out = np.empty(tokens.shape)
         _clock_at(tokens.reshape(-1), d, self.starts, self.shares, self.reached, out.reshape(-1))

@@ -66,3 +66,14 @@ def test_a_column_needing_its_whole_type_keeps_it():
 def test_refuses_what_is_not_a_2d_integer_array(bad):
     with pytest.raises(TypeError, match="2-D integer array"):
         NarrowRows(bad)
+
+
+def test_the_rows_are_read_only_once_wrapped():
+    """Packed at the first pickle: a change after that would not travel, so none is let."""
+    array = np.arange(6, dtype=np.int32).reshape(3, 2)
+    rows = NarrowRows(array)
+    with pytest.raises(ValueError, match="read-only"):
+        array[0, 0] = 7
+    back = pickle.loads(pickle.dumps(rows)).array
+    with pytest.raises(ValueError, match="read-only"):
+        back[0, 0] = 7

@@ -83,8 +83,9 @@ def test_batches_come_pinned(tmp_path):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_pinned_batches_are_the_ring_slot_copied_whole(tmp_path, monkeypatch, num_workers):
     """The pinned path without CUDA: pinned memory stood in by plain memory. A batch in
-    its ring slot comes as one copy of the slot (``BatchRing.hand_out_copy``), the same
-    batches as unpinned, kept ones unchanged while the ring turns, and resumes exactly."""
+    its ring slot comes copied out of it (``BatchRing.hand_out_copy``), each field in a
+    pinned block of its own; the same batches as unpinned, kept ones unchanged while the
+    ring turns, and it resumes exactly."""
     info = corpus(tmp_path)
     reference = take(build_dataloader(pinned_config(info, num_workers=num_workers)), 60)
     pinned_blocks = []
@@ -116,9 +117,11 @@ def test_pinned_batches_are_the_ring_slot_copied_whole(tmp_path, monkeypatch, nu
         if len(got) == 60:
             break
     assert_same_batches(reference, got)
-    assert len(pinned_blocks) >= 50  # the others (if any) found their slot held
-    first = pinned_blocks[0]
-    assert got[0]["input_ids"].data_ptr() == first.data_ptr()
-    assert got[0]["labels"].data_ptr() == first[1].data_ptr()
+    fields = 3  # input_ids, labels, position_ids
+    assert len(pinned_blocks) >= 50 * fields  # the others (if any) found their slot held
+    for name, block in zip(["input_ids", "labels", "position_ids"], pinned_blocks):
+        # Its own block: keeping or saving one field holds nothing of the others.
+        assert got[0][name].data_ptr() == block.data_ptr()
+        assert got[0][name].untyped_storage().nbytes() == got[0][name].nbytes
     if num_workers:  # how a batch leaves the ring is the same with or without workers
         check_resume(lambda: build_dataloader(config), total=40, points=[9, 31])

@@ -2,6 +2,7 @@
 depends on every bit of these clocks: equal, not close)."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -69,3 +70,10 @@ def test_a_scalar_count_gives_a_scalar_clock():
     got = targets.clock_at(1, 300)
     assert got.shape == () and float(got) == 400.0
     assert np.isinf(WeightSchedule.constant([1.0, 0.0]).targets([0, 0]).clock_at(1, 0))
+
+
+def test_a_dataset_out_of_range_is_refused():
+    """The compiled pass reads without bounds checks: the index is checked before it."""
+    targets = WeightSchedule.constant([1.0, 3.0]).targets([0, 0])
+    with pytest.raises(IndexError):
+        targets.clock_at(2, [1, 2])
