@@ -7,7 +7,11 @@ import hashlib
 import pathlib
 
 import pytest
-from s3local import CREDENTIALS, REGION, FaultProxy, S3Server
+from s3local import CREDENTIALS, REGION, FaultProxy, S3Server, upload_tree
+from support import corpus
+
+from fmsdata.handlers import ArrowDocHandler
+from fmsdata.indexing import index_root
 
 HERE = pathlib.Path(__file__).parent
 
@@ -48,6 +52,15 @@ def bucket(s3, aws_env, request):
     name = "t-" + hashlib.blake2b(request.node.nodeid.encode(), digest_size=8).hexdigest()
     s3.client().create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def data(tmp_path, s3, bucket):
+    """A nested corpus with counts metadata, on local disk and in the bucket (``root/``)."""
+    info = corpus(tmp_path / "data", {"a": 3, "b": 2}, nested=True)
+    index_root(info.root, ArrowDocHandler())
+    upload_tree(s3.client(), bucket, info.root, "root")
+    return info
 
 
 @pytest.fixture

@@ -5,27 +5,15 @@ import logging
 
 import pytest
 import torch
-from s3local import upload_tree
-from support import assert_same_batches, base_config, corpus, take
+from support import assert_same_batches, base_config, take
 
 from fmsdata import build_dataloader
 from fmsdata.errors import RemoteIOError
-from fmsdata.handlers import ArrowDocHandler
-from fmsdata.indexing import index_root
 from fmsdata.remote.cache import RemoteFiles
 from fmsdata.remote.retry import RetryPolicy
 from fmsdata.remote.storage import Storage
 
 pytestmark = pytest.mark.remote
-
-
-@pytest.fixture
-def data(tmp_path, s3, bucket):
-    """A nested corpus with counts metadata, on local disk and in the bucket."""
-    info = corpus(tmp_path / "data", {"a": 3, "b": 2}, nested=True)
-    index_root(info.root, ArrowDocHandler())
-    upload_tree(s3.client(), bucket, info.root, "root")
-    return info
 
 
 def remote(config, url, endpoint, tmp_path, **overrides):

@@ -9,23 +9,17 @@ import weakref
 
 import pytest
 import torch.utils.data._utils as torch_data_utils
-from s3local import upload_tree
-from support import base_config, corpus, take
+from support import base_config, take
 
 from fmsdata import build_dataloader
-from fmsdata.handlers import ArrowDocHandler
-from fmsdata.indexing import index_root
 
 pytestmark = pytest.mark.remote
 
 
 @pytest.fixture
-def config(tmp_path, s3, bucket):
-    info = corpus(tmp_path / "data", {"a": 3, "b": 2}, nested=True)
-    index_root(info.root, ArrowDocHandler())
-    upload_tree(s3.client(), bucket, info.root, "root")
+def config(data, tmp_path, s3, bucket):
     return {
-        **base_config(info, num_workers=1),
+        **base_config(data, num_workers=1),
         "data_path": f"s3://{bucket}/root",
         "endpoint_url": s3.url,
         "cache_dir": str(tmp_path / "cache"),
