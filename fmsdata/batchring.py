@@ -32,6 +32,7 @@ ring.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -39,7 +40,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from fmsdata.errors import ConfigError
+
 __all__ = ["BatchRing"]
+
+# Where torch's shared memory lives on Linux (shm_open): containers often give it 64 MiB.
+_SHM = "/dev/shm"
+
+
+def _shared_memory_free() -> int | None:
+    """Bytes free in the shared-memory filesystem, or None where there is none to ask."""
+    try:
+        stat = os.statvfs(_SHM)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
 
 
 class BatchRing:
@@ -59,11 +74,28 @@ class BatchRing:
         self.data = torch.empty((slots, len(self.fields), batch_size, seq), dtype=torch.int64)
         self.free_for = torch.arange(slots, dtype=torch.int64)
         if shared:
-            self.data.share_memory_()
-            self.free_for.share_memory_()
+            need = self.data.nbytes
+            free = _shared_memory_free()
+            if free is not None and need > free:
+                raise ConfigError(self._too_big(need, f"{_SHM} has {free / 2**20:.0f} MiB free"))
+            try:
+                self.data.share_memory_()
+                self.free_for.share_memory_()
+            except RuntimeError as err:  # torch: "unable to allocate shared memory(shm) ..."
+                raise ConfigError(self._too_big(need, str(err))) from err
         self.position = 0  # the next batch number the main process handles
         self.in_use = False  # an iteration of the loader hands out from it
         self._setup()
+
+    def _too_big(self, need: int, found: str) -> str:
+        _, fields, batch_size, seq = self.data.shape
+        return (
+            f"the DataLoader workers' batch ring needs {need / 2**20:.0f} MiB of shared memory "
+            f"({self.slots} batches of {fields} x {batch_size} x {seq} int64: prefetch_factor "
+            f"+ 2 items of every worker's batches) and {found}: give the process more shared "
+            "memory (docker run --shm-size=..., or --ipc=host; in Kubernetes an emptyDir with "
+            f"medium: Memory mounted at {_SHM}), or lower num_workers or prefetch_factor"
+        )
 
     def _setup(self) -> None:
         self._data = self.data.numpy()

@@ -160,7 +160,8 @@ class LoaderConfig:
             continuous packing).
         seed: Seed of every random order (file walk, document walk, shuffle).
         num_workers: DataLoader worker processes per rank.
-        prefetch_factor: Batches each worker prepares ahead.
+        prefetch_factor: Items (a few dozen batches of its rows) each worker prepares
+            ahead; the workers' shared batch ring holds prefetch_factor + 2 items.
         pin_memory: Pin batch tensors (for asynchronous host-to-device copies).
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None (default).
         vocab_size: When set, a token id at or above it is an error naming the file.

@@ -10,6 +10,7 @@ from support import EOL, PAD, assert_same_batches, base_config, corpus, take
 import fmsdata.batchring
 import fmsdata.transport
 from fmsdata import build_dataloader
+from fmsdata.errors import ConfigError
 from fmsdata.stages.outputs import IGNORE_INDEX
 
 STRUCTURE = dict(return_position_ids=True, return_cu_seqlens=True, return_document_ids=True)
@@ -158,3 +159,29 @@ def test_two_live_iterations_have_a_ring_each(tmp_path, monkeypatch, num_workers
     assert_same_batches(reference[5:55], [next(second) for _ in range(50)])
     assert_same_batches(reference[:5], held)
     next(first)  # the first iteration still runs on its own ring
+
+
+def test_too_little_shared_memory_for_the_ring_is_a_config_error(tmp_path, monkeypatch):
+    """A container's /dev/shm (64 MiB by default in docker) too small for the workers'
+    ring: a ConfigError at the start of iteration saying how much it needs and what to
+    change, not torch's "unable to allocate shared memory" from deep inside."""
+    info = corpus(tmp_path)
+    loader = build_dataloader(padded_config(info, num_workers=2))
+    monkeypatch.setattr(fmsdata.batchring, "_shared_memory_free", lambda: 1000)
+    with pytest.raises(ConfigError, match=r"needs \d+ MiB of shared memory .* has 0 MiB free"):
+        take(loader, 1)
+    # Where the free space cannot be asked, torch's own refusal gets the same advice.
+    monkeypatch.setattr(fmsdata.batchring, "_shared_memory_free", lambda: None)
+
+    def refuse(self):
+        raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1>")
+
+    monkeypatch.setattr(torch.Tensor, "share_memory_", refuse)
+    with pytest.raises(ConfigError, match="unable to allocate shared memory.*--shm-size"):
+        take(build_dataloader(padded_config(info, num_workers=2)), 1)
+
+
+def test_without_workers_the_ring_needs_no_shared_memory(tmp_path, monkeypatch):
+    info = corpus(tmp_path)
+    monkeypatch.setattr(fmsdata.batchring, "_shared_memory_free", lambda: 0)
+    assert len(take(build_dataloader(padded_config(info)), 3)) == 3
