@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from fmsdata.compiled import compiled
 from fmsdata.errors import ConfigError
@@ -121,7 +122,7 @@ class ShareTargets:
     shares: np.ndarray
     reached: np.ndarray
 
-    def clock_at(self, d: int, tokens: np.ndarray) -> np.ndarray:
+    def clock_at(self, d: int, tokens: npt.ArrayLike) -> np.ndarray:
         """For each token count, the first clock at which dataset ``d``'s target exceeds
         it (inf when it never does). One compiled pass (``_clock_at``): the mixer asks
         for every document it reads ahead."""
