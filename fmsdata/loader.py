@@ -277,9 +277,12 @@ class FmsDataLoader(DataLoader):
             self._pending_skip = 0  # the workers start after every skip recorded so far
             parts, ring = self._start_workers()
             feed: _Feed = _Feed(parts, ring, max(1, self.num_workers), self._assemble)
-            if self.config.pin_memory:
+            if self.config.pin_memory and self.num_workers > 0:
                 # Batches are assembled straight into pinned memory on a side thread, a few
                 # ahead; the training thread only does the bookkeeping of what it consumed.
+                # Without workers the training thread makes every batch anyway and pins it
+                # there: a side thread running the whole pipeline held the GIL, and each
+                # hand-over waited for Python's switch interval (5 ms a batch).
                 feed = _AheadFeed(feed, _PIN_AHEAD)
             restart = False
             _RUNNING[id(parts)] = parts
