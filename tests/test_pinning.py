@@ -43,6 +43,11 @@ def test_batches_are_assembled_off_the_training_thread(tmp_path, monkeypatch):
     threads.clear()
     take(build_dataloader(pinned_config(info, num_workers=1, pin_memory=True)), 3)
     assert threads and threading.get_ident() not in threads
+    # Without workers the training thread makes the batches anyway: a side thread running
+    # the pipeline would hold the GIL and make each hand-over wait for a switch interval.
+    threads.clear()
+    take(build_dataloader(pinned_config(info, num_workers=0, pin_memory=True)), 3)
+    assert threads == {threading.get_ident()}
 
 
 def test_skip_and_stopping_early_with_pinning(tmp_path):
