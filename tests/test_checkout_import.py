@@ -21,6 +21,7 @@ print(os.path.isfile(bundled_tokenizer_path()))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_a_script_beside_the_checkout_imports_the_package(tmp_path):
     checkout = tmp_path / "fmsdata"  # what `git clone` names it
     checkout.mkdir()

@@ -37,6 +37,7 @@ def test_parsing_the_command_line_imports_nothing_heavy():
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_import_fmsdata_is_lazy_but_complete():
     code = (
         "import sys, fmsdata\n"

@@ -87,6 +87,7 @@ del loader
 """
 
 
+@pytest.mark.slow  # a fresh interpreter, to its exit
 def test_interpreter_exit_finishes_the_pending_save(tmp_path):
     info = corpus(tmp_path / "data")
     root = tmp_path / "auto"
@@ -97,6 +98,7 @@ def test_interpreter_exit_finishes_the_pending_save(tmp_path):
     assert not [name for _, _, names in os.walk(root) for name in names if name.endswith(".tmp")]
 
 
+@pytest.mark.slow  # a fresh interpreter, to its exit
 def test_interpreter_exit_after_a_run_is_silent(tmp_path):
     config = base_config(corpus(tmp_path / "data"), num_workers=0)
     out = run_script(EXIT_DURING_A_RUN, repr(config))

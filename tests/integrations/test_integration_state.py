@@ -24,6 +24,7 @@ from fmsdata.integrations.ranks import (
 TRAINER_MODULES = ("torchtitan", "olmo_core", "pytorch_lightning", "lightning")
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_importing_fmsdata_imports_no_trainer(tmp_path):
     """``import fmsdata``, ``fmsdata.integrations`` and a loader built and iterated leave
     every trainer package out of sys.modules."""

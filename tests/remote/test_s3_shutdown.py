@@ -13,7 +13,8 @@ from support import base_config, take
 
 from fmsdata import build_dataloader
 
-pytestmark = pytest.mark.remote
+# S3 through DataLoader workers, end to end (as test_s3_loader's): run with -m slow.
+pytestmark = [pytest.mark.remote, pytest.mark.slow]
 
 
 @pytest.fixture
