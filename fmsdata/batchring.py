@@ -138,9 +138,9 @@ class BatchRing:
         self.position = batch + 1
         return out
 
-    def hand_out_copy(self, batch: int, pin: bool) -> list[torch.Tensor]:
-        """Tensors of batch ``batch``'s fields in new memory, pinned if ``pin``, each its
-        own block (as the unpinned fields are views of their own field: keeping or saving
+    def hand_out_pinned(self, batch: int) -> list[torch.Tensor]:
+        """Tensors of batch ``batch``'s fields copied into pinned memory, each its own
+        block (as the unpinned fields are views of their own field: keeping or saving
         one field never holds the others); the slot is free again at once. The copies are
         numpy's, on this thread alone: torch's ``copy_`` split them over its intra-op
         threads, which on a 16-core host took no less time and far more CPU (their waiting
@@ -150,7 +150,7 @@ class BatchRing:
         assert self._free[slot] == batch, "every part of the batch is in its slot"
         out = []
         for view in self._data[slot]:
-            field = torch.empty(view.shape, dtype=self.data.dtype, pin_memory=pin)
+            field = torch.empty(view.shape, dtype=self.data.dtype, pin_memory=True)
             np.copyto(field.numpy(), view)
             out.append(field)
         self.pass_over(batch)

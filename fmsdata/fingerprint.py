@@ -9,7 +9,6 @@ is in it and how two are compared.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -233,7 +232,7 @@ def _check_stages(
 
 def _path_text(path: Any) -> str:
     """A stage's path in the shard state as messages write it (``source/sources/a``)."""
-    return functools.reduce(lambda a, b: f"{a}/{b}", map(str, path or [])) if path else "top"
+    return "/".join(map(str, path)) if path else "top"
 
 
 def _short(stage: Mapping[str, Any]) -> str:

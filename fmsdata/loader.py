@@ -314,7 +314,6 @@ class FmsDataLoader(DataLoader):
                         self._parts = None
                     _end_workers(parts)
             # Workers restart from the consumed state (they fast-forward the skipped lines).
-            self._parts = None
             del parts, feed
 
     def _assemble(

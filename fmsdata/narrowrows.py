@@ -41,12 +41,6 @@ class NarrowRows:
         self._array: np.ndarray | None = array
         self._packed: _Packed | None = None
 
-    def __len__(self) -> int:
-        if self._array is not None:
-            return len(self._array)
-        assert self._packed is not None
-        return self._packed[0][0]
-
     @property
     def array(self) -> np.ndarray:
         """The rows in their own dtype (read-only)."""

@@ -212,7 +212,8 @@ def assemble_batch(
     The batch's per-token outputs are in its ring slot (handed out as views) or, where a
     worker found that slot still held, in the items' fresh memory: one worker's rows of
     it are a whole batch (views again); several workers' are copied together. Pinned, a
-    batch in its slot is copied out whole into one pinned block (its slot free at once).
+    batch in its slot is copied out into pinned memory, field by field (its slot free at
+    once).
     """
     single = len(items) == 1
     pinned = pin_memory and torch.cuda.is_available()
@@ -234,7 +235,7 @@ def assemble_batch(
     pinned_fields: tuple[str, ...] = ()
     if in_slot and pinned:
         assert ring is not None
-        tensors = ring.hand_out_copy(number, pin=True)
+        tensors = ring.hand_out_pinned(number)
         pinned_fields = fields
     elif in_slot:
         assert ring is not None

@@ -44,6 +44,8 @@ def test_import_fmsdata_is_lazy_but_complete():
         "assert 'torch' not in sys.modules\n"
         "from fmsdata import build_dataloader, LoaderConfig, FileHandler, register_handler\n"
         "assert 'torch' in sys.modules and callable(build_dataloader)\n"
+        "assert 'torch.distributed.checkpoint' not in sys.modules  # 0.6 s, only for DCP\n"
+        "from fmsdata.checkpoint import LoadPlanner, SafeFileSystemReader\n"
         "assert set(fmsdata.__all__) <= set(dir(fmsdata))\n"
         "print('ok')\n"
     )

@@ -88,7 +88,7 @@ def test_batches_come_pinned(tmp_path):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_pinned_batches_are_the_ring_slot_copied_whole(tmp_path, monkeypatch, num_workers):
     """The pinned path without CUDA: pinned memory stood in by plain memory. A batch in
-    its ring slot comes copied out of it (``BatchRing.hand_out_copy``), each field in a
+    its ring slot comes copied out of it (``BatchRing.hand_out_pinned``), each field in a
     pinned block of its own; the same batches as unpinned, kept ones unchanged while the
     ring turns, and it resumes exactly."""
     info = corpus(tmp_path)
