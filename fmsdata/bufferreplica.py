@@ -1,12 +1,13 @@
 """The main process's copy of each shard's journaled shuffle buffer, held as line numbers.
 
-A worker sends, with each item, the journal of every shuffle buffer it advanced (``ops``:
-``(shard id, PUSH or the slot taken)``) and the lines pushed (``pushed``, in op order;
-``fmsdata.stages.savedlines.journal_spans``). Replaying the journal only moves lines, so
-the copy here holds numbers, not lines: a pushed line is ``(its item's chunk << 32) |
-its place in the item``, a line of the buffer a shard resumed with is ``-1 - its place in
-the saved buffer``. One compiled pass replays an item's whole journal; nothing is sliced
-per line until a state is taken (``lines``), which then finds each line in its chunk.
+A worker sends, with each round's last item, the journal of every shuffle buffer the
+round advanced (``ops``: ``(shard id, PUSH or the slot taken)``) and the lines pushed
+(``pushed``, in op order; ``fmsdata.stages.savedlines.journal_spans``). Replaying the
+journal only moves lines, so the copy here holds numbers, not lines: a pushed line is
+``(its item's chunk << 32) | its place in the item``, a line of the buffer a shard resumed
+with is ``-1 - its place in the saved buffer``. One compiled pass replays an item's whole
+journal; nothing is sliced per line until a state is taken (``lines``), which then finds
+each line in its chunk.
 
 A chunk (an item's ``pushed`` and ``pushed_offsets``) is kept while any buffer still holds
 one of its lines: the pass counts each chunk's lines still held, and a chunk whose count

@@ -3,7 +3,8 @@
 Each DataLoader worker runs the shards it owns (``worker_shards``), deals every batch's
 rows over *all* the rank's shards with the same rule, fills the rows that fall to its own
 shards, and yields them (several batches per item, see ``fmsdata.transport``) with their
-row positions and the state updates of the shards it advanced. The loader puts each batch
+row positions and, at the end of each round of items, the state updates of the shards
+the round advanced. The loader puts each batch
 back together in canonical order.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -49,7 +49,13 @@ from fmsdata.stages.outputs import (
 )
 from fmsdata.stages.savedlines import journal_spans
 from fmsdata.topology import RowDealer, Topology, owned_shards, worker_shards
-from fmsdata.transport import ShardLights, WorkerItem, carry_errors, item_batch_counts
+from fmsdata.transport import (
+    ShardLights,
+    WorkerItem,
+    carry_errors,
+    item_batch_counts,
+    item_rounds,
+)
 
 __all__ = ["RankLineDataset", "Preprocess", "Start"]
 
@@ -336,22 +342,22 @@ class RankLineDataset(IterableDataset):
         # File-backed memory before any shard is read (libraries, the ring): not ours to give back.
         baseline = resident_file_bytes() or 0
         try:
-            sizes = itertools.chain(counts, itertools.repeat(counts[-1]))
             first = start.first_batch
-            for n_batches in sizes:
-                yield self._item(n_batches, dealer, mine, shard, writer, buffer, ring, first)
-                first += n_batches
-                # Pages read through memory maps stay resident until given back: keep the
-                # worker's memory flat however much of the corpus it has read.
-                mapped = resident_file_bytes()
-                if mapped is not None and mapped - baseline > MAPPED_BUDGET:
-                    readers.release()
+            for sizes in item_rounds(counts):
+                for item in self._round(sizes, dealer, mine, shard, writer, buffer, ring, first):
+                    yield item
+                    first += len(item.offsets) - 1
+                    # Pages read through memory maps stay resident until given back: keep
+                    # the worker's memory flat however much of the corpus it has read.
+                    mapped = resident_file_bytes()
+                    if mapped is not None and mapped - baseline > MAPPED_BUDGET:
+                        readers.release()
         finally:
             context.close()
 
-    def _item(
+    def _round(
         self,
-        n_batches: int,
+        sizes: Sequence[int],
         dealer: RowDealer,
         mine: set[int],
         shard: Callable[[int], ShardPipeline],
@@ -359,41 +365,91 @@ class RankLineDataset(IterableDataset):
         buffer: _LineBuffer,
         ring: BatchRing | None,
         first: int,
-    ) -> WorkerItem:
-        config = self.config
+    ) -> Iterator[WorkerItem]:
+        """The items of one round (``sizes``: batches per item), made one at a time.
+
+        Each shard's lines of the whole round are pulled in one ``take`` and its state is
+        taken once, after the round's last item (and its token stages): the fixed cost of
+        visiting a shard is paid once a round. The other items carry no shard state; the
+        main process counts their lines as an advance past the shards' last state
+        (``fmsdata.replica``), as it does for a state saved inside an item.
+        """
+        deals = [self._deal(n_batches, dealer, mine) for n_batches in sizes]
+        round_locals = [local for deal in deals for local in deal[1]]
+        opened = {local: shard(local) for local in dict.fromkeys(round_locals)}
+        wanted = collections.Counter(round_locals)
+        pulled = {local: iter(p.take(wanted[local])) for local, p in opened.items()}
+        for k, (rows, row_locals, offsets) in enumerate(deals):
+            lines = [next(pulled[local]) for local in row_locals]
+            last = k == len(deals) - 1
+            yield self._item(
+                lines,
+                rows,
+                [self.shard_ids[local] for local in row_locals],
+                [opened[local] for local in row_locals],
+                offsets,
+                writer,
+                buffer,
+                ring,
+                first,
+                # The round's shards and their lines, whose state the last item carries.
+                {self.shard_ids[local]: (p, wanted[local]) for local, p in opened.items()}
+                if last
+                else {},
+            )
+            first += len(offsets) - 1
+
+    def _deal(
+        self, n_batches: int, dealer: RowDealer, mine: set[int]
+    ) -> tuple[list[int], list[int], list[int]]:
+        """The rows of ``n_batches`` batches that fall to this worker's shards: ``(row in
+        its batch, local shard, offsets)`` (batch ``k``'s rows at ``offsets[k:k + 2]``)."""
         rows: list[int] = []
         row_locals: list[int] = []
         offsets = [0]
+        batch_size = self.config.batch_size
         for _ in range(n_batches):
-            for row, local in enumerate(dealer.deal(config.batch_size)):
+            for row, local in enumerate(dealer.deal(batch_size)):
                 if local in mine:
                     rows.append(row)
                     row_locals.append(local)
             offsets.append(len(rows))
-        # Each shard's lines of the whole item in one pull, then laid out in row order.
-        opened = {local: shard(local) for local in dict.fromkeys(row_locals)}
-        wanted = collections.Counter(row_locals)
-        pulled = {local: iter(p.take(wanted[local])) for local, p in opened.items()}
-        lines = [next(pulled[local]) for local in row_locals]
-        row_shards = [self.shard_ids[local] for local in row_locals]
-        pipelines = [opened[local] for local in row_locals]
-        touched = {self.shard_ids[local]: p for local, p in opened.items()}
+        return rows, row_locals, offsets
+
+    def _item(
+        self,
+        lines: list[np.ndarray],
+        rows: list[int],
+        row_shards: list[int],
+        pipelines: list[ShardPipeline],
+        offsets: list[int],
+        writer: LineWriter,
+        buffer: _LineBuffer,
+        ring: BatchRing | None,
+        first: int,
+        touched: dict[int, tuple[ShardPipeline, int]],
+    ) -> WorkerItem:
+        """One item of ``lines`` (in row order) written as its batches; where ``touched``
+        (``{shard id: (pipeline, lines of the round)}``, given to the round's last item),
+        with the state of those shards at the round's end."""
+        config = self.config
+        n_batches = len(offsets) - 1
         tokens = buffer.rows(len(lines))
         content = writer.write(lines, tokens)  # refuses ids outside int32, naming the file
         has_bol, has_eol = config.bol_token is not None, config.eol_token is not None
         token_lines: list[TokenLine] | None = None
-        if any(p.token_stages for p in touched.values()):
+        if any(p.token_stages for p in pipelines):
             # In the order each shard emitted its lines: token stages' state is per line.
             token_lines = [TokenLine.of(spans, has_bol, has_eol) for spans in lines]
             for i, pipeline in enumerate(pipelines):
                 if pipeline.token_stages:
                     content[i] = pipeline.apply_tokens(tokens[i], int(content[i]), token_lines[i])
-        # Taken after the token-level stages saw this item's lines.
+        # Taken after the token-level stages saw the round's lines.
         lights = {}
         ops: list[tuple[int, int]] = []
         pushed: list[np.ndarray] = []
         marked: list[bool] = []  # per pushed line: mark its document ends (journal_spans)
-        for sid, pipeline in touched.items():
+        for sid, (pipeline, _) in touched.items():
             lights[sid] = pipeline.light_state()
             shard_ops, shard_pushed, marks = pipeline.drain_journal()
             marked.extend([marks] * len(shard_pushed))
@@ -445,6 +501,7 @@ class RankLineDataset(IterableDataset):
             segment_ids=segment_ids,
             samples=samples,
             lights=ShardLights(lights),
+            state_lines=np.array([n for _, n in touched.values()], dtype=np.int64),
             ops=np.asarray(ops, dtype=np.int64).reshape(-1, 2),
             pushed=NarrowRows(pushed_spans),
             pushed_offsets=pushed_offsets,

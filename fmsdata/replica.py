@@ -2,7 +2,7 @@
 batch handed to the caller.
 
 Workers run ahead of the training loop; the main process keeps a ``ConsumedState`` that
-it advances with what the workers send (item-end shard states and the shuffle-buffer
+it advances with what the workers send (round-end shard states and the shuffle-buffer
 journal, plus the lines consumed since), so a saved state describes exactly the batches
 handed to the caller (``fmsdata.loaderstate`` writes it).
 """
@@ -148,17 +148,19 @@ class ConsumedState:
         return self.advances()
 
     def finish_item(self, item: WorkerItem) -> None:
-        """Move the shards ``item`` advanced to their state at its end (every batch of it
-        consumed or skipped). Lines skipped past the item's end stay counted."""
+        """Count ``item`` as consumed (every batch of it consumed or skipped); where it ends
+        a round (``fmsdata.transport.item_rounds``), move the shards the round advanced to
+        their state at its end. Lines skipped past the item's end stay counted."""
         run = self._runs.pop(id(item), None)
         if run is not None:
             self._count(run)
         lights = item.lights
         self._light.update(dict.fromkeys(lights.shards, lights))
         self._buffers.apply(item.ops, item.pushed, item.pushed_offsets)
+        if not lights.shards:  # an item inside a round: its lines stay an advance
+            return
         shards = np.fromiter(lights.shards, dtype=np.int64, count=len(lights.shards))
-        in_item = np.bincount(item.row_shards, minlength=len(self._advance))
-        self._advance[shards] -= self._replayed[shards] + in_item[shards]
+        self._advance[shards] -= self._replayed[shards] + item.state_lines
         self._replayed[shards] = 0
 
     def advance_by(self, lines: Mapping[int, int]) -> None:

@@ -1,0 +1,118 @@
+"""Rounds: a worker pulls each logical shard's lines for several items at once and takes
+its state once, after the round's last item (``fmsdata.transport.item_rounds``).
+
+The items inside a round carry no shard state: a state saved there is the shards' state
+at the previous round's end plus the lines consumed since, replayed on resume. These
+tests make items of two batches, so rounds come within a few batches, and check that
+rounds change no batch and that a resume at any batch, inside a round or at its edge,
+continues token for token, with stateful stages at span and token level, with skips, and
+on another worker count.
+"""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support import EOS, assert_same_batches, base_config, corpus, roundtrip, scratch_dir, take
+from test_user_stages import everywhere
+
+import fmsdata.transport
+from fmsdata import build_dataloader
+from fmsdata.replica import ConsumedState
+
+ITEM_BATCHES = 2
+TOTAL = 40
+
+
+def small_items(monkeypatch: pytest.MonkeyPatch, items_per_round: int) -> None:
+    """Items of ``ITEM_BATCHES`` batches (seq 32, batch 4), ``items_per_round`` to a round
+    (workers are forked: they see the same sizes)."""
+    monkeypatch.setattr(fmsdata.transport, "_ITEM_TOKENS", 4 * 33 * ITEM_BATCHES)
+    monkeypatch.setattr(fmsdata.transport, "_ITEMS_PER_ROUND", items_per_round)
+
+
+def config(info, **overrides):
+    return base_config(
+        info,
+        strip_tokens=[EOS],
+        return_position_ids=True,
+        return_cu_seqlens=True,
+        return_document_ids=True,
+        **overrides,
+    )
+
+
+@pytest.fixture(scope="module")
+def data():
+    """One corpus and its uninterrupted batches, made without rounds (items of 64 batches:
+    none is complete before batch 127), with a stateful stage at span and token level."""
+    info = corpus(scratch_dir())
+    return info, take(build_dataloader(config(info), stages=everywhere), TOTAL + 30)
+
+
+def test_items_come_in_rounds(monkeypatch):
+    """The sizes the workers follow: growing items one to a round, then full rounds."""
+    small_items(monkeypatch, 3)
+    counts = fmsdata.transport.item_batch_counts(4, 33, 1)
+    rounds = fmsdata.transport.item_rounds(counts)
+    assert [next(rounds) for _ in range(4)] == [[1], [2, 2, 2], [2, 2, 2], [2, 2, 2]]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("items_per_round", [1, 3])
+def test_rounds_change_no_batch(data, monkeypatch, num_workers, items_per_round):
+    info, reference = data
+    small_items(monkeypatch, items_per_round)
+    loader = build_dataloader(config(info, num_workers=num_workers), stages=everywhere)
+    assert_same_batches(reference[:TOTAL], take(loader, TOTAL))
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    workers=st.sampled_from([0, 1, 2]),
+    resumed_workers=st.sampled_from([0, 1, 3]),
+    items_per_round=st.sampled_from([2, 3, 5]),
+    at=st.integers(0, TOTAL - 1),
+    skip=st.integers(0, 5),
+)
+def test_a_resume_anywhere_in_a_round_is_exact(
+    data, monkeypatch, workers, resumed_workers, items_per_round, at, skip
+):
+    info, reference = data
+    small_items(monkeypatch, items_per_round)
+    head = build_dataloader(config(info, num_workers=workers), stages=everywhere)
+    got = take(head, at // 2)
+    head.skip(skip)  # consumed lines without their batches, from inside a round
+    got += take(head, at - at // 2)
+    state = roundtrip(head.snapshot())
+    resumed = build_dataloader(config(info, num_workers=resumed_workers), stages=everywhere)
+    resumed.load_state_dict(state)
+    got += take(resumed, TOTAL - at)
+    expected = reference[: at // 2] + reference[at // 2 + skip : TOTAL + skip]
+    assert_same_batches(expected, got)
+
+
+def test_the_check_catches_a_replica_that_counts_only_the_last_item(data, monkeypatch):
+    """The resume test above fails where the main process takes a round's state as past
+    only its last item's lines (what it did before rounds): the lines of the round's other
+    items would be replayed twice."""
+    info, reference = data
+    small_items(monkeypatch, 3)
+    real = ConsumedState.finish_item
+
+    def last_item_only(self, item):
+        item.state_lines = item.state_lines * 0 + [
+            int((item.row_shards == sid).sum()) for sid in item.lights.shards
+        ]
+        real(self, item)
+
+    monkeypatch.setattr(ConsumedState, "finish_item", last_item_only)
+    head = build_dataloader(config(info), stages=everywhere)
+    take(head, 11)  # past the first round's end (batch 7)
+    resumed = build_dataloader(config(info), stages=everywhere)
+    resumed.load_state_dict(roundtrip(head.snapshot()))
+    with pytest.raises(AssertionError, match="differs"):
+        assert_same_batches(reference[11:20], take(resumed, 9))
