@@ -446,14 +446,18 @@ class RankLineDataset(IterableDataset):
                     content[i] = pipeline.apply_tokens(tokens[i], int(content[i]), token_lines[i])
         # Taken after the token-level stages saw the round's lines.
         lights = {}
-        ops: list[tuple[int, int]] = []
+        op_shards: list[int] = []
+        op_counts: list[int] = []
+        ops: list[int] = []
         pushed: list[np.ndarray] = []
         marked: list[bool] = []  # per pushed line: mark its document ends (journal_spans)
         for sid, (pipeline, _) in touched.items():
             lights[sid] = pipeline.light_state()
             shard_ops, shard_pushed, marks = pipeline.drain_journal()
             marked.extend([marks] * len(shard_pushed))
-            ops.extend((sid, op) for op in shard_ops)
+            op_shards.append(sid)
+            op_counts.append(len(shard_ops))
+            ops.extend(shard_ops)
             pushed.extend(shard_pushed)
         segments = segment_counts = segment_ids = None
         want_ids = config.return_document_ids
@@ -502,7 +506,13 @@ class RankLineDataset(IterableDataset):
             samples=samples,
             lights=ShardLights(lights),
             state_lines=np.array([n for _, n in touched.values()], dtype=np.int64),
-            ops=np.asarray(ops, dtype=np.int64).reshape(-1, 2),
+            ops=np.stack(
+                [
+                    np.repeat(np.asarray(op_shards, dtype=np.int64), op_counts),
+                    np.asarray(ops, dtype=np.int64),
+                ],
+                axis=1,
+            ),
             pushed=NarrowRows(pushed_spans),
             pushed_offsets=pushed_offsets,
         )

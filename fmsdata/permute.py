@@ -54,8 +54,13 @@ def _mix_array(x: np.ndarray) -> np.ndarray:
 def hash_values(key: int, start: int, count: int) -> list[int]:
     """``hash_index`` before the modulo, for counters ``start .. start + count - 1``:
     ``hash_values(k, c, 1)[0] % n == hash_index(k, c, n)``."""
+    return hash_array(key, start, count).tolist()
+
+
+def hash_array(key: int, start: int, count: int) -> np.ndarray:
+    """``hash_values`` as a uint64 array (for compiled loops)."""
     counters = np.arange(start, start + count, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    return _mix_array(np.uint64(key & _MASK64) ^ _mix_array(counters)).tolist()
+    return _mix_array(np.uint64(key & _MASK64) ^ _mix_array(counters))
 
 
 @compiled

@@ -98,7 +98,7 @@ class LineWriter:
         assert out.flags.c_contiguous, "rows are written through a flat view"
         if n_rows == 0:
             return np.zeros(0, dtype=np.int64)
-        counts = np.fromiter((len(line) for line in lines), dtype=np.int64, count=n_rows)
+        counts = np.fromiter(map(len, lines), dtype=np.int64, count=n_rows)
         spans = np.ascontiguousarray(np.concatenate(lines), dtype=np.int64)
         if (spans[:, DLEN] < 0).any():
             self._find_facts(spans)

@@ -177,7 +177,7 @@ def journal_spans(lines: list[np.ndarray], marked: list[bool]) -> tuple[np.ndarr
     offsets = np.zeros(len(lines) + 1, dtype=np.int64)
     if not lines:
         return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int32), offsets
-    lengths = np.fromiter((len(line) for line in lines), dtype=np.int64, count=len(lines))
+    lengths = np.fromiter(map(len, lines), dtype=np.int64, count=len(lines))
     np.cumsum(lengths, out=offsets[1:])
     spans = np.concatenate(lines)
     if any(marked):

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from fmsdata.compiled import compiled
 from fmsdata.errors import StateMismatchError
-from fmsdata.permute import hash_values
+from fmsdata.permute import hash_array
 from fmsdata.stages.base import LENGTH, DatasetRenumbering, SpanStage
 from fmsdata.stages.savedlines import (
     DocumentLengths,
@@ -38,7 +39,6 @@ __all__ = ["ShuffleBuffer", "PUSH", "BUFFER_KEY"]
 BUFFER_KEY = "buffer"  # where a shuffle buffer's own state keeps its lines
 
 PUSH = -1
-_HASH_BLOCK = 256  # shuffle hashes are computed this many emissions at a time
 
 
 class ShuffleBuffer(SpanStage):
@@ -82,8 +82,6 @@ class ShuffleBuffer(SpanStage):
         self._restored: SavedLines | None = None
         self._ops: list[int] = []
         self._pushed: list[np.ndarray] = []
-        self._hashes: list[int] = []  # hash values for emissions _hash_start, ...
-        self._hash_start = 0
 
     def __next__(self) -> np.ndarray:
         return self._take_lines(1)[0]
@@ -97,33 +95,21 @@ class ShuffleBuffer(SpanStage):
         if self.window <= 1:
             self.emitted += n
             return _pull(self.source, n)
-        # How many lines the n steps push (up to two per step while below the window): the
-        # source's lines do not depend on the slots taken, so they are pulled in one call.
-        size, pushes, window = len(self.buffer), [], self.window
-        for _ in range(n):
-            push = min(2, max(window - size, 0))
-            pushes.append(push)
-            size += push - 1
-        incoming = iter(_pull(self.source, sum(pushes)))
-        buffer, out = self.buffer, []
-        ops, pushed = (self._ops, self._pushed) if self.journaled else (None, None)
-        for push in pushes:
-            for _ in range(push):
-                line = next(incoming)
-                buffer.append(line)
-                if ops is not None:
-                    ops.append(PUSH)
-                    pushed.append(line)
-            at = self.emitted - self._hash_start
-            if not 0 <= at < len(self._hashes):
-                self._hash_start, at = self.emitted, 0
-                self._hashes = hash_values(self.key, self.emitted, _HASH_BLOCK)
-            slot = self._hashes[at] % len(buffer)
-            if ops is not None:
-                ops.append(slot)
-            self.emitted += 1
-            line = _take(buffer, slot)
-            out.append(line if isinstance(line, np.ndarray) else self._measure(line))
+        # The source's lines do not depend on the slots taken: the lines the n steps push
+        # are pulled in one call, then one compiled pass makes the steps on line numbers.
+        held = len(self.buffer)
+        pool = self.buffer + _pull(self.source, _pushes(held, self.window, n))
+        slots = hash_array(self.key, self.emitted, n)
+        order = np.empty(len(pool), dtype=np.int64)
+        ops = np.empty(len(pool) - held + n, dtype=np.int64)
+        taken, size = _shuffle_steps(held, self.window, slots, order, ops, PUSH)
+        self.buffer = [pool[i] for i in order[:size].tolist()]
+        if self.journaled:
+            self._ops.extend(ops.tolist())
+            self._pushed.extend(pool[held:])
+        self.emitted += n
+        out = [pool[i] for i in taken.tolist()]
+        out = [line if isinstance(line, np.ndarray) else self._measure(line) for line in out]
         if self._open and not all(line[:, LENGTH].all() for line in out):
             raise self._unmeasured()
         return out
@@ -237,9 +223,44 @@ def _pull(source: Any, n: int) -> list[np.ndarray]:
     return [next(source) for _ in range(n)]
 
 
-def _take(buffer: list[Any], slot: int) -> Any:
-    line = buffer[slot]
-    last = buffer.pop()
-    if slot < len(buffer):
-        buffer[slot] = last
-    return line
+@compiled
+def _pushes(size: int, window: int, steps: int) -> int:
+    """Lines ``steps`` steps push into a buffer holding ``size``: two a step while below
+    ``window``, then one (each step hands one out)."""
+    total = 0
+    for _ in range(steps):
+        push = min(2, max(window - size, 0))
+        total += push
+        size += push - 1
+    return total
+
+
+@compiled
+def _shuffle_steps(held, window, hashes, order, ops, push_op):  # type: ignore[no-untyped-def]
+    """The buffer's steps on line numbers: lines ``0 .. held - 1`` are held, the pushed
+    ones follow in push order. Step ``k`` pushes (up to two, while below ``window``), then
+    hands out the line at slot ``hashes[k] % size``, the last slot's line taking its place.
+
+    Writes the journal into ``ops`` (``push_op`` per push, then the slot) and the lines
+    still held into ``order[:size]``. Returns ``(the lines handed out, size)``.
+    """
+    for i in range(held):
+        order[i] = i
+    size = held
+    incoming = held
+    at = 0
+    taken = np.empty(len(hashes), dtype=np.int64)
+    for k in range(len(hashes)):
+        for _ in range(min(2, max(window - size, 0))):
+            order[size] = incoming
+            incoming += 1
+            size += 1
+            ops[at] = push_op
+            at += 1
+        slot = np.int64(hashes[k] % np.uint64(size))
+        ops[at] = slot
+        at += 1
+        taken[k] = order[slot]
+        size -= 1
+        order[slot] = order[size]
+    return taken, size

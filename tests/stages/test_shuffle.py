@@ -4,6 +4,7 @@ from hypothesis import strategies as st
 from stagecheck import check_stage_resume
 from support import apply_journal
 
+from fmsdata.permute import hash_index
 from fmsdata.stages.base import SPAN_WIDTH, SpanStage
 from fmsdata.stages.shuffle import ShuffleBuffer
 
@@ -111,3 +112,33 @@ def test_bulk_takes_give_what_next_gives(window, sizes):
         assert [int(line[0, 2]) for line in plain.take(n)] == want
         assert [int(x[0, 2]) for x in every.take(n)] == numbers(every_reference, n)
     assert bulk.emitted == reference.emitted
+
+
+def one_step_at_a_time(window, key, n):
+    """The buffer as its docstring describes it, one step at a time: up to two lines in
+    while below the window, then the line at slot ``hash_index(key, step, size)`` out, the
+    last line taking its place. Returns the numbers handed out and those still held."""
+    held, out, produced = [], [], 0
+    for step in range(n):
+        for _ in range(min(2, max(window - len(held), 0))):
+            held.append(produced)
+            produced += 1
+        slot = hash_index(key, step, len(held))
+        out.append(held[slot])
+        held[slot] = held[-1]
+        held.pop()
+    return out, held
+
+
+@settings(max_examples=60)
+@given(
+    window=st.integers(2, 40),
+    sizes=st.lists(st.integers(1, 60), min_size=1, max_size=6),
+    key=st.integers(0, 2**64 - 1),
+)
+def test_the_order_is_the_one_step_at_a_time_model(window, sizes, key):
+    buffer = ShuffleBuffer(Counter(), window, key)
+    got = [int(line[0, 2]) for n in sizes for line in buffer.take(n)]
+    want, held = one_step_at_a_time(window, key, sum(sizes))
+    assert got == want
+    assert [int(line[0, 2]) for line in buffer.buffer] == held
