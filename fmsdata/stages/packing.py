@@ -98,7 +98,7 @@ class LinePacker(SpanStage):
         # Commits are only counted here and passed upstream when state is asked for:
         # nothing upstream needs them sooner.
         self._uncommitted += plan.started[j]
-        return plan.spans[plan.bounds[j] : plan.bounds[j + 1]]
+        return plan.spans[plan.bounds[j] : plan.bounds[j + 1]].copy()  # as ``take``: no view
 
     def take(self, n: int) -> list[np.ndarray]:
         if type(self).__next__ is not LinePacker.__next__:
@@ -111,7 +111,10 @@ class LinePacker(SpanStage):
             j = plan.next_line
             k = min(n - len(lines), plan.remaining)
             bounds, spans = plan.bounds, plan.spans
-            lines.extend(spans[bounds[i] : bounds[i + 1]] for i in range(j, j + k))
+            # Copies, not views: a shuffle buffer keeps a line for a few windows, and a view
+            # would keep its whole plan alive with it (65 MB more per worker on 60-token
+            # documents).
+            lines.extend(spans[bounds[i] : bounds[i + 1]].copy() for i in range(j, j + k))
             self._uncommitted += sum(plan.started[j : j + k])
             plan.next_line = j + k
         return lines

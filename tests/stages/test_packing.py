@@ -91,3 +91,12 @@ def test_packer_rescales_exactly(tmp_path, mode):
 
     check_stage_rescale(shard, 4, before=2, after=4, batch_size=4)
     check_stage_rescale(shard, 4, before=4, after=1, batch_size=2)
+
+
+@pytest.mark.parametrize("mode", ["hard", "pad"])
+def test_lines_own_their_spans(tmp_path, mode):
+    """A line outlives its plan in a shuffle buffer for a few windows: it must not be a
+    view that keeps the plan's whole span array alive."""
+    lines = packer(corpus(tmp_path), 37, mode)
+    for line in [next(lines) for _ in range(3)] + lines.take(20):
+        assert line.base is None and line.flags.owndata
