@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from fmsdata.compiled import compiled
 from fmsdata.errors import StateMismatchError
 from fmsdata.stages.base import (
     BASE,
@@ -172,21 +173,35 @@ def journal_spans(lines: list[np.ndarray], marked: list[bool]) -> tuple[np.ndarr
     concatenated (int32 where they fit, a third of the runtime bytes) and their bounds.
     In a line that is ``marked`` (its buffer can find document lengths again), a span known
     by its ``dlen`` to run to the end of its document has its length negated, so the main
-    process saves it without it (``pack_lines``). One pass for the whole item; the lines
-    themselves, still held by the buffers, are not changed."""
+    process saves it without it (``pack_lines``). One compiled pass after the
+    concatenation; the lines themselves, still held by the buffers, are not changed."""
     offsets = np.zeros(len(lines) + 1, dtype=np.int64)
     if not lines:
         return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int32), offsets
     lengths = np.fromiter(map(len, lines), dtype=np.int64, count=len(lines))
     np.cumsum(lengths, out=offsets[1:])
     spans = np.concatenate(lines)
-    if any(marked):
-        end = spans[:, START] + spans[:, LENGTH] == spans[:, DLEN]
-        end &= np.repeat(np.asarray(marked, dtype=bool), lengths)
-        spans[end, LENGTH] = -spans[end, LENGTH]
-    spans = spans[:, :SAVED_SPAN_WIDTH]
-    fits = int(spans.max()) <= _INT32_MAX and int(spans.min()) >= -_INT32_MAX
-    return (spans.astype(np.int32) if fits else spans.copy()), offsets
+    out = np.empty((len(spans), SAVED_SPAN_WIDTH), dtype=np.int64)
+    low, high = _saved_columns(spans, offsets, np.asarray(marked, dtype=np.bool_), out)
+    return (out.astype(np.int32) if low >= -_INT32_MAX and high <= _INT32_MAX else out), offsets
+
+
+@compiled
+def _saved_columns(spans, offsets, marked, out):  # type: ignore[no-untyped-def]
+    """The saved columns of ``spans`` into ``out``, the length negated where the span's
+    line (bounds ``offsets``) is ``marked`` and the span ends its document. Returns the
+    smallest and largest value written."""
+    low = high = np.int64(0)
+    for line in range(len(marked)):
+        for i in range(offsets[line], offsets[line + 1]):
+            for c in range(out.shape[1]):
+                out[i, c] = spans[i, c]
+            if marked[line] and spans[i, START] + spans[i, LENGTH] == spans[i, DLEN]:
+                out[i, LENGTH] = -spans[i, LENGTH]
+            for c in range(out.shape[1]):
+                low = min(low, out[i, c])
+                high = max(high, out[i, c])
+    return low, high
 
 
 def _int_array(value: Any, path: str, ndim: int) -> np.ndarray:

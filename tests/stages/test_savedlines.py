@@ -141,6 +141,18 @@ def test_lines_through_the_journal_are_saved_as_the_buffer_saves_them(case):
     assert (plain[:, LENGTH] > 0).all()
 
 
+def test_journal_spans_beyond_int32_travel_as_int64():
+    # A document number past 2**31 (a huge file), and a negated length below -2**31 + 1.
+    big = 2**31 + 5
+    lines = [
+        np.array([[0, 1, big, 0, 3, 3, 9]], dtype=np.int64),
+        np.array([[1, 0, 2, 0, 4, 9, 0], [1, 0, 3, 0, big, big, 4]], dtype=np.int64),
+    ]
+    spans, offsets = journal_spans(lines, [False, True])
+    assert spans.dtype == np.int64 and offsets.tolist() == [0, 1, 3]
+    assert spans.tolist() == [[0, 1, big, 0, 3], [1, 0, 2, 0, 4], [1, 0, 3, 0, -big]]
+
+
 @settings(max_examples=30, deadline=None)
 @given(buffers())
 def test_without_the_files_every_length_is_kept(case):
