@@ -63,6 +63,10 @@ BATCH = 8
 # 64 shards x 156 lines = about 10,000 buffered lines per rank; filling them (two lines
 # pulled per step until full) takes about 1,250 batches, so timing starts after that.
 SHARDS, WINDOW, WARMUP = 64, 156, 1300
+# A state holds the buffers as of the last round's end (fmsdata.transport.item_rounds: 256
+# batches in process here, from batch 127), plus the lines consumed since: it is taken
+# where the last round ended with the buffers full (batch 1663).
+STATE_AT = 1700
 
 
 def spread(median: float, mean: float) -> float:
@@ -249,7 +253,7 @@ def state_cost(config: dict[str, Any], directory: str) -> dict[str, float]:
     """Size and save time of one rank's loader state file with the buffers full."""
     loader = build_dataloader(config)
     iterator = iter(loader)
-    for _ in range(WARMUP):
+    for _ in range(STATE_AT):
         next(iterator)
     saves = []
     for _ in range(5):
