@@ -22,11 +22,13 @@ file's documents gathered in a random order through a prebuilt index: the memory
 reading documents shuffled, before any loader logic — the ceiling for any loader that
 shuffles documents); the amortized cost per document; the main process's
 CPU time per delivered token (batch assembly, pinning, state bookkeeping), scaled to a
-share of one core at 100 M tokens/s; state size and save time at about 10,000 buffered
-lines. Where CUDA is available, also each worker count with ``pin_memory``, and the
-hand-over to the GPU (``gpu_transfer``; ``benchmarks/gpu_host.sh`` runs it all on a GPU
-host). Prints a table, writes ``benchmarks/results/throughput.json`` and a chart of the
-ratios (``benchmarks/throughput.png``, needs matplotlib).
+share of one core at 100 M tokens/s; each worker's memory after the timed batches
+(``RssAnon``, and its ``Private_Dirty`` part, largest over the workers); state size and
+save time at about 10,000 buffered lines. Where CUDA is available, also each worker count
+with ``pin_memory``, and the hand-over to the GPU (``gpu_transfer``;
+``benchmarks/gpu_host.sh`` runs it all on a GPU host). Prints a table, writes
+``benchmarks/results/throughput.json`` and a chart of the ratios
+(``benchmarks/throughput.png``, needs matplotlib).
 
     python benchmarks/throughput.py                      # full run (~1.5 GB of shards)
     python benchmarks/throughput.py --quick              # small corpora, short timings
@@ -199,8 +201,29 @@ def pipeline_rate(config: dict[str, Any], batches: int) -> dict[str, float]:
         tokens += next(iterator)["input_ids"].numel()
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu
+    out = {"tokens_per_s": tokens / wall, "main_cpu_s_per_token": cpu / tokens}
+    memory = [worker_memory(pid) for pid in loader.worker_pids()]
+    if memory and all(m is not None for m in memory):  # Linux
+        for field in ("rss_anon_mb", "private_dirty_mb"):
+            out[f"worker_{field}"] = max(m[field] for m in memory)  # type: ignore[index]
     del iterator
-    return {"tokens_per_s": tokens / wall, "main_cpu_s_per_token": cpu / tokens}
+    return out
+
+
+def worker_memory(pid: int) -> dict[str, float] | None:
+    """A worker's anonymous resident memory (``RssAnon``: every anonymous page it maps,
+    including those it still shares copy-on-write with the main process it was forked
+    from) and the part only it holds (``Private_Dirty``), in MB; None off Linux."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            anon = next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            dirty = next(
+                int(line.split()[1]) for line in rollup if line.startswith("Private_Dirty:")
+            )
+    except (OSError, StopIteration):
+        return None
+    return {"rss_anon_mb": anon / 1024, "private_dirty_mb": dirty / 1024}
 
 
 def gpu_transfer(config: dict[str, Any], batches: int) -> dict[str, float]:
@@ -347,6 +370,14 @@ def print_table(results: dict[str, Any]) -> None:
                 )
                 + f" per {transfer['batch_bytes'] / 1024:.0f} KiB batch"
                 + ("" if transfer["same_batches"] else "; PINNED BATCHES DIFFER")
+            )
+        with_memory = [k for k, row in corpus["rows"].items() if "worker_rss_anon_mb" in row]
+        if with_memory:
+            row = corpus["rows"][with_memory[0]]
+            print(
+                f"{name:8} {'worker memory':22} {with_memory[0]}: RssAnon "
+                f"{row['worker_rss_anon_mb']:.0f} MB, of it private "
+                f"{row['worker_private_dirty_mb']:.0f} MB (after {WARMUP} + the timed batches)"
             )
         state = corpus["state"]
         print(
