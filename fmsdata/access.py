@@ -54,10 +54,8 @@ class ReaderCache:
         self._open: collections.OrderedDict[
             Any, tuple[FileHandler, Any, Callable[[], None] | None]
         ] = collections.OrderedDict()
-        # The files each reader mapped (checked once a round: see MappedFile, ``new_round``).
+        # The files each reader mapped (checked at every access: see MappedFile).
         self._mapped: dict[Any, list[MappedFile]] = {}
-        self._round = 0
-        self._checked: dict[Any, int] = {}  # the round each open reader was last checked in
 
     def get(
         self,
@@ -71,10 +69,8 @@ class ReaderCache:
         entry = self._open.get(key)
         if entry is not None:
             self._open.move_to_end(key)
-            if self._checked.get(key) != self._round:
-                for mapped in self._mapped[key]:
-                    mapped.check_unchanged()  # a cut mapped file would kill the process (SIGBUS)
-                self._checked[key] = self._round
+            for mapped in self._mapped[key]:
+                mapped.check_unchanged()  # a cut mapped file would kill the process (SIGBUS)
             return entry[1]
         try:
             with recording() as mapped:  # this open's mappings, the others not looked at
@@ -85,26 +81,13 @@ class ReaderCache:
             raise
         self._open[key] = (handler, reader, on_close)
         self._mapped[key] = mapped
-        self._checked[key] = self._round
         while len(self._open) > self.capacity or (
             self.over_limit is not None and len(self._open) > self.floor and self.over_limit()
         ):
             old_key, old = self._open.popitem(last=False)
             del self._mapped[old_key]
-            self._checked.pop(old_key, None)
             self._close(*old)
         return reader
-
-    def new_round(self) -> None:
-        """Check each open reader's mapped files again at its next access.
-
-        A mapped file cut short while mapped kills the process that reads past its end
-        (SIGBUS; the fault note names the file), so an open reader's files are checked
-        unchanged (size and time, ``MappedFile.check_unchanged``) before they are read: once
-        a round of a worker's items (``fmsdata.transport.item_rounds``), not at every access.
-        A check costs a ``stat``, and the files were read about 70 times an item.
-        """
-        self._round += 1
 
     @staticmethod
     def _close(handler: FileHandler, reader: Any, on_close: Callable[[], None] | None) -> None:
@@ -124,7 +107,6 @@ class ReaderCache:
             _, entry = self._open.popitem()
             self._close(*entry)
         self._mapped.clear()
-        self._checked.clear()
 
 
 class DatasetAccess:

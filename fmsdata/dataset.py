@@ -344,7 +344,6 @@ class RankLineDataset(IterableDataset):
         try:
             first = start.first_batch
             for sizes in item_rounds(counts):
-                readers.new_round()  # the files open are checked unchanged again
                 for item in self._round(sizes, dealer, mine, shard, writer, buffer, ring, first):
                     yield item
                     first += len(item.offsets) - 1

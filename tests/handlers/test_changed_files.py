@@ -1,7 +1,7 @@
 """Shards changing under a running loader: the message names the file, whether the change
-is seen before a read (the mapped files are checked once a round of items), in a worker
-that a SIGBUS kills, or in a process with 0 workers that it kills (the stack dump points to
-the list of mapped files)."""
+is seen before a read (every access checks the mapped files), in a worker that a SIGBUS
+kills, or in a process with 0 workers that it kills (the stack dump points to the list of
+mapped files)."""
 
 import os
 import re
@@ -16,7 +16,6 @@ from formats import write_megatron_fmsdata
 from support import take
 
 from fmsdata import build_dataloader
-from fmsdata.access import ReaderCache
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers import MegatronHandler, mapping, register_handler
 from fmsdata.handlers.mapping import MappedFile
@@ -58,29 +57,6 @@ def test_a_mapped_file_knows_it_changed(tmp_path):
     os.replace(replaced, path)  # a new file by rename: the mapping still reads the old one
     mapped.check_unchanged()
     mapped.close()
-
-
-class MappingReader:
-    """A handler opening one mapped file per reader (what ReaderCache checks)."""
-
-    def open(self, path):
-        return MappedFile(path)
-
-    def close(self, reader):
-        reader.close()
-
-
-def test_open_readers_are_checked_once_a_round(tmp_path):
-    path = tmp_path / "a.bin"
-    path.write_bytes(bytes(10_000))
-    cache = ReaderCache(4)
-    reader = cache.get("a", MappingReader(), lambda: str(path))
-    os.truncate(path, 100)
-    assert cache.get("a", MappingReader(), lambda: str(path)) is reader  # checked this round
-    cache.new_round()
-    with pytest.raises(ShardFormatError, match=r"a\.bin: changed while being read"):
-        cache.get("a", MappingReader(), lambda: str(path))
-    cache.close()
 
 
 @pytest.mark.parametrize("workers", [0, 1])
