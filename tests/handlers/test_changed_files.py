@@ -130,3 +130,31 @@ def test_zero_workers_sigbus_names_the_mapped_files(tmp_path):
     listed = mapping._read_list(note.group(1))
     os.unlink(note.group(1))
     assert any(re.search(r"part_00[01]\.bin$", name) for name, _ in listed.values())
+
+
+def test_a_map_style_dataset_names_a_file_cut_after_opening(tmp_path):
+    """Map-style readers stay open across reads: each read checks the files again (in a
+    child process: a missed check kills the reader with SIGBUS)."""
+    bins = corpus(tmp_path)
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from fmsdata import get_dataset
+        from fmsdata.errors import ShardFormatError
+        dataset = get_dataset({str(tmp_path)!r}, 64, eos_token=2,
+                              cache_dir={str(tmp_path / "cache")!r})
+        first, last = dataset[0], dataset[len(dataset) - 1]  # both files open now
+        for path in {bins!r}:
+            os.truncate(path, 64)
+        try:
+            dataset[len(dataset) - 2]
+        except ShardFormatError as err:
+            print("refused:", err)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=here, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"refused: .*part_00[01]\.bin: changed while being read", result.stdout)
