@@ -66,8 +66,8 @@ BATCH = 8
 # pulled per step until full) takes about 1,250 batches, so timing starts after that.
 SHARDS, WINDOW, WARMUP = 64, 156, 1300
 # A state holds the buffers as of the last round's end (fmsdata.transport.item_rounds: 256
-# batches in process here, from batch 127), plus the lines consumed since: it is taken
-# where the last round ended with the buffers full (batch 1663).
+# batches in process here, from batch 191), plus the lines consumed since: it is taken
+# where the last round ended with the buffers full (batch 1471).
 STATE_AT = 1700
 
 

@@ -481,10 +481,10 @@ class FmsDataLoader(DataLoader):
         the layout is ``fmsdata.loaderstate``'s).
 
         Each shard entry is a pipeline state plus ``advance``, the lines the shard emitted
-        after it (at most a few batches' worth, the rest of a worker's current item); a
-        resume replays them. ``settle=True`` replays them here instead, reading document
-        metadata, so every entry describes its shard exactly (``advance`` 0) — for
-        inspection; resuming does not need it.
+        after it (at most a round of a worker's items, ``fmsdata.transport.item_rounds``:
+        a few dozen lines a shard); a resume replays them. ``settle=True`` replays them
+        here instead, reading document metadata, so every entry describes its shard
+        exactly (``advance`` 0) — for inspection; resuming does not need it.
         """
         saved = self._saved()
         pending = {e.id: e for e in saved.shards if e.advance}

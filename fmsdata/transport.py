@@ -215,9 +215,12 @@ def item_rounds(counts: Sequence[int]) -> Iterator[list[int]]:
     fixed cost (the chain's calls, its state, its journal; about 100 µs on short documents
     with 64 shards) that rounds of ``_ITEMS_PER_ROUND`` items pay a quarter as often,
     without making items larger (the shared ring holds whole items). The first items, while
-    they grow, are a round each: the first batch waits for one item only.
+    they grow, and the first of full size are a round each: the first batch waits for one
+    item only. A state saved inside a round is the shards' state at the last round's end
+    and the lines consumed since (replayed on resume). An error reading a shard's lines
+    comes at the start of the round, before the batches of its earlier items.
     """
-    for n in counts[:-1]:
+    for n in counts:
         yield [n]
     while True:
         yield [counts[-1]] * _ITEMS_PER_ROUND

@@ -50,11 +50,14 @@ def data():
 
 
 def test_items_come_in_rounds(monkeypatch):
-    """The sizes the workers follow: growing items one to a round, then full rounds."""
+    """The sizes the workers follow: growing items and the first full one a round each
+    (the first batch waits for one item), then full rounds."""
     small_items(monkeypatch, 3)
     counts = fmsdata.transport.item_batch_counts(4, 33, 1)
     rounds = fmsdata.transport.item_rounds(counts)
-    assert [next(rounds) for _ in range(4)] == [[1], [2, 2, 2], [2, 2, 2], [2, 2, 2]]
+    assert [next(rounds) for _ in range(4)] == [[1], [2], [2, 2, 2], [2, 2, 2]]
+    one = fmsdata.transport.item_rounds([1])  # items of one batch from the start
+    assert [next(one) for _ in range(2)] == [[1], [1, 1, 1]]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -111,7 +114,7 @@ def test_the_check_catches_a_replica_that_counts_only_the_last_item(data, monkey
 
     monkeypatch.setattr(ConsumedState, "finish_item", last_item_only)
     head = build_dataloader(config(info), stages=everywhere)
-    take(head, 11)  # past the first round's end (batch 7)
+    take(head, 11)  # past the first full round's end (batch 9)
     resumed = build_dataloader(config(info), stages=everywhere)
     resumed.load_state_dict(roundtrip(head.snapshot()))
     with pytest.raises(AssertionError, match="differs"):
