@@ -65,6 +65,7 @@ BATCH = 8
 # 64 shards x 156 lines = about 10,000 buffered lines per rank; filling them (two lines
 # pulled per step until full) takes about 1,250 batches, so timing starts after that.
 SHARDS, WINDOW, WARMUP = 64, 156, 1300
+DATA = os.path.join(tempfile.gettempdir(), "fmsdata-bench")  # where the corpora are written
 # A state holds the buffers as of the last round's end (fmsdata.transport.item_rounds: 256
 # batches in process here, from batch 191), plus the lines consumed since: it is taken
 # where the last round ended with the buffers full (batch 1471).
@@ -296,11 +297,10 @@ def state_cost(config: dict[str, Any], directory: str) -> dict[str, float]:
     }
 
 
-def measure_corpus(
-    name: str, root: str, workers: list[int], batches: int, seconds: float, repeat: int
-) -> dict[str, Any]:
+def loader_config(name: str, root: str) -> dict[str, Any]:
+    """The loader config every row of corpus ``name`` (written under ``root``) starts from."""
     datasets, weights = CORPORA[name]
-    base = dict(
+    return dict(
         data_path=root,
         datasets=list(datasets),
         weights=weights,
@@ -310,6 +310,12 @@ def measure_corpus(
         shuffle_window=WINDOW,
         eos_token=2,
     )
+
+
+def measure_corpus(
+    name: str, root: str, workers: list[int], batches: int, seconds: float, repeat: int
+) -> dict[str, Any]:
+    base = loader_config(name, root)
     runs: dict[str, list[dict[str, float]]] = {}
     settings = [("in_process", {"num_workers": 0})]
     settings += [(f"{w}_workers", {"num_workers": w}) for w in workers]
@@ -443,7 +449,7 @@ def main() -> int:
     parser.add_argument("--workers", default="1", help="worker counts to time, e.g. 1,2,4,8")
     parser.add_argument("--corpora", default=",".join(CORPORA), help="corpora to run")
     parser.add_argument("--repeat", type=int, default=None, help="runs per row (median)")
-    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fmsdata-bench"))
+    parser.add_argument("--data", default=DATA)
     parser.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
     parser.add_argument("--chart", default=os.path.join(HERE, "throughput.png"))
     parser.add_argument(
