@@ -3,9 +3,8 @@
 Each DataLoader worker runs the shards it owns (``worker_shards``), deals every batch's
 rows over *all* the rank's shards with the same rule, fills the rows that fall to its own
 shards, and yields them (several batches per item, see ``fmsdata.transport``) with their
-row positions and, at the end of each round of items, the state updates of the shards
-the round advanced. The loader puts each batch
-back together in canonical order.
+row positions and, at the end of each round of items, the state updates of the shards the
+round advanced. The loader puts each batch back together in canonical order.
 """
 
 from __future__ import annotations
