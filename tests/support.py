@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import fmsdata.transport
 from fmsdata import build_dataloader
 from fmsdata.catalog import discover
 from fmsdata.handlers import ArrowDocHandler
@@ -68,6 +69,23 @@ def base_config(info: CorpusInfo, **overrides: Any) -> dict[str, Any]:
     )
     config.update(overrides)
     return config
+
+
+def small_items(
+    monkeypatch: Any,
+    tokens: int = 4 * 33 * 2,
+    kept: int | None = None,
+    per_round: int | None = None,
+) -> None:
+    """Worker items of about ``tokens`` tokens of a worker's rows (two batches at the
+    default seq 32, batch 4), so the batch ring and rounds of items turn within a few
+    batches; ``kept``: batches the caller may keep without workers; ``per_round``: items a
+    round. DataLoader workers are forked: they see the same sizes."""
+    monkeypatch.setattr(fmsdata.transport, "_ITEM_TOKENS", tokens)
+    if kept is not None:
+        monkeypatch.setattr(fmsdata.transport, "_KEPT_BATCHES", kept)
+    if per_round is not None:
+        monkeypatch.setattr(fmsdata.transport, "_ITEMS_PER_ROUND", per_round)
 
 
 def take(loader: Iterable[Batch], n: int) -> list[Batch]:

@@ -5,10 +5,9 @@ keeps is never written again."""
 import numpy as np
 import pytest
 import torch
-from support import EOL, PAD, assert_same_batches, base_config, corpus, take
+from support import EOL, PAD, assert_same_batches, base_config, corpus, small_items, take
 
 import fmsdata.batchring
-import fmsdata.transport
 from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError
 from fmsdata.stages.outputs import IGNORE_INDEX
@@ -61,13 +60,6 @@ def test_batches_are_the_packed_lines_shifted(tmp_path, num_workers):
         assert_same_batches(reference, batches)
 
 
-def small_ring(monkeypatch):
-    """Items of one or two batches: the ring holds a handful of batches, so iterating goes
-    round it many times (workers are forked: they see the same sizes)."""
-    monkeypatch.setattr(fmsdata.transport, "_ITEM_TOKENS", 4 * 33 * 2)
-    monkeypatch.setattr(fmsdata.transport, "_KEPT_BATCHES", 1)
-
-
 def keep_and_check(loader, kept: int, later: int) -> list[dict[str, torch.Tensor]]:
     """Keep the first ``kept`` batches (with a view and a numpy array of one), take
     ``later`` more, and return the kept batches if none of them changed meanwhile."""
@@ -92,7 +84,7 @@ def keep_and_check(loader, kept: int, later: int) -> list[dict[str, torch.Tensor
 def test_a_kept_batch_is_never_written_again(tmp_path, monkeypatch, num_workers):
     info = corpus(tmp_path)
     reference = take(build_dataloader(padded_config(info, **STRUCTURE)), 220)
-    small_ring(monkeypatch)
+    small_items(monkeypatch, kept=1)
     config = padded_config(info, num_workers=num_workers, **STRUCTURE)
     kept = keep_and_check(build_dataloader(config), 20, 200)
     assert_same_batches(reference[:20], kept)
@@ -104,7 +96,7 @@ def test_the_check_catches_a_ring_that_reuses_kept_slots(tmp_path, monkeypatch):
     """The test above fails on a ring that writes a slot again without asking whether its
     batch is still kept."""
     info = corpus(tmp_path)
-    small_ring(monkeypatch)
+    small_items(monkeypatch, kept=1)
     ring = fmsdata.batchring.BatchRing
     monkeypatch.setattr(ring, "claim", lambda self, batch: self._data[batch % self.slots])
     monkeypatch.setattr(ring, "hand_out", naive_hand_out)
@@ -121,7 +113,7 @@ def naive_hand_out(self, batch):
 def test_kept_batches_survive_a_skip_that_restarts_the_workers(tmp_path, monkeypatch):
     info = corpus(tmp_path)
     reference = take(build_dataloader(padded_config(info)), 80)
-    small_ring(monkeypatch)
+    small_items(monkeypatch, kept=1)
     loader = build_dataloader(padded_config(info, num_workers=2))
     held, got = [], []
     for batch in loader:
@@ -151,7 +143,7 @@ def test_batches_that_find_their_slot_held_come_in_fresh_memory(tmp_path, monkey
 def test_two_live_iterations_have_a_ring_each(tmp_path, monkeypatch, num_workers):
     info = corpus(tmp_path)
     reference = take(build_dataloader(padded_config(info)), 60)
-    small_ring(monkeypatch)
+    small_items(monkeypatch, kept=1)
     loader = build_dataloader(padded_config(info, num_workers=num_workers))
     first = iter(loader)
     held = [next(first) for _ in range(5)]

@@ -4,11 +4,19 @@ import threading
 
 import pytest
 import torch
-from support import EOL, assert_same_batches, base_config, check_resume, corpus, roundtrip, take
+from support import (
+    EOL,
+    assert_same_batches,
+    base_config,
+    check_resume,
+    corpus,
+    roundtrip,
+    small_items,
+    take,
+)
 
 import fmsdata.batchring
 import fmsdata.loader
-import fmsdata.transport
 from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError
 
@@ -109,8 +117,7 @@ def test_pinned_batches_are_the_ring_slot_copied_whole(tmp_path, monkeypatch, nu
             return block
 
     # Items of a batch or two: the ring holds a handful, so 60 batches turn it many times.
-    monkeypatch.setattr(fmsdata.transport, "_ITEM_TOKENS", 4 * 33 * 2)
-    monkeypatch.setattr(fmsdata.transport, "_KEPT_BATCHES", 1)
+    small_items(monkeypatch, kept=1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self.clone())
     monkeypatch.setattr(fmsdata.batchring, "torch", PinlessTorch())

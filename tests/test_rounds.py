@@ -5,29 +5,32 @@ The items inside a round carry no shard state: a state saved there is the shards
 at the previous round's end plus the lines consumed since, replayed on resume. These
 tests make items of two batches, so rounds come within a few batches, and check that
 rounds change no batch and that a resume at any batch, inside a round or at its edge,
-continues token for token, with stateful stages at span and token level, with skips, and
-on another worker count.
+continues token for token, with stateful stages at span and token level, with skips, on
+another worker count and on another number of ranks.
 """
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import EOS, assert_same_batches, base_config, corpus, roundtrip, scratch_dir, take
+from support import (
+    EOS,
+    assert_same_batches,
+    base_config,
+    corpus,
+    global_steps,
+    rank_loaders,
+    roundtrip,
+    scratch_dir,
+    small_items,
+    take,
+)
 from test_user_stages import everywhere
 
 import fmsdata.transport
 from fmsdata import build_dataloader
 from fmsdata.replica import ConsumedState
 
-ITEM_BATCHES = 2
 TOTAL = 40
-
-
-def small_items(monkeypatch: pytest.MonkeyPatch, items_per_round: int) -> None:
-    """Items of ``ITEM_BATCHES`` batches (seq 32, batch 4), ``items_per_round`` to a round
-    (workers are forked: they see the same sizes)."""
-    monkeypatch.setattr(fmsdata.transport, "_ITEM_TOKENS", 4 * 33 * ITEM_BATCHES)
-    monkeypatch.setattr(fmsdata.transport, "_ITEMS_PER_ROUND", items_per_round)
 
 
 def config(info, **overrides):
@@ -52,7 +55,7 @@ def data():
 def test_items_come_in_rounds(monkeypatch):
     """The sizes the workers follow: growing items and the first full one a round each
     (the first batch waits for one item), then full rounds."""
-    small_items(monkeypatch, 3)
+    small_items(monkeypatch, per_round=3)
     counts = fmsdata.transport.item_batch_counts(4, 33, 1)
     rounds = fmsdata.transport.item_rounds(counts)
     assert [next(rounds) for _ in range(4)] == [[1], [2], [2, 2, 2], [2, 2, 2]]
@@ -64,7 +67,7 @@ def test_items_come_in_rounds(monkeypatch):
 @pytest.mark.parametrize("items_per_round", [1, 3])
 def test_rounds_change_no_batch(data, monkeypatch, num_workers, items_per_round):
     info, reference = data
-    small_items(monkeypatch, items_per_round)
+    small_items(monkeypatch, per_round=items_per_round)
     loader = build_dataloader(config(info, num_workers=num_workers), stages=everywhere)
     assert_same_batches(reference[:TOTAL], take(loader, TOTAL))
 
@@ -85,7 +88,7 @@ def test_a_resume_anywhere_in_a_round_is_exact(
     data, monkeypatch, workers, resumed_workers, items_per_round, at, skip
 ):
     info, reference = data
-    small_items(monkeypatch, items_per_round)
+    small_items(monkeypatch, per_round=items_per_round)
     head = build_dataloader(config(info, num_workers=workers), stages=everywhere)
     got = take(head, at // 2)
     head.skip(skip)  # consumed lines without their batches, from inside a round
@@ -98,12 +101,30 @@ def test_a_resume_anywhere_in_a_round_is_exact(
     assert_same_batches(expected, got)
 
 
+def test_a_state_saved_inside_a_round_rescales_exactly(data, monkeypatch):
+    """G3 from inside a round: two ranks (one worker each, items of two batches, rounds of
+    three) save after 11 global steps, the middle of a round; one and four ranks continue
+    with the global steps of an uninterrupted run on two ranks without rounds."""
+    info, _ = data
+    wide = config(info, logical_shards=8)
+    reference = global_steps(rank_loaders(wide, 2, batch_size=4), 24)
+    small_items(monkeypatch, per_round=3)
+    before = rank_loaders(wide, 2, batch_size=4, num_workers=1)
+    assert global_steps(before, 11) == reference[:11]
+    states = [roundtrip(loader.snapshot()) for loader in before]
+    for world in (1, 4):
+        after = rank_loaders(wide, world, batch_size=8 // world)
+        for loader in after:
+            loader.load_state_dict(states)
+        assert global_steps(after, 13) == reference[11:]
+
+
 def test_the_check_catches_a_replica_that_counts_only_the_last_item(data, monkeypatch):
     """The resume test above fails where the main process takes a round's state as past
     only its last item's lines (what it did before rounds): the lines of the round's other
     items would be replayed twice."""
     info, reference = data
-    small_items(monkeypatch, 3)
+    small_items(monkeypatch, per_round=3)
     real = ConsumedState.finish_item
 
     def last_item_only(self, item):
