@@ -15,7 +15,9 @@ cannot be written:
   that calls it, after one logged warning naming it: slower to start, never wrong.
 
 Nothing happens at import: numba is imported, and a cache folder created, on the first
-call of a compiled function.
+call of a compiled function. A compiled function may also call a numba intrinsic (code
+numba cannot express, built with llvmlite) declared with ``intrinsic``: it is built when
+the first function that names it compiles.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["compiled"]
+__all__ = ["compiled", "intrinsic"]
 
 _log = logging.getLogger(__name__)
 _lock = threading.RLock()  # compiling a function compiles the helpers it calls
@@ -70,13 +72,16 @@ class _Compiled:
             return self.dispatcher
 
     def _with_compiled_helpers(self) -> Callable[..., Any]:
-        """The function with each ``compiled`` function it names globally replaced by its
-        numba dispatcher (numba calls those, not the lazy wrapper Python callers see)."""
+        """The function with each ``compiled`` function and ``intrinsic`` it names globally
+        replaced by what numba calls (a dispatcher, an intrinsic), not the lazy wrapper
+        Python sees."""
         func = self.func
         helpers = {
             name: value
             for name, value in func.__globals__.items()
-            if isinstance(value, _Compiled) and value is not self and name in func.__code__.co_names
+            if isinstance(value, (_Compiled, _Intrinsic))
+            and value is not self
+            and name in func.__code__.co_names
         }
         if not helpers:
             return func
@@ -87,6 +92,32 @@ class _Compiled:
         )
         rebound.__qualname__, rebound.__module__ = func.__qualname__, func.__module__
         return rebound
+
+
+class _Intrinsic:
+    """A numba intrinsic, made by ``build`` (which imports numba) when a compiled function
+    that calls it compiles."""
+
+    def __init__(self, build: Callable[[], Any]):
+        self.build = build
+        self.made: Any = None
+        self.__doc__ = build.__doc__
+        self.__name__ = build.__name__
+
+    def __call__(self, *args: Any) -> Any:
+        raise TypeError(f"{self.__name__} is a numba intrinsic: only compiled code calls it")
+
+    def _compile(self) -> Any:
+        with _lock:
+            if self.made is None:
+                self.made = self.build()
+            return self.made
+
+
+def intrinsic(build: Callable[[], Any]) -> _Intrinsic:
+    """Decorate a function that imports numba and returns a ``numba.extending.intrinsic``:
+    compiled functions of its module may call that intrinsic by the decorated name."""
+    return _Intrinsic(build)
 
 
 def compiled(func: Callable[..., Any] | None = None, *, ieee_division: bool = False) -> Any:
