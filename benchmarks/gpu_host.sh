@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's figures for a many-core GPU host, in one run: worker scaling 1-8 with the
 # main process's share of a core, and a batch's hand-over to the GPU with pin_memory
-# (benchmarks/throughput.py does both where CUDA is available). Run from the repository
+# (benchmarks/throughput.py does both where CUDA is available), and the final-batch write
+# alone (benchmarks/batchwrite.py). Run from the repository
 # root of a checkout (no install needed); results go to $OUT (default benchmarks/results).
 #
 #     OUT=/tmp/gpu bash benchmarks/gpu_host.sh
@@ -18,6 +19,8 @@ print('cpus', os.cpu_count(), 'torch', torch.__version__, 'numpy', numpy.__versi
       'gpu', torch.cuda.get_device_name() if torch.cuda.is_available() else None)
 "
 start=$SECONDS
+python3 benchmarks/batchwrite.py --out "$OUT/batchwrite-gpu-host.json" \
+    --chart "$OUT/batchwrite-gpu-host.png" 2>&1 | tee "$OUT/batchwrite-gpu-host.log"
 python3 benchmarks/throughput.py ${QUICK:+--quick} --prepare --corpora "${CORPORA:-long,short,doc60}"
 echo "corpora written in $((SECONDS - start)) s"
 python3 benchmarks/throughput.py ${QUICK:+--quick} --workers "${WORKERS:-1,2,4,8}" --repeat 1 \
