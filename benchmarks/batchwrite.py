@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchlib import write_results  # noqa: E402
+from benchlib import pyplot, write_results  # noqa: E402
 
 from fmsdata import batchwrite  # noqa: E402
 from fmsdata.stages.outputs import IGNORE_INDEX  # noqa: E402
@@ -92,13 +92,8 @@ def time_case(write: Any, slots: int, buffer_rows: int, batches: int) -> float:
 
 
 def chart(results: dict[str, Any], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib is not installed: no chart written to {path}")
+    plt = pyplot(path)
+    if plt is None:
         return
     names = list(results["cases"])
     fig, ax = plt.subplots(figsize=(8, 4))

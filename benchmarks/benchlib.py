@@ -23,6 +23,20 @@ def generated_documents(files: int, docs: int, seed: int = 0) -> dict[str, list]
     return out
 
 
+def pyplot(path: str) -> Any:
+    """matplotlib's pyplot (drawing to files, no display), or None after saying that no
+    chart is written to ``path`` (matplotlib is optional)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: no chart written to {path}")
+        return None
+    return plt
+
+
 def write_results(path: str, results: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as handle:

@@ -62,7 +62,7 @@ import types
 from typing import Any
 
 import numpy as np
-from benchlib import write_results
+from benchlib import pyplot, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FMS_FSDP = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "peers", "fms-fsdp"))
@@ -550,13 +550,8 @@ def print_table(results: dict[str, Any]) -> None:
 
 def chart(results: dict[str, Any], path: str) -> None:
     """Bars of tokens/s as a ratio to the bare read, per loader and worker count."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib is not installed: no chart written to {path}")
+    plt = pyplot(path)
+    if plt is None:
         return
     names = [n for n in LOADERS if n != "bare"]
     fig, ax = plt.subplots(figsize=(8, 4))

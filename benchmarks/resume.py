@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 import numpy as np
-from benchlib import write_results
+from benchlib import pyplot, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DOCS_PER_FILE = 64
@@ -142,13 +142,8 @@ def measure(root: str, shards: int, state: str | None) -> dict[str, float]:
 
 
 def chart(rows: list[dict[str, Any]], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(matplotlib not installed: no chart)")
+    plt = pyplot(path)
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = [f"{r['files']:,} files\n{r['shards']} shards" for r in rows]

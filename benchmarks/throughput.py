@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from benchlib import write_results
+from benchlib import pyplot, write_results
 
 from fmsdata import build_dataloader
 from fmsdata.checkpoint import save_loader_state
@@ -394,13 +394,8 @@ def print_table(results: dict[str, Any]) -> None:
 
 def chart(results: dict[str, Any], path: str) -> None:
     """Bars of the ratio to the bare read, per corpus and row; skipped without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib is not installed: no chart written to {path}")
+    plt = pyplot(path)
+    if plt is None:
         return
     names = list(results["corpora"])
     keys = list(results["corpora"][names[0]]["rows"])
