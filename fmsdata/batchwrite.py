@@ -43,21 +43,36 @@ class RowPieces:
         self.first = np.cumsum(counts) - counts
 
 
-@intrinsic
+def _store_in_python(row: np.ndarray, index: int, value: Any) -> None:
+    row[index] = value
+
+
+@intrinsic(_store_in_python)
 def _stream_store() -> Any:
-    """``_stream_store(row, j, value)``: ``row[j] = value`` (``row`` one-dimensional) as a
-    non-temporal store, which goes to memory without reading the line into the cache first
-    and without evicting what the cache holds. The batches a worker writes are read next by
-    another process or the GPU copy, not by this core: written the ordinary way, every
-    cache line of them was first read from memory, and the int32 rows they come from were
-    pushed out of the cache (a third of the batch writing's time in a micro-benchmark)."""
+    """``_stream_store(row, j, value)``: ``row[j] = value`` as a non-temporal store, which
+    writes the line to memory without first reading it into the cache (read for ownership)
+    and without allocating it there. The batches a worker writes are read next by another
+    process or the GPU copy, not by this core: written the ordinary way, every cache line of
+    them was read from memory first, and the item's int32 rows they come from were pushed
+    out of the cache (the write alone takes 0.76-0.88 of the ordinary stores' time,
+    ``benchmarks/batchwrite.py``). ``row``: one-dimensional, writable, of a numeric dtype;
+    ``j`` in ``range(len(row))`` (not checked, as numba checks no index: callers pass
+    rows of the batch they made). Order the stores with ``_fence`` before another process
+    reads them."""
     import llvmlite.ir as ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic as numba_intrinsic
 
     @numba_intrinsic
     def stream_store(typingctx, row, index, value):  # type: ignore[no-untyped-def]
-        if not isinstance(row, types.Array) or row.ndim != 1:
+        if not (
+            isinstance(row, types.Array)
+            and row.ndim == 1
+            and row.mutable
+            and isinstance(row.dtype, (types.Integer, types.Float))
+            and not isinstance(row.dtype, types.Boolean)
+            and isinstance(index, types.Integer)
+        ):
             return None
 
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
@@ -78,17 +93,35 @@ def _stream_store() -> Any:
     return stream_store
 
 
-@intrinsic
+def _no_fence() -> None:
+    """Python's stores need no fence: the interpreter's own locking orders them."""
+
+
+@intrinsic(_no_fence)
 def _store_fence() -> Any:
-    """A full memory fence: non-temporal stores are weakly ordered, so a kernel that made
-    them ends with one before another process may read what they wrote."""
-    from numba.core import types
+    """A store fence: non-temporal stores are weakly ordered, so they are fenced before
+    another process may read what they wrote. On x86 ``sfence``, the instruction the
+    architecture names for them (LLVM's ``fence seq_cst`` compiles to a locked ``or``
+    there, whose effect on them the manuals leave unclear); elsewhere ``fence seq_cst``."""
+    import platform
+
+    from numba.core import cgutils, types
     from numba.extending import intrinsic as numba_intrinsic
+
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
     @numba_intrinsic
     def store_fence(typingctx):  # type: ignore[no-untyped-def]
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            builder.fence("seq_cst")
+            if x86:
+                import llvmlite.ir as ir
+
+                sfence = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence"
+                )
+                builder.call(sfence, [])
+            else:
+                builder.fence("seq_cst")
             return context.get_dummy_value()
 
         return types.void(), codegen

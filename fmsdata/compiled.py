@@ -85,6 +85,13 @@ class _Compiled:
         }
         if not helpers:
             return func
+        for name, helper in helpers.items():
+            if isinstance(helper, _Intrinsic) and helper.__module__ != func.__module__:
+                raise TypeError(
+                    f"{func.__module__}.{func.__qualname__} calls the intrinsic {name} of "
+                    f"{helper.__module__}: declare intrinsics in the module that calls them "
+                    "(numba's disk cache would not see an edit to it)"
+                )
         scope = dict(func.__globals__)
         scope.update({name: helper._compile() for name, helper in helpers.items()})
         rebound = types.FunctionType(
@@ -96,28 +103,40 @@ class _Compiled:
 
 class _Intrinsic:
     """A numba intrinsic, made by ``build`` (which imports numba) when a compiled function
-    that calls it compiles."""
+    that calls it compiles; ``python`` does the same in Python (a call from Python, and
+    every call under ``NUMBA_DISABLE_JIT=1``)."""
 
-    def __init__(self, build: Callable[[], Any]):
+    def __init__(self, build: Callable[[], Any], python: Callable[..., Any]):
         self.build = build
+        self.python = python
         self.made: Any = None
         self.__doc__ = build.__doc__
         self.__name__ = build.__name__
+        self.__qualname__ = build.__qualname__
+        self.__module__ = build.__module__
 
     def __call__(self, *args: Any) -> Any:
-        raise TypeError(f"{self.__name__} is a numba intrinsic: only compiled code calls it")
+        return self.python(*args)
 
     def _compile(self) -> Any:
         with _lock:
             if self.made is None:
-                self.made = self.build()
+                import numba
+
+                self.made = self.python if numba.config.DISABLE_JIT else self.build()
             return self.made
 
 
-def intrinsic(build: Callable[[], Any]) -> _Intrinsic:
+def intrinsic(python: Callable[..., Any]) -> Callable[[Callable[[], Any]], _Intrinsic]:
     """Decorate a function that imports numba and returns a ``numba.extending.intrinsic``:
-    compiled functions of its module may call that intrinsic by the decorated name."""
-    return _Intrinsic(build)
+    compiled functions of its module may call that intrinsic by the decorated name.
+    ``python`` is what it does, in Python.
+
+    Declare it in the module of the functions that call it: numba's disk cache of a
+    compiled function is dropped when that function's own file changes, so an edit to an
+    intrinsic elsewhere would leave its callers' stale machine code in use (refused).
+    """
+    return lambda build: _Intrinsic(build, python)
 
 
 def compiled(func: Callable[..., Any] | None = None, *, ieee_division: bool = False) -> Any:

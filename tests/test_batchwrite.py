@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fmsdata import batchwrite
+from fmsdata.batchwrite import _stream_store
+from fmsdata.compiled import compiled
 from fmsdata.stages.outputs import IGNORE_INDEX
 
 
@@ -77,6 +84,50 @@ def test_kernels_write_what_numpy_writes(case):
     np.testing.assert_array_equal(out, expected)
 
 
-def test_an_intrinsic_is_not_called_from_python():
-    with pytest.raises(TypeError, match="only compiled code calls it"):
-        batchwrite._stream_store(np.zeros(2), 0, 1)
+def test_called_from_python_an_intrinsic_does_what_it_compiles_to():
+    row = np.zeros(3, dtype=np.int64)
+    batchwrite._stream_store(row, 1, -100)
+    batchwrite._store_fence()
+    assert row.tolist() == [0, -100, 0]
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 only")
+def test_the_fence_after_streaming_stores_is_an_sfence_on_x86():
+    import numba
+
+    # Compiled afresh: code loaded from numba's disk cache has no assembly to show.
+    fence = numba.njit(batchwrite._fence._with_compiled_helpers())
+    fence()
+    assert "sfence" in "".join(fence.inspect_asm().values())
+
+
+SHIFT_WITHOUT_JIT = """
+import numpy as np
+from fmsdata import batchwrite
+from fmsdata.batchwrite import _stream_store
+from fmsdata.compiled import compiled
+tokens = np.arange(6, dtype=np.int32).reshape(2, 3)
+out = np.zeros((2, 2, 2), dtype=np.int64)
+batchwrite._shift(tokens, np.array([3, 2]), np.array([1, 0]), out[0], out[1], -100)
+batchwrite._fence()
+print(out.tolist())
+"""
+
+
+def test_the_kernels_run_in_python_under_numba_disable_jit():
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", SHIFT_WITHOUT_JIT], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str([[[3, 4], [0, 1]], [[4, -100], [1, 2]]])
+
+
+@compiled
+def _stores_with_an_intrinsic_of_another_module(row):
+    _stream_store(row, 0, 1)
+
+
+def test_an_intrinsic_is_called_only_from_its_own_module():
+    with pytest.raises(TypeError, match="declare intrinsics in the module that calls them"):
+        _stores_with_an_intrinsic_of_another_module(np.zeros(1, dtype=np.int64))
