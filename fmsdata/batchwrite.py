@@ -94,7 +94,7 @@ def _stream_store() -> Any:
 
 
 def _no_fence() -> None:
-    """Python's stores need no fence: the interpreter's own locking orders them."""
+    """Python makes ordinary stores, which need no fence of their own."""
 
 
 @intrinsic(_no_fence)

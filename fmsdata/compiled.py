@@ -121,9 +121,10 @@ class _Intrinsic:
     def _compile(self) -> Any:
         with _lock:
             if self.made is None:
-                import numba
+                from numba.core import config
 
-                self.made = self.python if numba.config.DISABLE_JIT else self.build()
+                jit = not getattr(config, "DISABLE_JIT", False)  # set from the environment
+                self.made = self.build() if jit else self.python
             return self.made
 
 
