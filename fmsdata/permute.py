@@ -42,13 +42,24 @@ def hash_index(key: int, counter: int, n: int) -> int:
     return _mix_int(key ^ _mix_int(counter + 0x9E3779B97F4A7C15)) % n
 
 
-def _mix_array(x: np.ndarray) -> np.ndarray:
-    """``_mix_int`` on a uint64 array (wrapping arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
+@compiled
+def _mix(x):  # type: ignore[no-untyped-def]
+    """``_mix_int`` on a uint64, in wrapping uint64 arithmetic."""
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
+
+
+@compiled
+def _hash_range(key, start, count):  # type: ignore[no-untyped-def]
+    """``hash_values`` of counters ``start .. start + count - 1`` (uint64 key and start):
+    one compiled call, where numpy took ten passes (a shuffle buffer hashes every take)."""
+    out = np.empty(count, np.uint64)
+    for i in range(count):
+        out[i] = _mix(key ^ _mix(start + np.uint64(i) + np.uint64(0x9E3779B97F4A7C15)))
+    return out
 
 
 def hash_values(key: int, start: int, count: int) -> list[int]:
@@ -59,8 +70,7 @@ def hash_values(key: int, start: int, count: int) -> list[int]:
 
 def hash_array(key: int, start: int, count: int) -> np.ndarray:
     """``hash_values`` as a uint64 array (for compiled loops)."""
-    counters = np.arange(start, start + count, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    return _mix_array(np.uint64(key & _MASK64) ^ _mix_array(counters))
+    return _hash_range(np.uint64(key & _MASK64), np.uint64(start & _MASK64), count)
 
 
 @compiled
@@ -88,12 +98,7 @@ def _round_constants(sizes: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, n
         mask = (one << width) - one
         state = keys[g]
         for column in range(2 * _ROUNDS):
-            x = state + step  # _mix_int, in wrapping uint64 arithmetic
-            x ^= x >> np.uint64(30)
-            x *= np.uint64(0xBF58476D1CE4E5B9)
-            x ^= x >> np.uint64(27)
-            x *= np.uint64(0x94D049BB133111EB)
-            x ^= x >> np.uint64(31)
+            x = _mix(state + step)
             state = x
             table[g, column] = (x & mask) | (one if column % 2 else np.uint64(0))
     return bits, table
