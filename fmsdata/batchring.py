@@ -125,6 +125,16 @@ class BatchRing:
             return None
         return self._data[slot]
 
+    def claim_all(self, first: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The slot to write each of batches ``first:first + n`` into, -1 for those whose
+        slot may still be in use (write them elsewhere), and the slots
+        ``[slots, fields, batch_size, seq]`` the numbers index. A slot free for a batch
+        stays free for it until the main process handles that batch, which it does only
+        after the item that writes it arrived: the claims hold while the item is written."""
+        batches = np.arange(first, first + n, dtype=np.int64)
+        slots = batches % self.slots
+        return np.where(self._free[slots] == batches, slots, -1), self._data
+
     # -- the main process's side ---------------------------------------------------------
 
     def hand_out(self, batch: int) -> list[torch.Tensor]:

@@ -7,10 +7,19 @@ and on request ``position_ids`` (restarting at each piece of a document) and
 ``document_ids``. Each row goes to its canonical row of the batch, in the batch's ring slot
 (``fmsdata.batchring``) or, where that slot is still held, in fresh memory sent with the
 item: the main process hands them out without reading a token.
+
+The document pieces of the lines are copied here too (``copy_spans``: every file's token
+buffer in one call), a batch at a time just before that batch is written when no
+token-level stage needs the item's rows first: a batch's int32 rows (128 KiB at 8 x 4096)
+are then still in the core's cache when they are widened, where an item's rows (8 MiB)
+were not.
 """
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +30,29 @@ from fmsdata.batchring import BatchRing
 from fmsdata.compiled import compiled, intrinsic
 from fmsdata.stages.outputs import IGNORE_INDEX
 
-__all__ = ["RowPieces", "token_fields", "write_batches"]
+__all__ = [
+    "COPIED",
+    "PIECE_OUT_OF_BOUNDS",
+    "TOKEN_OUT_OF_RANGE",
+    "PendingCopy",
+    "RowPieces",
+    "copy_spans",
+    "source_kind",
+    "token_fields",
+    "write_batches",
+]
+
+_INT32_MAX = 2**31 - 1
+
+# copy_spans outcomes: every piece copied, a token outside ``[0, limit]`` (it would not fit
+# an int32 row, or is past the vocabulary), a piece outside its file's token buffer.
+COPIED, TOKEN_OUT_OF_RANGE, PIECE_OUT_OF_BOUNDS = 0, 1, 2
+
+# The token buffers copy_spans reads, by kind: native-order integers (what handlers map).
+_SOURCE_DTYPES = tuple(
+    np.dtype(t)
+    for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64, np.int64)
+)
 
 
 def token_fields(position_ids: bool, document_ids: bool) -> tuple[str, ...]:
@@ -41,6 +72,189 @@ class RowPieces:
     def __init__(self, lengths: np.ndarray, counts: np.ndarray, ids: np.ndarray | None):
         self.lengths, self.counts, self.ids = lengths, counts, ids
         self.first = np.cumsum(counts) - counts
+
+
+def source_kind(buffer: np.ndarray) -> int:
+    """The kind ``copy_spans`` reads ``buffer`` as, or -1 where it cannot (not a contiguous
+    one-dimensional array of native-order integers: read through the handler instead)."""
+    if buffer.ndim != 1 or not buffer.flags.c_contiguous or not buffer.dtype.isnative:
+        return -1
+    try:
+        return _SOURCE_DTYPES.index(buffer.dtype)
+    except ValueError:
+        return -1
+
+
+def _view_in_python(address: int, size: int, dtype: Any) -> np.ndarray:
+    if size == 0:
+        return np.empty(0, dtype=dtype)
+    pointer = ctypes.cast(address, ctypes.POINTER(np.ctypeslib.as_ctypes_type(dtype)))
+    return np.ctypeslib.as_array(pointer, (size,))
+
+
+@intrinsic(_view_in_python)
+def _view_at() -> Any:
+    """``_view_at(address, size, dtype)``: the read-only array of ``size`` items of the
+    integer ``dtype`` at memory ``address``, made without a call into Python: how one
+    compiled call reads the token buffers of many files, of any dtypes (numba's arrays
+    carry their dtype in their type, so a list of them must share one). The caller keeps
+    the buffers alive for the call. The view claims no alignment, as a file's token buffer
+    may start at any byte."""
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic as numba_intrinsic
+    from numba.np.arrayobj import make_array, populate_array
+
+    @numba_intrinsic
+    def view_at(typingctx, address, size, dtype):  # type: ignore[no-untyped-def]
+        if not (
+            isinstance(address, types.Integer)
+            and isinstance(size, types.Integer)
+            and isinstance(dtype, types.NumberClass)
+            and isinstance(dtype.instance_type, types.Integer)
+        ):
+            return None
+        result = types.Array(dtype.instance_type, 1, "C", readonly=True, aligned=True)
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            address, size, _ = args
+            array = make_array(result)(context, builder)
+            item = context.get_data_type(result.dtype)
+            itemsize = context.get_constant(types.intp, context.get_abi_sizeof(item))
+            count = context.cast(builder, size, signature.args[1], types.intp)
+            at = context.cast(builder, address, signature.args[0], types.intp)
+            populate_array(
+                array,
+                data=builder.inttoptr(at, item.as_pointer()),
+                shape=cgutils.pack_array(builder, [count]),
+                strides=cgutils.pack_array(builder, [itemsize]),
+                itemsize=itemsize,
+                meminfo=None,
+            )
+            return array._getvalue()
+
+        return result(address, size, dtype), codegen
+
+    return view_at
+
+
+@compiled(inline=True)
+def _copy_piece(source, out, s, d, n, limit, lowest, highest):  # type: ignore[no-untyped-def]
+    """``source[s:s + n]`` into ``out[d:]``; whether every token is in ``[0, limit]``.
+
+    ``lowest``/``highest``: the range of the source's dtype. Where all of it fits, the
+    tokens are copied without the check, whose running min/max halves the copy's speed.
+    ``s`` and ``d`` are checked to be in their arrays, by the caller and again here: the
+    check tells the compiler no index is negative, which it needs to vectorize the loop
+    (ten times faster)."""
+    if s < 0 or d < 0:
+        return False
+    if lowest >= 0 and highest <= limit:
+        for t in range(n):
+            out[d + t] = source[s + t]
+        return True
+    low = high = np.int64(source[s])
+    for t in range(n):
+        value = np.int64(source[s + t])
+        out[d + t] = value
+        low = min(low, value)
+        high = max(high, value)
+    return low >= 0 and high <= limit
+
+
+@compiled
+def copy_spans(  # type: ignore[no-untyped-def]
+    addresses, sizes, kinds, span_source, src, dst, n_copy, begin, end, out, limit
+):
+    """Copy the pieces of spans ``begin:end`` into ``out``, the flattened int32 rows.
+
+    Span ``i`` reads ``n_copy[i]`` tokens from item ``src[i]`` of the token buffer
+    ``span_source[i]`` (-1: none, its piece is written by other means), the buffer of
+    ``sizes[f]`` items of kind ``kinds[f]`` (``source_kind``) at ``addresses[f]``, and
+    writes them at ``out[dst[i]:]``. Returns ``(COPIED, -1)``, or the outcome and the span
+    that stopped the copy (empty pieces are skipped): ``TOKEN_OUT_OF_RANGE`` for a token
+    outside ``[0, limit]`` (``limit`` below ``2**31``: it fits an int32 row),
+    ``PIECE_OUT_OF_BOUNDS`` for a piece that is not inside its buffer (the file changed
+    since its spans were made). One pass over the tokens, no index arrays: the loop over a
+    piece compiles to a vectorized widening copy.
+    """
+    room = out.shape[0]
+    for i in range(begin, end):
+        n = n_copy[i]
+        f = span_source[i]
+        if n == 0 or f < 0:
+            continue
+        s = src[i]
+        d = dst[i]
+        size = sizes[f]
+        if s < 0 or s + n > size or d < 0 or d + n > room:
+            return PIECE_OUT_OF_BOUNDS, i
+        at = addresses[f]
+        kind = kinds[f]
+        if kind == 0:
+            fits = _copy_piece(_view_at(at, size, np.uint8), out, s, d, n, limit, 0, 255)
+        elif kind == 1:
+            fits = _copy_piece(_view_at(at, size, np.int8), out, s, d, n, limit, -128, 127)
+        elif kind == 2:
+            fits = _copy_piece(_view_at(at, size, np.uint16), out, s, d, n, limit, 0, 65535)
+        elif kind == 3:
+            fits = _copy_piece(_view_at(at, size, np.int16), out, s, d, n, limit, -32768, 32767)
+        elif kind == 4:
+            fits = _copy_piece(_view_at(at, size, np.uint32), out, s, d, n, limit, 0, 2**32 - 1)
+        elif kind == 5:
+            fits = _copy_piece(
+                _view_at(at, size, np.int32), out, s, d, n, limit, -(2**31), 2**31 - 1
+            )
+        elif kind == 6:
+            fits = _copy_piece(_view_at(at, size, np.uint64), out, s, d, n, limit, 0, 2**63 - 1)
+        else:
+            fits = _copy_piece(
+                _view_at(at, size, np.int64), out, s, d, n, limit, -(2**63), 2**63 - 1
+            )
+        if not fits:
+            return TOKEN_OUT_OF_RANGE, i
+    return COPIED, -1
+
+
+@dataclass
+class PendingCopy:
+    """The document pieces of an item's int32 rows, laid out and not yet copied.
+
+    Line ``j`` of the rows holds spans ``line_spans[j]:line_spans[j + 1]`` (the arrays of
+    ``copy_spans``, which say where each span's piece comes from and goes). ``buffers``
+    are the token buffers at ``addresses``, held here so that they stay mapped while the
+    copy reads them; ``refuse(outcome, span)`` raises the error naming the file for a
+    copy that stopped.
+    """
+
+    line_spans: np.ndarray
+    addresses: np.ndarray
+    sizes: np.ndarray
+    kinds: np.ndarray
+    span_source: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    n_copy: np.ndarray
+    limit: int
+    buffers: list[np.ndarray]
+    refuse: Callable[[int, int], None]
+
+    def copy(self, rows: np.ndarray, begin: int, end: int) -> None:
+        """Copy the pieces of lines ``begin:end`` into ``rows``."""
+        outcome, span = copy_spans(
+            self.addresses,
+            self.sizes,
+            self.kinds,
+            self.span_source,
+            self.src,
+            self.dst,
+            self.n_copy,
+            int(self.line_spans[begin]),
+            int(self.line_spans[end]),
+            rows.reshape(-1),
+            self.limit,
+        )
+        if outcome != COPIED:
+            self.refuse(outcome, span)
 
 
 def _store_in_python(row: np.ndarray, index: int, value: Any) -> None:
@@ -172,26 +386,50 @@ def _document_ids(lengths, first, counts, ids, rows, out):  # type: ignore[no-un
             j += lengths[p]
 
 
-def _write(
-    out: np.ndarray,
-    fields: tuple[str, ...],
-    tokens: np.ndarray,
-    content: np.ndarray,
-    pieces: RowPieces | None,
-    lines: slice,
-    rows: np.ndarray,
-) -> None:
-    """Lines ``lines`` of the item into rows ``rows`` of ``out`` ``[fields, rows, seq]``."""
-    _shift(tokens[lines], content[lines], rows, out[0], out[1], IGNORE_INDEX)
-    if pieces is None:
-        return
-    first, counts = pieces.first[lines], pieces.counts[lines]
-    for f, name in enumerate(fields[2:], 2):
-        if name == "position_ids":
-            _positions(pieces.lengths, first, counts, rows, out[f])
+@compiled
+def _write_item(  # type: ignore[no-untyped-def]
+    tokens, content, rows, local, offsets, targets, ring, overflow, ignore,
+    positions_at, ids_at, lengths, piece_first, piece_counts, ids,
+    copy, line_spans, addresses, sizes, kinds, span_source, src, dst, n_copy, limit,
+):  # fmt: skip
+    """Write an item's lines as its batches, one batch at a time.
+
+    Batch ``k`` holds lines ``offsets[k]:offsets[k + 1]``: into ring slot ``targets[k]``
+    at rows ``rows`` of the batch, or, for ``targets[k]`` -1, into ``overflow`` at their
+    item rows (``local``). Where ``copy``, the batch's document pieces are copied into its
+    int32 rows first (``copy_spans``; a failed copy returns its outcome and span and writes
+    no more). Fields ``positions_at`` and ``ids_at`` (-1: not asked for) are written from
+    the lines' input pieces. The stores are fenced before it returns.
+    """
+    flat = tokens.reshape(-1)
+    for k in range(offsets.shape[0] - 1):
+        a = offsets[k]
+        b = offsets[k + 1]
+        if b == a:
+            continue
+        if copy:
+            outcome, span = copy_spans(
+                addresses, sizes, kinds, span_source, src, dst, n_copy,
+                line_spans[a], line_spans[b], flat, limit,
+            )  # fmt: skip
+            if outcome != COPIED:
+                return outcome, span
+        if targets[k] >= 0:
+            out = ring[targets[k]]
+            at = rows[a:b]
         else:
-            assert pieces.ids is not None, "document ids requested"
-            _document_ids(pieces.lengths, first, counts, pieces.ids, rows, out[f])
+            out = overflow
+            at = local[a:b]
+        _shift(tokens[a:b], content[a:b], at, out[0], out[1], ignore)
+        if positions_at >= 0:
+            _positions(lengths, piece_first[a:b], piece_counts[a:b], at, out[positions_at])
+        if ids_at >= 0:
+            _document_ids(lengths, piece_first[a:b], piece_counts[a:b], ids, at, out[ids_at])
+    _fence()  # the batches are written before the item that says so is sent
+    return COPIED, -1
+
+
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 def write_batches(
@@ -203,31 +441,67 @@ def write_batches(
     tokens: np.ndarray,
     content: np.ndarray,
     pieces: RowPieces | None,
+    pending: PendingCopy | None = None,
 ) -> tuple[np.ndarray, torch.Tensor | None]:
     """Write an item's lines as batches ``first``, ``first + 1``, ...
 
     Batch ``k`` holds the item's lines ``offsets[k]:offsets[k + 1]`` at rows ``rows`` of
-    the batch. Returns which batches went to their ring slot and, for the others, the
-    fresh ``[fields, lines, seq]`` tensor holding their lines in item order (shared memory
-    in a worker: it travels by handle, not by copy).
+    the batch. ``pending``: the document pieces of ``tokens`` not copied yet (copied here,
+    a batch at a time). Returns which batches went to their ring slot and, for the others,
+    the fresh ``[fields, lines, seq]`` tensor holding their lines in item order (shared
+    memory in a worker: it travels by handle, not by copy).
     """
     n_batches = len(offsets) - 1
-    placed = np.zeros(n_batches, dtype=bool)
-    overflow: torch.Tensor | None = None
     seq = tokens.shape[1] - 1
-    for k in range(n_batches):
-        a, b = int(offsets[k]), int(offsets[k + 1])
-        slot = ring.claim(first + k) if ring is not None and b > a else None
-        placed[k] = slot is not None or b == a  # no rows of this worker: nothing to place
-        if slot is not None:
-            _write(slot, fields, tokens, content, pieces, slice(a, b), rows[a:b])
-        elif b > a:
-            if overflow is None:
-                overflow = _fresh((len(fields), len(rows), seq))
-            local = np.arange(a, b, dtype=np.int64)
-            _write(overflow.numpy(), fields, tokens, content, pieces, slice(a, b), local)
-    _fence()  # the batches are written before the item that says so is sent
+    batch_size = ring.data.shape[2] if ring is not None else 0
+    if ring is not None:
+        targets, slots = ring.claim_all(first, n_batches)
+    else:
+        targets = np.full(n_batches, -1, dtype=np.int64)
+        slots = np.empty((0, len(fields), batch_size, seq), dtype=np.int64)
+    placed = (targets >= 0) | (offsets[1:] == offsets[:-1])  # no rows here: nothing to place
+    overflow: torch.Tensor | None = None
+    if not placed.all():
+        overflow = _fresh((len(fields), len(rows), seq))
+    spill = overflow.numpy() if overflow is not None else np.empty((len(fields), 0, seq), np.int64)
+    positions_at = fields.index("position_ids") if "position_ids" in fields else -1
+    ids_at = fields.index("document_ids") if "document_ids" in fields else -1
+    if positions_at >= 0 or ids_at >= 0:
+        assert pieces is not None, "the lines' input pieces come with position or document ids"
+        lengths, piece_first, piece_counts = pieces.lengths, pieces.first, pieces.counts
+        ids = pieces.ids if pieces.ids is not None else _NONE
+        assert ids_at < 0 or pieces.ids is not None, "document ids requested"
+    else:
+        lengths = piece_first = piece_counts = ids = _NONE
+    copy = pending if pending is not None else _NO_COPY
+    outcome, span = _write_item(
+        tokens, content, rows, np.arange(len(rows), dtype=np.int64), offsets, targets, slots,
+        spill, IGNORE_INDEX, positions_at, ids_at, lengths, piece_first, piece_counts, ids,
+        pending is not None, copy.line_spans, copy.addresses, copy.sizes, copy.kinds,
+        copy.span_source, copy.src, copy.dst, copy.n_copy, copy.limit,
+    )  # fmt: skip
+    if outcome != COPIED:
+        copy.refuse(outcome, span)
     return placed, overflow
+
+
+def _not_copying(outcome: int, span: int) -> None:
+    raise AssertionError("nothing is copied without a pending copy")
+
+
+_NO_COPY = PendingCopy(
+    line_spans=np.zeros(1, dtype=np.int64),
+    addresses=_NONE,
+    sizes=_NONE,
+    kinds=_NONE,
+    span_source=_NONE,
+    src=_NONE,
+    dst=_NONE,
+    n_copy=_NONE,
+    limit=_INT32_MAX,
+    buffers=[],
+    refuse=_not_copying,
+)
 
 
 def _fresh(shape: tuple[int, ...]) -> torch.Tensor:

@@ -140,14 +140,18 @@ def intrinsic(python: Callable[..., Any]) -> Callable[[Callable[[], Any]], _Intr
     return lambda build: _Intrinsic(build, python)
 
 
-def compiled(func: Callable[..., Any] | None = None, *, ieee_division: bool = False) -> Any:
+def compiled(
+    func: Callable[..., Any] | None = None, *, ieee_division: bool = False, inline: bool = False
+) -> Any:
     """Decorate ``func`` (numba-compatible code) to be compiled on its first call. It may
     call other ``compiled`` functions of its module by their global names.
 
     ``@compiled(ieee_division=True)``: a float divided by zero gives inf or nan, as in
     numpy, instead of raising ``ZeroDivisionError`` (numba's default, Python's rule).
     """
-    options = {"error_model": "numpy"} if ieee_division else {}
+    options: dict[str, Any] = {"error_model": "numpy"} if ieee_division else {}
+    if inline:
+        options["inline"] = "always"
     if func is None:
         return lambda f: _Compiled(f, options)
     return _Compiled(func, options)

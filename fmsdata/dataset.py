@@ -434,10 +434,15 @@ class RankLineDataset(IterableDataset):
         config = self.config
         n_batches = len(offsets) - 1
         tokens = buffer.rows(len(lines))
-        content = writer.write(lines, tokens)  # refuses ids outside int32, naming the file
+        token_stages = any(p.token_stages for p in pipelines)
+        pending = None
+        if token_stages or self.preprocess is not None:  # they read the whole rows
+            content = writer.write(lines, tokens)  # refuses ids outside int32, naming the file
+        else:  # the pieces are copied a batch at a time as the batches are written
+            content, pending = writer.lay_out(lines, tokens)
         has_bol, has_eol = config.bol_token is not None, config.eol_token is not None
         token_lines: list[TokenLine] | None = None
-        if any(p.token_stages for p in pipelines):
+        if token_stages:
             # In the order each shard emitted its lines: token stages' state is per line.
             token_lines = [TokenLine.of(spans, has_bol, has_eol) for spans in lines]
             for i, pipeline in enumerate(pipelines):
@@ -486,7 +491,7 @@ class RankLineDataset(IterableDataset):
             if segments is not None and segment_counts is not None and len(fields) > 2:
                 pieces = RowPieces(segments, segment_counts, segment_ids)
             placed, overflow = write_batches(
-                ring, first, fields, offsets_np, rows_np, tokens, content, pieces
+                ring, first, fields, offsets_np, rows_np, tokens, content, pieces, pending
             )
         if not config.return_cu_seqlens:  # the rest of the structure is written already
             segments = segment_counts = segment_ids = None

@@ -13,9 +13,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fmsdata import batchwrite
-from fmsdata.batchwrite import _stream_store
+from fmsdata.batchring import BatchRing
+from fmsdata.batchwrite import (
+    COPIED,
+    PIECE_OUT_OF_BOUNDS,
+    TOKEN_OUT_OF_RANGE,
+    PendingCopy,
+    _stream_store,
+    copy_spans,
+    source_kind,
+    write_batches,
+)
 from fmsdata.compiled import compiled
 from fmsdata.stages.outputs import IGNORE_INDEX
+
+DTYPES = [np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64, np.int64]
 
 
 def reference(tokens, content, rows, n_rows, lengths, counts, ids):
@@ -131,3 +143,167 @@ def _stores_with_an_intrinsic_of_another_module(row):
 def test_an_intrinsic_is_called_only_from_its_own_module():
     with pytest.raises(TypeError, match="declare intrinsics in the module that calls them"):
         _stores_with_an_intrinsic_of_another_module(np.zeros(1, dtype=np.int64))
+
+
+def reference_copy(sources, span_source, src, dst, n_copy, spans, out, limit):
+    """What copy_spans must do, token by token; returns (outcome, span) the same way."""
+    for i in spans:
+        f, n = span_source[i], n_copy[i]
+        if n == 0 or f < 0:
+            continue
+        source = sources[f]
+        if src[i] < 0 or src[i] + n > len(source) or dst[i] < 0 or dst[i] + n > len(out):
+            return PIECE_OUT_OF_BOUNDS, i
+        values = [int(v) for v in source[src[i] : src[i] + n]]
+        out[dst[i] : dst[i] + n] = np.array(values, dtype=np.int64).astype(np.int32)  # wraps
+        if not all(0 <= v <= limit for v in values):
+            return TOKEN_OUT_OF_RANGE, i
+    return COPIED, -1
+
+
+@st.composite
+def span_sources(draw, n_spans=None):
+    """Token buffers of mixed dtypes (as one item reads many files) and spans of them:
+    ``(sources, span_source, src, n_copy)``; values sometimes outside an int32 row."""
+    sources = []
+    for _ in range(draw(st.integers(1, 3))):
+        dtype = draw(st.sampled_from(DTYPES))
+        info = np.iinfo(dtype)
+        big = draw(st.booleans())
+        high = min(int(info.max), 2**31 + 5 if big else 2**31 - 1)
+        low = max(int(info.min), -3 if big else 0)
+        size = draw(st.integers(0, 60))
+        value = st.one_of(st.integers(low, high), st.sampled_from([low, high]))  # edges often
+        values = draw(st.lists(value, min_size=size, max_size=size))
+        buffer = np.array(values, dtype=dtype)
+        buffer.flags.writeable = False  # as memory-mapped buffers are
+        sources.append(buffer)
+    if n_spans is None:
+        n_spans = draw(st.integers(0, 10))
+    span_source = [draw(st.integers(-1, len(sources) - 1)) for _ in range(n_spans)]
+    # Pieces start anywhere, also past the end of their file (refused), and may be empty.
+    src = [draw(st.integers(-1, len(sources[f]) + 2)) for f in span_source]
+    n_copy = [draw(st.integers(0, 25)) for _ in range(n_spans)]
+    as_int = lambda values: np.array(values, dtype=np.int64)  # noqa: E731
+    return sources, as_int(span_source), as_int(src), as_int(n_copy)
+
+
+def addresses_of(sources):
+    return (
+        np.array([s.__array_interface__["data"][0] for s in sources], dtype=np.int64),
+        np.array([len(s) for s in sources], dtype=np.int64),
+        np.array([source_kind(s) for s in sources], dtype=np.int64),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=span_sources(), limit=st.sampled_from([2**31 - 1, 200, 0]), data=st.data())
+def test_copy_spans_matches_a_token_by_token_copy(case, limit, data):
+    sources, span_source, src, n_copy = case
+    dst = np.concatenate([[0], np.cumsum(n_copy)[:-1]]).astype(np.int64)
+    if len(dst) and data.draw(st.booleans()):  # a piece that runs past the rows
+        dst[-1] += data.draw(st.integers(1, 5))
+    room = int(n_copy.sum())
+    begin = data.draw(st.integers(0, len(n_copy)))
+    end = data.draw(st.integers(begin, len(n_copy)))
+    got = np.full(room, -7, dtype=np.int32)
+    outcome = copy_spans(
+        *addresses_of(sources), span_source, src, dst, n_copy, begin, end, got, limit
+    )
+    want = np.full(room, -7, dtype=np.int32)
+    expected = reference_copy(
+        sources, span_source, src, dst, n_copy, range(begin, end), want, limit
+    )
+    assert outcome == expected
+    if outcome[0] == COPIED:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_source_kind_takes_native_contiguous_integers_only():
+    assert [source_kind(np.zeros(2, dtype=t)) for t in DTYPES] == list(range(8))
+    assert source_kind(np.zeros(2, dtype=">u2")) == -1  # byte-swapped
+    assert source_kind(np.zeros(4, dtype=np.uint16)[::2]) == -1  # strided
+    assert source_kind(np.zeros(2, dtype=np.float32)) == -1
+
+
+@st.composite
+def items(draw):
+    """An item: lines laid out for pieces of several buffers, cut into batches, with some
+    batches' ring slots still held."""
+    seq = draw(st.integers(1, 12))
+    width = seq + 1
+    batch_size = draw(st.integers(1, 4))
+    n_batches = draw(st.integers(1, 5))
+    sizes = [draw(st.integers(0, batch_size)) for _ in range(n_batches)]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    n_lines = int(offsets[-1])
+    rows = np.concatenate(
+        [np.array(draw(st.permutations(range(batch_size)))[:n], dtype=np.int64) for n in sizes]
+    )
+    # Each line: pieces back to back from its second token on (the first is a delimiter).
+    counts = [draw(st.integers(0, 3)) for _ in range(n_lines)]
+    sources, span_source, src, _ = draw(span_sources(n_spans=sum(counts)))
+    n_copy, dst, i = np.zeros(len(src), dtype=np.int64), np.zeros(len(src), dtype=np.int64), 0
+    for line, count in enumerate(counts):
+        at = line * width + 1
+        for _ in range(count):
+            n_copy[i] = draw(st.integers(0, max(0, (line + 1) * width - at)))
+            dst[i], at, i = at, at + n_copy[i], i + 1
+    line_spans = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    content = np.array([draw(st.integers(0, width)) for _ in range(n_lines)], dtype=np.int64)
+    held = [draw(st.booleans()) for _ in range(n_batches)]
+    return dict(
+        seq=seq, batch_size=batch_size, offsets=offsets, rows=rows, sources=sources,
+        span_source=span_source, src=src, dst=dst, n_copy=n_copy, line_spans=line_spans,
+        content=content, held=held,
+    )  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(item=items(), limit=st.sampled_from([2**31 - 1, 300]), first=st.integers(0, 20))
+def test_write_batches_copies_each_batch_as_it_writes_it(item, limit, first):
+    """The pieces copied a batch at a time, then the batches written to their slots or to
+    fresh memory: the same batches as copying all the rows first (token by token), and
+    for a copy that stops, the error for that span."""
+    seq, batch_size, offsets = item["seq"], item["batch_size"], item["offsets"]
+    n_lines, n_batches = int(offsets[-1]), len(offsets) - 1
+    fields = ("input_ids", "labels")
+    args = (item["span_source"], item["src"], item["dst"], item["n_copy"])
+    want_rows = np.full((n_lines, seq + 1), 5, dtype=np.int32)
+    expected = reference_copy(
+        item["sources"], *args, range(len(item["src"])), want_rows.reshape(-1), limit
+    )
+    ring = BatchRing(n_batches + 1, fields, batch_size, seq, shared=False)
+    ring.restart(first)  # numbers the slots from ``first``... on
+    start = ring.position
+    for k, held in enumerate(item["held"]):
+        if held:  # the slot still holds an earlier batch
+            ring._free[(start + k) % ring.slots] = start + k - ring.slots
+    refused = []
+    pending = PendingCopy(
+        item["line_spans"], *addresses_of(item["sources"]), *args, limit=limit,
+        buffers=item["sources"], refuse=lambda outcome, span: refused.append((outcome, span)),
+    )  # fmt: skip
+    rows = np.full((n_lines, seq + 1), 5, dtype=np.int32)
+    placed, overflow = write_batches(
+        ring, start, fields, offsets, item["rows"], rows, item["content"], None, pending
+    )
+    if expected[0] != COPIED:
+        assert refused == [expected]
+        return
+    assert refused == []
+    np.testing.assert_array_equal(rows, want_rows)
+    want = reference(
+        want_rows, item["content"], np.arange(n_lines), n_lines,
+        np.full(n_lines, seq), np.ones(n_lines, dtype=np.int64), np.zeros(n_lines),
+    )[:2]  # fmt: skip
+    for k in range(n_batches):
+        a, b = int(offsets[k]), int(offsets[k + 1])
+        assert placed[k] == (not item["held"][k] or a == b)
+        if a == b:
+            continue
+        if placed[k]:
+            got = ring.data.numpy()[(start + k) % ring.slots][:, item["rows"][a:b]]
+        else:
+            got = overflow.numpy()[:, a:b]
+        np.testing.assert_array_equal(got, want[:, a:b])

@@ -98,11 +98,15 @@ def test_the_check_catches_a_ring_that_reuses_kept_slots(tmp_path, monkeypatch):
     info = corpus(tmp_path)
     small_items(monkeypatch, kept=1)
     ring = fmsdata.batchring.BatchRing
-    monkeypatch.setattr(ring, "claim", lambda self, batch: self._data[batch % self.slots])
+    monkeypatch.setattr(ring, "claim_all", naive_claim_all)
     monkeypatch.setattr(ring, "hand_out", naive_hand_out)
     config = padded_config(info, num_workers=1)
     with pytest.raises(AssertionError, match="changed|assert"):
         keep_and_check(build_dataloader(config), 20, 200)
+
+
+def naive_claim_all(self, first, n):
+    return np.arange(first, first + n) % self.slots, self._data
 
 
 def naive_hand_out(self, batch):
@@ -135,7 +139,11 @@ def test_batches_that_find_their_slot_held_come_in_fresh_memory(tmp_path, monkey
     info = corpus(tmp_path)
     config = padded_config(info, num_workers=num_workers, **STRUCTURE)
     reference = take(build_dataloader(padded_config(info, **STRUCTURE)), 40)
-    monkeypatch.setattr(fmsdata.batchring.BatchRing, "claim", lambda self, batch: None)
+    monkeypatch.setattr(
+        fmsdata.batchring.BatchRing,
+        "claim_all",
+        lambda self, first, n: (np.full(n, -1), self._data),
+    )
     assert_same_batches(reference, take(build_dataloader(config), 40))
 
 

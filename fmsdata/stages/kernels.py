@@ -1,8 +1,9 @@
 """Compiled loops (numba) for the per-token and per-span work of a worker.
 
 What numpy cannot do without per-token index arrays or dozens of passes over the spans is
-done here in one compiled pass: laying lines out and copying document pieces into them
-(``fmsdata.stages.materialize``), and splitting a run of documents into hard-packed lines
+done here in one compiled pass: laying lines out (``fmsdata.stages.materialize``; their
+pieces are copied by ``fmsdata.batchwrite.copy_spans``, beside the batch writing it
+feeds), and splitting a run of documents into hard-packed lines
 (``fmsdata.stages.packing``). There is one code path: these kernels are the
 implementation, not an accelerated copy of a numpy one.
 
@@ -17,13 +18,7 @@ import numpy as np
 from fmsdata.compiled import compiled
 from fmsdata.stages.base import DLEN, LENGTH, START
 
-__all__ = ["copy_pieces", "lay_out_lines", "plan_hard_lines"]
-
-_INT32_MAX = 2**31 - 1
-
-# copy_pieces outcomes: every piece copied, a token that does not fit int32 rows, a piece
-# outside its file's token buffer.
-COPIED, TOKEN_OUT_OF_RANGE, PIECE_OUT_OF_BOUNDS = 0, 1, 2
+__all__ = ["lay_out_lines", "plan_hard_lines"]
 
 
 @compiled
@@ -93,49 +88,6 @@ def lay_out_lines(
             for c in range(at, width):
                 out[r, c] = pad
     return fill
-
-
-@compiled
-def copy_pieces(
-    source: np.ndarray,
-    out: np.ndarray,
-    dst: np.ndarray,
-    src: np.ndarray,
-    n_copy: np.ndarray,
-    order: np.ndarray,
-    begin: int,
-    end: int,
-) -> tuple[int, int]:
-    """Copy the pieces ``order[begin:end]`` of one file's token buffer into ``out``.
-
-    Piece ``i`` is ``source[src[i] : src[i] + n_copy[i]]``, written at ``out[dst[i]:]``
-    (``out`` is the flattened int32 rows). Returns ``(COPIED, -1)``, or the outcome and the
-    piece that stopped the copy (empty pieces are skipped): ``TOKEN_OUT_OF_RANGE`` for a
-    token outside ``[0, 2**31)`` (it would not fit an int32 row), ``PIECE_OUT_OF_BOUNDS``
-    for a piece that is not inside the buffer (the file changed since its spans were
-    made). One pass over the tokens, no index arrays: the loop over a piece compiles to a
-    vectorized widening copy.
-    """
-    size = source.shape[0]
-    room = out.shape[0]
-    for k in range(begin, end):
-        i = order[k]
-        n = n_copy[i]
-        if n == 0:
-            continue
-        s = src[i]
-        d = dst[i]
-        if s < 0 or s + n > size or d < 0 or d + n > room:
-            return PIECE_OUT_OF_BOUNDS, i
-        low = high = np.int64(source[s])
-        for t in range(n):
-            value = np.int64(source[s + t])
-            out[d + t] = value
-            low = min(low, value)
-            high = max(high, value)
-        if low < 0 or high > _INT32_MAX:
-            return TOKEN_OUT_OF_RANGE, i
-    return COPIED, -1
 
 
 @compiled

@@ -1,11 +1,13 @@
 """Turn lines of spans into token rows, reading only the slices the spans name.
 
-All spans of a batch part are handled together, in compiled loops
-(``fmsdata.stages.kernels``): one pass over the spans lays the rows out (where each
-span's tokens land, BOS/EOS/BOL/EOL and padding written in place), then one pass per file
-copies its pieces straight from the memory-mapped token buffer into the rows, checking
-that every token fits an int32 row. Formats without a flat token buffer are read through
-their handler one span at a time.
+All spans of a batch part are handled together, in compiled loops: one pass over the
+spans lays the rows out (``fmsdata.stages.kernels``: where each span's tokens land,
+BOS/EOS/BOL/EOL and padding written in place), then one pass over them copies their
+pieces straight from the memory-mapped token buffers of their files into the rows
+(``fmsdata.batchwrite.copy_spans``), checking that every token fits an int32 row and the
+vocabulary. The copy may wait: a worker makes it a batch at a time as it writes the
+batches. Formats without a flat token buffer are read through their handler one span at
+a time.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from fmsdata.batchwrite import TOKEN_OUT_OF_RANGE, PendingCopy, source_kind
 from fmsdata.errors import ConfigError, ShardFormatError
-from fmsdata.stages.base import BASE, DLEN, DOC, DS, FILE
+from fmsdata.stages.base import BASE, DLEN, DOC, DS, FILE, SPAN_WIDTH
 from fmsdata.stages.documents import Decoration
-from fmsdata.stages.kernels import COPIED, TOKEN_OUT_OF_RANGE, copy_pieces, lay_out_lines
+from fmsdata.stages.kernels import lay_out_lines
 
 __all__ = ["LineWriter"]
 
@@ -69,6 +72,10 @@ class LineWriter:
                 raise ConfigError(
                     f"{name} token {token} does not fit the int32 rows: ids are below 2**31"
                 )
+            if token is not None and vocab_size is not None and token >= vocab_size:
+                raise ConfigError(f"{name} token {token} is outside vocab_size={vocab_size}")
+        # The largest token id a document may hold.
+        self._limit = _INT32_MAX if vocab_size is None else min(_INT32_MAX, vocab_size - 1)
         self._first_file: np.ndarray | None = None  # each dataset's first dense file number
 
     def fingerprint(self) -> dict[str, Any]:
@@ -94,12 +101,30 @@ class LineWriter:
                 ``vocab_size``; or the spans name more tokens than their documents or rows
                 hold (the files changed since the spans were made).
         """
+        fill, pending = self.lay_out(lines, out)
+        pending.copy(out, 0, len(fill))
+        return fill
+
+    def lay_out(
+        self, lines: Sequence[np.ndarray], out: np.ndarray
+    ) -> tuple[np.ndarray, PendingCopy]:
+        """Write the delimiters and padding of the rows, and the pieces of formats without a
+        flat token buffer; return the non-pad token count per row and the copy of the other
+        pieces, still to be made (``PendingCopy.copy``: all at once, or a batch of lines at
+        a time by ``fmsdata.batchwrite.write_batches``).
+
+        Raises:
+            ShardFormatError: As ``write``; for the pieces still to copy, when copied.
+        """
         n_rows, width = out.shape
-        assert out.flags.c_contiguous, "rows are written through a flat view"
-        if n_rows == 0:
-            return np.zeros(0, dtype=np.int64)
+        if not out.flags.c_contiguous:
+            raise ValueError("rows are written through a flat view: give C-contiguous rows")
         counts = np.fromiter(map(len, lines), dtype=np.int64, count=n_rows)
-        spans = np.ascontiguousarray(np.concatenate(lines), dtype=np.int64)
+        spans = (
+            np.ascontiguousarray(np.concatenate(lines), dtype=np.int64)
+            if n_rows
+            else np.zeros((0, SPAN_WIDTH), dtype=np.int64)
+        )
         if (spans[:, DLEN] < 0).any():
             self._find_facts(spans)
         dst = np.empty(len(spans), dtype=np.int64)
@@ -124,44 +149,68 @@ class LineWriter:
                 "name more or fewer tokens than the documents hold now (the files changed "
                 "since the spans were made) or a stage changed the lines' spans"
             )
-        self._copy(spans, out.reshape(-1), dst, first, n_copy)
-        if self.vocab_size is not None:
-            self._check_vocab(spans, out)
-        return fill
+        line_spans = np.zeros(n_rows + 1, dtype=np.int64)
+        np.cumsum(counts, out=line_spans[1:])
+        return fill, self._pending(spans, out.reshape(-1), line_spans, dst, first, n_copy)
 
-    def _copy(
+    def _pending(
         self,
         spans: np.ndarray,
         flat_out: np.ndarray,
+        line_spans: np.ndarray,
         dst: np.ndarray,
         first: np.ndarray,
         n_copy: np.ndarray,
-    ) -> None:
-        """Copy each span's tokens into place: one compiled pass per file over its pieces
-        (``copy_pieces``), and the handler's own reads for formats without a flat token
-        buffer."""
+    ) -> PendingCopy:
+        """The copy of each span's tokens from its file's flat token buffer, and for
+        formats without one, the handler's own reads, made here."""
         keys, group = self._files(spans)
-        order = np.argsort(group, kind="stable")
-        cuts = np.searchsorted(group[order], np.arange(len(keys) + 1))
-        # A span without a buffer position (base -1) in a file with a buffer is refused as
-        # out of bounds rather than copied from the wrong place.
-        src = np.where(spans[:, BASE] < 0, -1, first + spans[:, BASE])
+        addresses = np.zeros(len(keys), dtype=np.int64)
+        sizes = np.zeros(len(keys), dtype=np.int64)
+        kinds = np.zeros(len(keys), dtype=np.int64)
+        buffers = []
+        through_handler = []
         for g, (ds, file) in enumerate(keys):
             access = self.accesses[ds]
             buffer = access.handler.token_buffer(access.reader(file))
-            a, b = int(cuts[g]), int(cuts[g + 1])
-            if buffer is None:
-                for i in order[a:b].tolist():
-                    n, at = int(n_copy[i]), int(dst[i])
-                    if n:
-                        piece = self._handler_piece(spans[i], access, file, int(first[i]), n)
-                        flat_out[at : at + n] = piece
+            kind = -1 if buffer is None else source_kind(buffer[0])
+            if kind < 0:
+                through_handler.append(g)
                 continue
-            source = buffer[0].view()
-            source.flags.writeable = False  # one compiled signature per dtype, not two
-            outcome, i = copy_pieces(source, flat_out, dst, src, n_copy, order, a, b)
-            if outcome != COPIED:
-                self._refuse(outcome, spans[i], access, file, buffer[0])
+            tokens = buffer[0]
+            buffers.append(tokens)
+            addresses[g] = tokens.__array_interface__["data"][0]
+            sizes[g], kinds[g] = len(tokens), kind
+        span_source = group
+        if through_handler:
+            by_handler = np.isin(group, through_handler)
+            for i in np.flatnonzero(by_handler & (n_copy > 0)).tolist():
+                n, at = int(n_copy[i]), int(dst[i])
+                ds, file = keys[int(group[i])]
+                piece = self._handler_piece(spans[i], self.accesses[ds], file, int(first[i]), n)
+                flat_out[at : at + n] = piece
+            span_source = np.where(by_handler, -1, group)
+        # A span without a buffer position (base -1) in a file with a buffer is refused as
+        # out of bounds rather than copied from the wrong place.
+        src = np.where(spans[:, BASE] < 0, -1, first + spans[:, BASE])
+
+        def refuse(outcome: int, i: int) -> None:
+            ds, file = keys[int(group[i])]
+            self._refuse(outcome, spans[i], self.accesses[ds], file, int(sizes[group[i]]))
+
+        return PendingCopy(
+            line_spans=line_spans,
+            addresses=addresses,
+            sizes=sizes,
+            kinds=kinds,
+            span_source=span_source,
+            src=src,
+            dst=dst,
+            n_copy=n_copy,
+            limit=self._limit,
+            buffers=buffers,
+            refuse=refuse,
+        )
 
     def _handler_piece(
         self, span: np.ndarray, access: Any, file: int, first: int, n: int
@@ -179,25 +228,32 @@ class LineWriter:
                 f"name ({len(piece)} from token {lead + first}, not {n}): the file changed "
                 "since the spans were made"
             )
-        if len(piece) and (int(piece.max()) > _INT32_MAX or int(piece.min()) < 0):
-            self._refuse(TOKEN_OUT_OF_RANGE, span, access, file, piece)
+        if len(piece) and (int(piece.max()) > self._limit or int(piece.min()) < 0):
+            self._refuse(TOKEN_OUT_OF_RANGE, span, access, file, len(piece))
         return piece
 
-    def _refuse(
-        self, outcome: int, span: np.ndarray, access: Any, file: int, tokens: np.ndarray
-    ) -> None:
-        """Raise the ShardFormatError for a piece ``copy_pieces`` stopped at."""
+    def _refuse(self, outcome: int, span: np.ndarray, access: Any, file: int, size: int) -> None:
+        """Raise the ShardFormatError for a piece ``copy_spans`` stopped at (``size``:
+        tokens in the file's buffer)."""
         doc = int(span[DOC])
         if outcome == TOKEN_OUT_OF_RANGE:
             values = access.handler.get(access.reader(file), doc)
             bad = values[(values < 0) | (values > _INT32_MAX)]
+            if bad.size or self.vocab_size is None:
+                shown = int(bad[0]) if bad.size else "?"
+                raise ShardFormatError(
+                    f"{access.path(file)}: document {doc} holds a token id outside "
+                    f"[0, 2**31): {shown}"
+                )
+            bad = values[values >= self.vocab_size]
             shown = int(bad[0]) if bad.size else "?"
             raise ShardFormatError(
-                f"{access.path(file)}: document {doc} holds a token id outside [0, 2**31): {shown}"
+                f"{access.path(file)}: document {doc} holds token id {shown}, outside "
+                f"vocab_size={self.vocab_size}"
             )
         raise ShardFormatError(
             f"{access.path(file)}: document {doc} (token {int(span[BASE])} on, "
-            f"{len(tokens)} tokens in the file) does not hold the tokens its spans name: "
+            f"{size} tokens in the file) does not hold the tokens its spans name: "
             "the file changed since the spans were made"
         )
 
@@ -227,22 +283,3 @@ class LineWriter:
             lengths, lead, trail, starts = access.measure(file, docs, decoration)
             spans[i, DLEN] = int(lengths[0] - lead[0] - trail[0]) + decoration.extra
             spans[i, BASE] = int(starts[0] + lead[0]) if starts is not None else -1
-
-    def _check_vocab(self, spans: np.ndarray, tokens: np.ndarray) -> None:
-        vocab = self.vocab_size
-        assert vocab is not None, "only called with a vocabulary"
-        if int(tokens.min()) >= 0 and int(tokens.max()) < vocab:
-            return
-        for row in spans:
-            access = self.accesses[int(row[DS])]
-            doc = access.handler.get(access.reader(int(row[FILE])), int(row[DOC]))
-            bad = doc[(doc < 0) | (doc >= vocab)]
-            if bad.size:
-                raise ShardFormatError(
-                    f"{access.path(int(row[FILE]))}: document {int(row[DOC])} holds token id "
-                    f"{int(bad[0])}, outside vocab_size={vocab}"
-                )
-        raise ShardFormatError(
-            f"a line holds a token id outside vocab_size={vocab} "
-            "(a bos/eos/bol/eol/pad token in the config is too large)"
-        )

@@ -82,7 +82,7 @@ class CuttingHandler(MegatronHandler):
     def token_buffer(self, reader):
         buffer = super().token_buffer(reader)
         bin_path = reader.path[: -len(".idx")] + ".bin"
-        copying = sys._getframe(1).f_code.co_name == "_copy"  # the line writer's call
+        copying = sys._getframe(1).f_code.co_name == "_pending"  # the line writer's call
         if copying and os.environ.get("FMSDATA_TEST_CUT") and os.path.getsize(bin_path) > 0:
             os.truncate(bin_path, 0)
         return buffer

@@ -14,72 +14,7 @@ from hypothesis import strategies as st
 from fmsdata.compiled import compiled
 from fmsdata.stages import kernels
 from fmsdata.stages.base import DLEN, LENGTH, SPAN_WIDTH, START
-from fmsdata.stages.kernels import (
-    COPIED,
-    PIECE_OUT_OF_BOUNDS,
-    TOKEN_OUT_OF_RANGE,
-    copy_pieces,
-    lay_out_lines,
-    plan_hard_lines,
-)
-
-DTYPES = [np.uint8, np.uint16, np.int16, np.int32, np.uint32, np.int64, np.uint64]
-
-
-def reference_copy(source, out, dst, src, n_copy, order):
-    """What copy_pieces must do, token by token; returns (outcome, piece) the same way."""
-    for i in order:
-        if n_copy[i] == 0:
-            continue
-        if src[i] < 0 or src[i] + n_copy[i] > len(source) or dst[i] + n_copy[i] > len(out):
-            return PIECE_OUT_OF_BOUNDS, i
-        bad = False
-        for t in range(n_copy[i]):
-            value = int(source[src[i] + t])
-            bad = bad or not 0 <= value < 2**31
-            out[dst[i] + t] = np.int64(value).astype(np.int32)  # wraps, as the kernel does
-        if bad:
-            return TOKEN_OUT_OF_RANGE, i
-    return COPIED, -1
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    dtype=st.sampled_from(DTYPES),
-    lengths=st.lists(st.integers(0, 40), min_size=0, max_size=12),
-    file_size=st.integers(0, 120),
-    data=st.data(),
-)
-def test_copy_pieces_matches_a_token_by_token_copy(dtype, lengths, file_size, data):
-    info = np.iinfo(dtype)
-    high = min(int(info.max), 2**31 + 5)
-    low = max(int(info.min), -3)
-    big = data.draw(st.booleans())  # sometimes tokens that do not fit an int32 row
-    values = data.draw(
-        st.lists(
-            st.integers(low, high if big else min(high, 2**31 - 1)),
-            min_size=file_size,
-            max_size=file_size,
-        )
-    )
-    source = np.array(values, dtype=dtype)
-    source.flags.writeable = False  # as memory-mapped buffers are
-    # Pieces start anywhere, also past the end of the file (refused), and may be empty.
-    src = np.array([data.draw(st.integers(-1, file_size + 2)) for _ in lengths], dtype=np.int64)
-    n_copy = np.array(lengths, dtype=np.int64)
-    dst = np.concatenate([[0], np.cumsum(n_copy)[:-1]]).astype(np.int64) if lengths else n_copy
-    room = int(n_copy.sum())
-    order = np.array(data.draw(st.permutations(range(len(lengths)))), dtype=np.int64)
-    begin = data.draw(st.integers(0, len(order)))
-    end = data.draw(st.integers(begin, len(order)))
-
-    got = np.full(room, -7, dtype=np.int32)
-    outcome, piece = copy_pieces(source, got, dst, src, n_copy, order, begin, end)
-    want = np.full(room, -7, dtype=np.int32)
-    expected = reference_copy(source, want, dst, src, n_copy, order[begin:end].tolist())
-    assert (outcome, piece) == expected
-    if outcome == COPIED:
-        assert np.array_equal(got, want)
+from fmsdata.stages.kernels import lay_out_lines, plan_hard_lines
 
 
 def reference_rows(spans, counts, width, bol, eol, pad, bos, eos, documents):
@@ -251,7 +186,16 @@ CACHED_RUN = textwrap.dedent(
     out = np.zeros((2, 1, 2), dtype=np.int64)
     ones = np.ones(1, dtype=np.int64)
     batchwrite._shift(tokens, ones, ones - 1, out[0], out[1], -100)
-    for kernel in (kernels.plan_hard_lines, batchwrite._shift):
+    # And one that reads memory by address and inlines a helper (the piece copy).
+    source = np.arange(4, dtype=np.uint16)
+    address = np.array([source.__array_interface__["data"][0]], dtype=np.int64)
+    batchwrite.copy_spans(
+        address, np.array([4]), np.array([2]), ones - 1, ones, ones - 1, ones, 0, 1,
+        tokens.reshape(-1), 2**31 - 1,
+    )
+    assert tokens.tolist() == [[1, 0, 0]]
+    kernels_run = (kernels.plan_hard_lines, batchwrite._shift, batchwrite.copy_spans)
+    for kernel in kernels_run:
         stats = kernel.dispatcher.stats
         print(stats.cache_path, sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))
     """
@@ -268,21 +212,12 @@ def test_numba_cache_dir_holds_the_compiled_code_and_a_second_process_reuses_it(
     for run in runs:
         assert run.returncode == 0, run.stderr
     first, second = (run.stdout.split() for run in runs)
-    for k in range(2):  # each kernel: path, hits, misses
+    for k in range(3):  # each kernel: path, hits, misses
         first_path, first_hits, first_misses = first[3 * k : 3 * k + 3]
         assert first_path.startswith(str(tmp_path))
         assert (first_hits, first_misses) == ("0", "1")  # compiled, then written
         assert second[3 * k + 1 : 3 * k + 3] == ["1", "0"]  # loaded, not compiled
     assert any(name.endswith(".nbc") for _, _, names in os.walk(tmp_path) for name in names)
-
-
-@pytest.mark.parametrize("dtype", [np.int64, np.uint32])
-def test_copy_pieces_refuses_a_token_that_does_not_fit_an_int32_row(dtype):
-    source = np.array([1, 2, 2**31, 3], dtype=dtype)
-    out = np.zeros(4, dtype=np.int32)
-    z = np.zeros(1, dtype=np.int64)
-    assert copy_pieces(source, out, z, z, np.array([2]), z, 0, 1) == (COPIED, -1)
-    assert copy_pieces(source, out, z, z, np.array([4]), z, 0, 1) == (TOKEN_OUT_OF_RANGE, 0)
 
 
 @compiled
