@@ -130,7 +130,10 @@ class BatchRing:
         slot may still be in use (write them elsewhere), and the slots
         ``[slots, fields, batch_size, seq]`` the numbers index. A slot free for a batch
         stays free for it until the main process handles that batch, which it does only
-        after the item that writes it arrived: the claims hold while the item is written."""
+        after the item that writes it arrived, or ``restart`` renumbers the ring: its new
+        numbers are past every claim, and written only by workers started after these
+        stopped. So the claims hold while the item is written (a slot freed meanwhile
+        only sends its batch to fresh memory)."""
         batches = np.arange(first, first + n, dtype=np.int64)
         slots = batches % self.slots
         return np.where(self._free[slots] == batches, slots, -1), self._data

@@ -48,7 +48,11 @@ _INT32_MAX = 2**31 - 1
 # an int32 row, or is past the vocabulary), a piece outside its file's token buffer.
 COPIED, TOKEN_OUT_OF_RANGE, PIECE_OUT_OF_BOUNDS = 0, 1, 2
 
-# The token buffers copy_spans reads, by kind: native-order integers (what handlers map).
+# Pieces ahead of the one being copied whose first bytes copy_spans asks the cache for.
+_AHEAD = 6
+
+# The token buffers copy_spans reads, by kind: native-order integers (what handlers map);
+# a kind's items are 1 << (kind >> 1) bytes.
 _SOURCE_DTYPES = tuple(
     np.dtype(t)
     for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64, np.int64)
@@ -88,8 +92,8 @@ def source_kind(buffer: np.ndarray) -> int:
 def _view_in_python(address: int, size: int, dtype: Any) -> np.ndarray:
     if size == 0:
         return np.empty(0, dtype=dtype)
-    pointer = ctypes.cast(address, ctypes.POINTER(np.ctypeslib.as_ctypes_type(dtype)))
-    return np.ctypeslib.as_array(pointer, (size,))
+    pointer = ctypes.cast(int(address), ctypes.POINTER(np.ctypeslib.as_ctypes_type(dtype)))
+    return np.ctypeslib.as_array(pointer, (int(size),))
 
 
 @intrinsic(_view_in_python)
@@ -113,7 +117,7 @@ def _view_at() -> Any:
             and isinstance(dtype.instance_type, types.Integer)
         ):
             return None
-        result = types.Array(dtype.instance_type, 1, "C", readonly=True, aligned=True)
+        result = types.Array(dtype.instance_type, 1, "C", readonly=True, aligned=False)
 
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
             address, size, _ = args
@@ -137,15 +141,53 @@ def _view_at() -> Any:
     return view_at
 
 
+def _no_prefetch(address: int) -> None:
+    """Python reads no memory ahead."""
+
+
+@intrinsic(_no_prefetch)
+def _prefetch() -> Any:
+    """``_prefetch(address)``: ask the core to bring the cache line at ``address`` in
+    (LLVM's ``llvm.prefetch``, for reading, kept in every cache level). A hint: it never
+    faults, whatever the address, and changes no result."""
+    import llvmlite.ir as ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic as numba_intrinsic
+
+    @numba_intrinsic
+    def prefetch(typingctx, address):  # type: ignore[no-untyped-def]
+        if not isinstance(address, types.Integer):
+            return None
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            byte = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            function = cgutils.get_or_insert_function(
+                builder.module,
+                ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
+                "llvm.prefetch.p0i8",
+            )
+            at = context.cast(builder, args[0], signature.args[0], types.intp)
+            pointer = builder.inttoptr(at, byte)
+            # read (0), keep in all levels (3), data cache (1)
+            builder.call(function, [pointer, i32(0), i32(3), i32(1)])
+            return context.get_dummy_value()
+
+        return types.void(address), codegen
+
+    return prefetch
+
+
 @compiled(inline=True)
 def _copy_piece(source, out, s, d, n, limit, lowest, highest):  # type: ignore[no-untyped-def]
     """``source[s:s + n]`` into ``out[d:]``; whether every token is in ``[0, limit]``.
 
-    ``lowest``/``highest``: the range of the source's dtype. Where all of it fits, the
-    tokens are copied without the check, whose running min/max halves the copy's speed.
-    ``s`` and ``d`` are checked to be in their arrays, by the caller and again here: the
-    check tells the compiler no index is negative, which it needs to vectorize the loop
-    (ten times faster)."""
+    ``lowest``/``highest``: the range of the source's dtype as read into int64 (uint64's
+    is cut at ``2**63 - 1``). Where all of it fits, the tokens are copied without the
+    check, whose running min/max halves the copy's speed. The caller checked ``s`` and
+    ``d`` to be in their arrays; their signs are checked again here, which tells the
+    compiler no index is negative: it needs that to vectorize the loop (ten times
+    faster)."""
     if s < 0 or d < 0:
         return False
     if lowest >= 0 and highest <= limit:
@@ -179,6 +221,14 @@ def copy_spans(  # type: ignore[no-untyped-def]
     """
     room = out.shape[0]
     for i in range(begin, end):
+        ahead = i + _AHEAD
+        if ahead < end and span_source[ahead] >= 0:
+            # A piece starts at a random place of a file: its first lines miss every cache
+            # (and its page the TLB). Ask for them while the pieces before it are copied.
+            f = span_source[ahead]
+            at = addresses[f] + src[ahead] * (1 << (kinds[f] >> 1))
+            _prefetch(at)
+            _prefetch(at + 64)
         n = n_copy[i]
         f = span_source[i]
         if n == 0 or f < 0:
@@ -206,10 +256,12 @@ def copy_spans(  # type: ignore[no-untyped-def]
             )
         elif kind == 6:
             fits = _copy_piece(_view_at(at, size, np.uint64), out, s, d, n, limit, 0, 2**63 - 1)
-        else:
+        elif kind == 7:
             fits = _copy_piece(
                 _view_at(at, size, np.int64), out, s, d, n, limit, -(2**63), 2**63 - 1
             )
+        else:  # not a kind of source_kind: read nothing
+            return PIECE_OUT_OF_BOUNDS, i
         if not fits:
             return TOKEN_OUT_OF_RANGE, i
     return COPIED, -1
@@ -220,10 +272,11 @@ class PendingCopy:
     """The document pieces of an item's int32 rows, laid out and not yet copied.
 
     Line ``j`` of the rows holds spans ``line_spans[j]:line_spans[j + 1]`` (the arrays of
-    ``copy_spans``, which say where each span's piece comes from and goes). ``buffers``
-    are the token buffers at ``addresses``, held here so that they stay mapped while the
-    copy reads them; ``refuse(outcome, span)`` raises the error naming the file for a
-    copy that stopped.
+    ``copy_spans``, which say where each span's piece comes from and goes; ``limit`` in
+    ``[0, 2**31)``). ``buffers`` hold the token buffers at ``addresses`` (in any order), so
+    that they stay mapped while the copy reads them by address: a reader closed or
+    evicted meanwhile unmaps nothing a buffer still views. ``refuse(outcome, span)``
+    raises the error naming the file for a copy that stopped.
     """
 
     line_spans: np.ndarray
@@ -238,8 +291,13 @@ class PendingCopy:
     buffers: list[np.ndarray]
     refuse: Callable[[int, int], None]
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.limit <= _INT32_MAX:
+            raise ValueError(f"limit {self.limit} is outside [0, 2**31): tokens go to int32 rows")
+
     def copy(self, rows: np.ndarray, begin: int, end: int) -> None:
-        """Copy the pieces of lines ``begin:end`` into ``rows``."""
+        """Copy the pieces of lines ``begin:end`` into ``rows``, the item's whole rows
+        (``dst`` counts from their start)."""
         outcome, span = copy_spans(
             self.addresses,
             self.sizes,

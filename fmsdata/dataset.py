@@ -437,7 +437,7 @@ class RankLineDataset(IterableDataset):
         token_stages = any(p.token_stages for p in pipelines)
         pending = None
         if token_stages or self.preprocess is not None:  # they read the whole rows
-            content = writer.write(lines, tokens)  # refuses ids outside int32, naming the file
+            content = writer.write(lines, tokens)  # refuses ids outside int32 or the vocab
         else:  # the pieces are copied a batch at a time as the batches are written
             content, pending = writer.lay_out(lines, tokens)
         has_bol, has_eol = config.bol_token is not None, config.eol_token is not None

@@ -280,15 +280,20 @@ def global_steps(loaders: Sequence[Any], n_steps: int) -> list[list[tuple[int, .
 
 
 def accesses(
-    info: CorpusInfo, datasets: Sequence[str] | None = None, col_name: str = "tokens"
+    info: CorpusInfo,
+    datasets: Sequence[str] | None = None,
+    col_name: str = "tokens",
+    cache: Any = None,
 ) -> list[Any]:
-    """Dataset accesses for stage-level tests (one shared reader cache)."""
+    """Dataset accesses for stage-level tests (one shared reader cache: ``cache``, or one
+    of 64 readers)."""
     from fmsdata.access import ReaderCache, make_accesses
     from fmsdata.remote.cache import LocalFiles
 
     handler = ArrowDocHandler(col_name)
     catalog = discover(info.root, datasets, handler)
-    return make_accesses(catalog, handler, LocalFiles(catalog.root), ReaderCache(64))
+    cache = ReaderCache(64) if cache is None else cache
+    return make_accesses(catalog, handler, LocalFiles(catalog.root), cache)
 
 
 def delivered_truth(info, config, batches):

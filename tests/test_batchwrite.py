@@ -19,6 +19,7 @@ from fmsdata.batchwrite import (
     PIECE_OUT_OF_BOUNDS,
     TOKEN_OUT_OF_RANGE,
     PendingCopy,
+    RowPieces,
     _stream_store,
     copy_spans,
     source_kind,
@@ -113,6 +114,17 @@ def test_the_fence_after_streaming_stores_is_an_sfence_on_x86():
     assert "sfence" in "".join(fence.inspect_asm().values())
 
 
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 only")
+def test_the_copy_asks_for_the_pieces_ahead():
+    import numba
+
+    # Compiled afresh, as above; a prefetch that LLVM dropped would slow the copy silently.
+    copy = numba.njit(copy_spans._with_compiled_helpers())
+    z = np.zeros(1, dtype=np.int64)
+    copy(z, z, z, z, z, z, z, 0, 0, np.zeros(1, dtype=np.int32), 0)
+    assert "prefetcht0" in "".join(copy.inspect_asm().values())
+
+
 SHIFT_WITHOUT_JIT = """
 import numpy as np
 from fmsdata import batchwrite
@@ -123,6 +135,20 @@ out = np.zeros((2, 2, 2), dtype=np.int64)
 batchwrite._shift(tokens, np.array([3, 2]), np.array([1, 0]), out[0], out[1], -100)
 batchwrite._fence()
 print(out.tolist())
+# The copy reads its buffers by address, asking for pieces ahead (Python: ctypes, no-op).
+source = np.array([7, 8, 9, 300], dtype=np.uint16)
+address = np.array([source.__array_interface__["data"][0]], dtype=np.int64)
+rows = np.zeros(5, dtype=np.int32)
+spans = [np.array(v, dtype=np.int64) for v in ([0] * 8, [1, 0, 2, 0, 0, 3, 0, 0], [2] * 8)]
+outcome = batchwrite.copy_spans(
+    address, np.array([4]), np.array([2]), spans[0], spans[1], spans[0] + [0, 3, 0, 0, 0, 0, 0, 0],
+    spans[2], 0, 2, rows, 2**31 - 1,
+)
+print(outcome, rows.tolist())
+outcome = batchwrite.copy_spans(
+    address, np.array([4]), np.array([2]), spans[0], spans[1], spans[0], spans[2], 2, 3, rows, 200
+)
+print(outcome)
 """
 
 
@@ -132,7 +158,10 @@ def test_the_kernels_run_in_python_under_numba_disable_jit():
         [sys.executable, "-c", SHIFT_WITHOUT_JIT], env=env, capture_output=True, text=True
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == str([[[3, 4], [0, 1]], [[4, -100], [1, 2]]])
+    shifted, copied, refused = run.stdout.strip().split("\n")
+    assert shifted == str([[[3, 4], [0, 1]], [[4, -100], [1, 2]]])
+    assert copied == "(0, -1) [8, 9, 0, 7, 8]"
+    assert refused == "(1, 2)"  # 300 is past the limit of 200
 
 
 @compiled
@@ -175,8 +204,11 @@ def span_sources(draw, n_spans=None):
         size = draw(st.integers(0, 60))
         value = st.one_of(st.integers(low, high), st.sampled_from([low, high]))  # edges often
         values = draw(st.lists(value, min_size=size, max_size=size))
-        buffer = np.array(values, dtype=dtype)
-        buffer.flags.writeable = False  # as memory-mapped buffers are
+        raw = np.array(values, dtype=dtype).tobytes()
+        # Read-only, as memory-mapped buffers are; sometimes at an odd address (an MDS
+        # sample's tokens may start at any byte).
+        skew = draw(st.sampled_from([0, 1]))
+        buffer = np.frombuffer(b"\0" * skew + raw, dtype=dtype, offset=skew)
         sources.append(buffer)
     if n_spans is None:
         n_spans = draw(st.integers(0, 10))
@@ -252,10 +284,20 @@ def items(draw):
     line_spans = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     content = np.array([draw(st.integers(0, width)) for _ in range(n_lines)], dtype=np.int64)
     held = [draw(st.booleans()) for _ in range(n_batches)]
+    lengths, piece_counts = [], []
+    for _ in range(n_lines):  # each line's input pieces, summing to seq
+        cut_at = st.integers(1, max(1, seq - 1))
+        cuts = sorted(draw(st.lists(cut_at, max_size=3 if seq > 1 else 0, unique=True)))
+        piece = np.diff([0, *cuts, seq])
+        lengths.extend(piece.tolist())
+        piece_counts.append(len(piece))
+    ids = [draw(st.integers(-1, 10**6)) for _ in lengths]
+    as_int = lambda values: np.array(values, dtype=np.int64)  # noqa: E731
     return dict(
         seq=seq, batch_size=batch_size, offsets=offsets, rows=rows, sources=sources,
         span_source=span_source, src=src, dst=dst, n_copy=n_copy, line_spans=line_spans,
-        content=content, held=held,
+        content=content, held=held, lengths=as_int(lengths), piece_counts=as_int(piece_counts),
+        ids=as_int(ids), with_ids=draw(st.booleans()), ring=draw(st.booleans()),
     )  # fmt: skip
 
 
@@ -268,6 +310,10 @@ def test_write_batches_copies_each_batch_as_it_writes_it(item, limit, first):
     seq, batch_size, offsets = item["seq"], item["batch_size"], item["offsets"]
     n_lines, n_batches = int(offsets[-1]), len(offsets) - 1
     fields = ("input_ids", "labels")
+    pieces = None
+    if item["with_ids"]:
+        fields += ("position_ids", "document_ids")
+        pieces = RowPieces(item["lengths"], item["piece_counts"], item["ids"])
     args = (item["span_source"], item["src"], item["dst"], item["n_copy"])
     want_rows = np.full((n_lines, seq + 1), 5, dtype=np.int32)
     expected = reference_copy(
@@ -276,8 +322,9 @@ def test_write_batches_copies_each_batch_as_it_writes_it(item, limit, first):
     ring = BatchRing(n_batches + 1, fields, batch_size, seq, shared=False)
     ring.restart(first)  # numbers the slots from ``first``... on
     start = ring.position
-    for k, held in enumerate(item["held"]):
-        if held:  # the slot still holds an earlier batch
+    held = item["held"] if item["ring"] else [True] * n_batches  # no ring: all fresh
+    for k, is_held in enumerate(held):
+        if is_held:  # the slot still holds an earlier batch
             ring._free[(start + k) % ring.slots] = start + k - ring.slots
     refused = []
     pending = PendingCopy(
@@ -286,8 +333,9 @@ def test_write_batches_copies_each_batch_as_it_writes_it(item, limit, first):
     )  # fmt: skip
     rows = np.full((n_lines, seq + 1), 5, dtype=np.int32)
     placed, overflow = write_batches(
-        ring, start, fields, offsets, item["rows"], rows, item["content"], None, pending
-    )
+        ring if item["ring"] else None, start, fields, offsets, item["rows"], rows,
+        item["content"], pieces, pending,
+    )  # fmt: skip
     if expected[0] != COPIED:
         assert refused == [expected]
         return
@@ -295,11 +343,11 @@ def test_write_batches_copies_each_batch_as_it_writes_it(item, limit, first):
     np.testing.assert_array_equal(rows, want_rows)
     want = reference(
         want_rows, item["content"], np.arange(n_lines), n_lines,
-        np.full(n_lines, seq), np.ones(n_lines, dtype=np.int64), np.zeros(n_lines),
-    )[:2]  # fmt: skip
+        item["lengths"], item["piece_counts"], item["ids"],
+    )[: len(fields)]  # fmt: skip
     for k in range(n_batches):
         a, b = int(offsets[k]), int(offsets[k + 1])
-        assert placed[k] == (not item["held"][k] or a == b)
+        assert placed[k] == (not held[k] or a == b)
         if a == b:
             continue
         if placed[k]:

@@ -6,8 +6,8 @@ BOS/EOS/BOL/EOL and padding written in place), then one pass over them copies th
 pieces straight from the memory-mapped token buffers of their files into the rows
 (``fmsdata.batchwrite.copy_spans``), checking that every token fits an int32 row and the
 vocabulary. The copy may wait: a worker makes it a batch at a time as it writes the
-batches. Formats without a flat token buffer are read through their handler one span at
-a time.
+batches. Formats without a flat token buffer, and buffers the copy cannot read by address
+(byte-swapped or strided), are read through their handler one span at a time.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class LineWriter:
         vocab_size: When set, token ids outside ``[0, vocab_size)`` raise ShardFormatError.
 
     Raises:
-        ConfigError: A delimiter or BOS/EOS token that does not fit an int32 row.
+        ConfigError: A delimiter or BOS/EOS token that does not fit an int32 row, or is
+            outside ``vocab_size``.
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class LineWriter:
 
         Raises:
             ShardFormatError: As ``write``; for the pieces still to copy, when copied.
+            ValueError: ``out`` is not C-contiguous.
         """
         n_rows, width = out.shape
         if not out.flags.c_contiguous:

@@ -1,3 +1,4 @@
+import gc
 import os
 
 import numpy as np
@@ -163,3 +164,55 @@ def test_a_delimiter_that_does_not_fit_an_int32_row_is_a_config_error(tmp_path):
     info = stripped_corpus(str(tmp_path), 0)
     with pytest.raises(ConfigError, match=r"eol token 2147483648 does not fit the int32 rows"):
         LineWriter(accesses(info), Decoration(), 13, eol=2**31)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_the_largest_token_id_the_vocabulary_holds_is_kept_and_the_next_refused(tmp_path, dtype):
+    """65535 with vocab_size 65536 (a uint16 file skips the check: none of its values can
+    exceed the vocabulary) and with 65535 (refused, on the checked copy)."""
+    os.makedirs(tmp_path / "a")
+    write_arrow_docs(
+        str(tmp_path / "a" / "top.arrow"),
+        [np.array([20, 65535, 21]), np.arange(22, 40)],
+        dtype=dtype,
+    )
+    info = CorpusInfo(str(tmp_path), {"a": (20, 40)}, {"a": 2}, {"a/top.arrow": (None, None)})
+    deco = Decoration()
+
+    def line():
+        mixer = TokenShareMixer([RandomWalk(accesses(info)[0], 0, 1, 0, deco)], ["a"], ONE)
+        return next(LinePacker(mixer, 21, "hard"))
+
+    rows = np.zeros((1, 21), dtype=np.int32)
+    LineWriter(accesses(info), deco, 21, vocab_size=65536).write([line()], rows)
+    assert 65535 in rows[0].tolist()
+    with pytest.raises(ShardFormatError, match=r"top\.arrow: document 0 holds token id 65535"):
+        LineWriter(accesses(info), deco, 21, vocab_size=65535).write([line()], rows)
+
+
+def test_a_pending_copy_reads_buffers_whose_readers_were_closed(tmp_path):
+    """The copy reads buffers by address after lay_out; readers evicted or closed in
+    between (a cache of one reader, then closed) unmap nothing it reads: the rows equal a
+    copy made while every reader was open."""
+    from fmsdata.access import ReaderCache
+
+    info = stripped_corpus(str(tmp_path), 3, dtypes=(np.uint16, np.int64))
+    deco = Decoration(bos=1, eos=2)
+
+    def lines(acc):
+        mixer = TokenShareMixer([RandomWalk(acc[0], 0, 1, 0, deco)], ["a"], ONE)
+        packer = LinePacker(mixer, 40, "hard")
+        return [next(packer) for _ in range(60)]
+
+    want = np.zeros((60, 40), dtype=np.int32)
+    LineWriter(accesses(info), deco, 40).write(lines(accesses(info)), want)
+    cache = ReaderCache(1)
+    acc = accesses(info, cache=cache)
+    got = np.zeros_like(want)
+    fill, pending = LineWriter(acc, deco, 40).lay_out(lines(accesses(info)), got)
+    assert len(pending.buffers) == 2  # both files, of two dtypes, in one copy
+    cache.release()
+    cache.close()
+    gc.collect()
+    pending.copy(got, 0, len(got))
+    np.testing.assert_array_equal(got, want)
