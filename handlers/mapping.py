@@ -69,8 +69,10 @@ class MappedFile:
         key = next(_SERIAL)
         self._key = key
         _mapped(key, path, self.stamp)
-        # Dropped without ``close``, the mapping is still forgotten (once) when collected.
-        self._forget = weakref.finalize(self, _collected, key)
+        # Listed until the mapping itself is gone: closed or dropped, a file stays mapped
+        # while any array views it (a copy holds the token buffers of a whole item), and
+        # a fault reading it must still find it listed.
+        self._forget = weakref.finalize(self._map, _collected, key)
         self._forget.atexit = False
         for made in getattr(_RECORDERS, "stack", ()):
             made.append(self)
@@ -94,7 +96,8 @@ class MappedFile:
             self._map.madvise(mmap.MADV_DONTNEED)
 
     def close(self) -> np.ndarray:
-        """Forget the mapping; it is unmapped once no array views of it remain.
+        """Forget the mapping; it is unmapped, and leaves the list of mapped files, once no
+        array views of it remain.
 
         Returns the empty array ``bytes`` now is. Safe during interpreter shutdown, when
         module globals may already be gone.
@@ -102,8 +105,7 @@ class MappedFile:
         self.bytes = self._CLOSED
         self._map = None
         with contextlib.suppress(AttributeError, TypeError):  # shutdown: globals are gone
-            if self._forget.detach() is not None:
-                _unmapped(self._key)
+            _forget_collected_now()
         return self._CLOSED
 
 
@@ -280,6 +282,13 @@ _COLLECTED: collections.deque[int] = collections.deque()
 
 def _collected(key: int) -> None:
     _COLLECTED.append(key)
+
+
+def _forget_collected_now() -> None:
+    """Forget the mappings collected so far (one just closed without views left among
+    them), under the lock."""
+    with _LOCK:
+        _forget_collected()
 
 
 def _forget_collected() -> None:

@@ -6,6 +6,7 @@ gives exactly the open mappings; a reader cache sees only the mappings its open 
 import gc
 import os
 
+import numpy as np
 import pytest
 
 from fmsdata.access import ReaderCache
@@ -85,6 +86,24 @@ def test_a_mapping_dropped_without_close_leaves_the_list(tmp_path, listing):
     other.close()
     if not mapping._OPEN:  # nothing mapped: no list left behind for a killed worker
         assert not os.path.exists(mapping.list_path(os.getpid()))
+
+
+def test_a_closed_mapping_stays_listed_while_an_array_views_it(tmp_path, listing):
+    """A worker copies an item's pieces from token buffers it holds while their readers
+    may be evicted and closed: the file stays mapped until its last view goes, and a fault
+    reading it meanwhile must find it in the list."""
+    kept, closed = files(tmp_path, 2)
+    other, mapped = MappedFile(kept), MappedFile(closed)
+    view = mapped.view(np.dtype(np.uint16))
+    mapped.close()
+    listed = mapping._read_list(mapping.list_path(os.getpid()))
+    assert closed in mapping.mapped_paths()
+    assert closed in [name for name, _ in listed.values()]
+    del view
+    assert closed not in mapping.mapped_paths()
+    listed = mapping._read_list(mapping.list_path(os.getpid()))
+    assert [name for name, _ in listed.values()] == [kept]
+    other.close()
 
 
 def test_a_reader_cache_keeps_only_the_mappings_of_its_own_open(tmp_path):
