@@ -547,19 +547,8 @@ def _not_copying(outcome: int, span: int) -> None:
     raise AssertionError("nothing is copied without a pending copy")
 
 
-_NO_COPY = PendingCopy(
-    line_spans=np.zeros(1, dtype=np.int64),
-    addresses=_NONE,
-    sizes=_NONE,
-    kinds=_NONE,
-    span_source=_NONE,
-    src=_NONE,
-    dst=_NONE,
-    n_copy=_NONE,
-    limit=_INT32_MAX,
-    buffers=[],
-    refuse=_not_copying,
-)
+# No pieces to copy: no lines' spans, seven empty span and buffer arrays.
+_NO_COPY = PendingCopy(np.zeros(1, dtype=np.int64), *[_NONE] * 7, _INT32_MAX, [], _not_copying)
 
 
 def _fresh(shape: tuple[int, ...]) -> torch.Tensor:

@@ -201,18 +201,9 @@ class LineWriter:
             self._refuse(outcome, spans[i], self.accesses[ds], file, int(sizes[group[i]]))
 
         return PendingCopy(
-            line_spans=line_spans,
-            addresses=addresses,
-            sizes=sizes,
-            kinds=kinds,
-            span_source=span_source,
-            src=src,
-            dst=dst,
-            n_copy=n_copy,
-            limit=self._limit,
-            buffers=buffers,
-            refuse=refuse,
-        )
+            line_spans, addresses, sizes, kinds, span_source, src, dst, n_copy, self._limit,
+            buffers, refuse,
+        )  # fmt: skip
 
     def _handler_piece(
         self, span: np.ndarray, access: Any, file: int, first: int, n: int
