@@ -39,6 +39,7 @@ from fmsdata.pipeline import (
 )
 from fmsdata.remote.cache import FileSource, file_source
 from fmsdata.remote.storage import Storage
+from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.outputs import (
     TokenLine,
@@ -377,9 +378,19 @@ class RankLineDataset(IterableDataset):
         round_locals = [local for deal in deals for local in deal[1]]
         opened = {local: shard(local) for local in dict.fromkeys(round_locals)}
         wanted = collections.Counter(round_locals)
-        pulled = {local: iter(p.take(wanted[local])) for local, p in opened.items()}
+        pulled = LineBlock.concat([p.take_lines(wanted[local]) for local, p in opened.items()])
+        # The round's rows, grouped by shard in ``opened`` order and in row order within a
+        # shard, are the lines pulled, in order: each row's line number.
+        group = dict(zip(opened, range(len(opened))))
+        by_shard = np.argsort(
+            np.fromiter(map(group.__getitem__, round_locals), np.int64), kind="stable"
+        )
+        which = np.empty(len(round_locals), dtype=np.int64)
+        which[by_shard] = np.arange(len(round_locals))
+        at = 0
         for k, (rows, row_locals, offsets) in enumerate(deals):
-            lines = [next(pulled[local]) for local in row_locals]
+            lines = pulled.gather(which[at : at + len(rows)])
+            at += len(rows)
             last = k == len(deals) - 1
             yield self._item(
                 lines,
@@ -417,7 +428,7 @@ class RankLineDataset(IterableDataset):
 
     def _item(
         self,
-        lines: list[np.ndarray],
+        lines: LineBlock,
         rows: list[int],
         row_shards: list[int],
         pipelines: list[ShardPipeline],
@@ -444,7 +455,7 @@ class RankLineDataset(IterableDataset):
         token_lines: list[TokenLine] | None = None
         if token_stages:
             # In the order each shard emitted its lines: token stages' state is per line.
-            token_lines = [TokenLine.of(spans, has_bol, has_eol) for spans in lines]
+            token_lines = [TokenLine.of(lines.line(i), has_bol, has_eol) for i in range(len(lines))]
             for i, pipeline in enumerate(pipelines):
                 if pipeline.token_stages:
                     content[i] = pipeline.apply_tokens(tokens[i], int(content[i]), token_lines[i])
@@ -453,7 +464,7 @@ class RankLineDataset(IterableDataset):
         op_shards: list[int] = []
         op_counts: list[int] = []
         ops: list[int] = []
-        pushed: list[np.ndarray] = []
+        pushed: list[LineBlock] = []
         marked: list[bool] = []  # per pushed line: mark its document ends (journal_spans)
         for sid, (pipeline, _) in touched.items():
             lights[sid] = pipeline.light_state()
@@ -462,7 +473,7 @@ class RankLineDataset(IterableDataset):
             op_shards.append(sid)
             op_counts.append(len(shard_ops))
             ops.extend(shard_ops)
-            pushed.extend(shard_pushed)
+            pushed.append(shard_pushed)
         segments = segment_counts = segment_ids = None
         want_ids = config.return_document_ids
         if config.return_position_ids or config.return_cu_seqlens or want_ids:
@@ -470,7 +481,7 @@ class RankLineDataset(IterableDataset):
             if token_lines is None:  # the pieces are the spans
                 lengths, counts = span_pieces(lines, has_bol, has_eol)
                 if want_ids:
-                    ids = document_ids_of(np.concatenate(lines)) if lines else lengths[:0]
+                    ids = document_ids_of(lines.spans)
             else:
                 lengths = np.concatenate([line.pieces for line in token_lines])
                 counts = np.array([len(line.pieces) for line in token_lines], dtype=np.int64)
@@ -496,7 +507,7 @@ class RankLineDataset(IterableDataset):
         if not config.return_cu_seqlens:  # the rest of the structure is written already
             segments = segment_counts = segment_ids = None
         segment_ids = None  # the ids are written; cu_seqlens needs the lengths only
-        pushed_spans, pushed_offsets = journal_spans(pushed, marked)
+        pushed_spans, pushed_offsets = journal_spans(LineBlock.concat(pushed), marked)
         return WorkerItem(
             offsets=offsets_np,
             rows=rows_np,

@@ -29,6 +29,7 @@ from fmsdata.spancheck import check_saved_spans
 from fmsdata.stages.base import SpanStage, Stage, TokenStage, held_spans, layout, walk
 from fmsdata.stages.documents import Decoration, DocumentStream, stream_class
 from fmsdata.stages.fim import FillInMiddle
+from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.outputs import TokenLine
 from fmsdata.stages.packing import LinePacker
@@ -269,6 +270,12 @@ class ShardPipeline:
         self.emitted += n
         return lines
 
+    def take_lines(self, n: int) -> LineBlock:
+        """The next ``n`` lines as one block (``SpanStage.take_lines``)."""
+        lines = self.lines.take_lines(n)
+        self.emitted += n
+        return lines
+
     def apply_tokens(self, row: np.ndarray, content: int, line: TokenLine) -> int:
         """Run the token-level stages over one materialized line (in place); ``line``'s
         pieces follow what they did."""
@@ -336,11 +343,11 @@ class ShardPipeline:
                 measure,
             )
 
-    def drain_journal(self) -> tuple[list[int], list[np.ndarray], bool]:
+    def drain_journal(self) -> tuple[list[int], LineBlock, bool]:
         """``(ops, pushed lines, whether those lines' document ends are to be marked)`` of
         the journaled buffer since the last call (``ShuffleBuffer.drain_journal``)."""
         if self.journaled is None:
-            return [], [], False
+            return [], LineBlock.empty(), False
         ops, pushed = self.journaled.drain_journal()
         return ops, pushed, self.journaled.marks_document_ends
 
@@ -403,5 +410,5 @@ def open_shard(
             pipeline.apply_tokens(row[0], int(content[0]), line)
     else:
         for done in range(0, advance, _REPLAY_CHUNK):
-            pipeline.take(min(_REPLAY_CHUNK, advance - done))
+            pipeline.take_lines(min(_REPLAY_CHUNK, advance - done))
     return pipeline

@@ -19,9 +19,10 @@ import numpy as np
 
 from fmsdata.batchwrite import TOKEN_OUT_OF_RANGE, PendingCopy, source_kind
 from fmsdata.errors import ConfigError, ShardFormatError
-from fmsdata.stages.base import BASE, DLEN, DOC, DS, FILE, SPAN_WIDTH
+from fmsdata.stages.base import BASE, DLEN, DOC, DS, FILE
 from fmsdata.stages.documents import Decoration
 from fmsdata.stages.kernels import lay_out_lines
+from fmsdata.stages.lineblock import LineBlock, as_block
 
 __all__ = ["LineWriter"]
 
@@ -94,7 +95,7 @@ class LineWriter:
             },
         }
 
-    def write(self, lines: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
+    def write(self, lines: Sequence[np.ndarray] | LineBlock, out: np.ndarray) -> np.ndarray:
         """Fill row ``k`` of ``out`` from ``lines[k]``; return the non-pad token count per row.
 
         Raises:
@@ -107,7 +108,7 @@ class LineWriter:
         return fill
 
     def lay_out(
-        self, lines: Sequence[np.ndarray], out: np.ndarray
+        self, lines: Sequence[np.ndarray] | LineBlock, out: np.ndarray
     ) -> tuple[np.ndarray, PendingCopy]:
         """Write the delimiters and padding of the rows, and the pieces of formats without a
         flat token buffer; return the non-pad token count per row and the copy of the other
@@ -121,12 +122,10 @@ class LineWriter:
         n_rows, width = out.shape
         if not out.flags.c_contiguous:
             raise ValueError("rows are written through a flat view: give C-contiguous rows")
-        counts = np.fromiter(map(len, lines), dtype=np.int64, count=n_rows)
-        spans = (
-            np.ascontiguousarray(np.concatenate(lines), dtype=np.int64)
-            if n_rows
-            else np.zeros((0, SPAN_WIDTH), dtype=np.int64)
-        )
+        block = as_block(lines)
+        if len(block) != n_rows:
+            raise ValueError(f"{len(block)} lines for {n_rows} rows")
+        counts, spans = block.counts, block.spans
         if (spans[:, DLEN] < 0).any():
             self._find_facts(spans)
         dst = np.empty(len(spans), dtype=np.int64)
@@ -151,9 +150,7 @@ class LineWriter:
                 "name more or fewer tokens than the documents hold now (the files changed "
                 "since the spans were made) or a stage changed the lines' spans"
             )
-        line_spans = np.zeros(n_rows + 1, dtype=np.int64)
-        np.cumsum(counts, out=line_spans[1:])
-        return fill, self._pending(spans, out.reshape(-1), line_spans, dst, first, n_copy)
+        return fill, self._pending(spans, out.reshape(-1), block.offsets, dst, first, n_copy)
 
     def _pending(
         self,

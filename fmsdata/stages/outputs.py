@@ -13,11 +13,13 @@ line a document's pieces land in, on every rank and world size. Padding has id -
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
 from fmsdata.errors import ShardFormatError
 from fmsdata.stages.base import DOC, DS, FILE, LENGTH
+from fmsdata.stages.lineblock import LineBlock, as_block
 
 __all__ = [
     "IGNORE_INDEX",
@@ -80,7 +82,11 @@ class TokenLine:
 
 
 def row_segment_lengths(
-    lines: list[np.ndarray], has_bol: bool, has_eol: bool, content: np.ndarray, seq: int
+    lines: Sequence[np.ndarray] | LineBlock,
+    has_bol: bool,
+    has_eol: bool,
+    content: np.ndarray,
+    seq: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lengths of the document pieces of each line's *inputs* (its first ``seq`` tokens),
     for every line at once, from the lines' spans: ``(flat lengths, pieces per line)``.
@@ -94,14 +100,15 @@ def row_segment_lengths(
 
 
 def span_pieces(
-    lines: list[np.ndarray], has_bol: bool, has_eol: bool
+    lines: Sequence[np.ndarray] | LineBlock, has_bol: bool, has_eol: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every line's piece lengths, flat, and the pieces per line (BOL/EOL joined)."""
-    counts = np.fromiter((len(line) for line in lines), dtype=np.int64, count=len(lines))
-    if not len(lines):
+    block = as_block(lines)
+    counts = block.counts
+    if not len(block):
         return np.zeros(0, dtype=np.int64), counts
-    lengths = np.concatenate(lines)[:, LENGTH].astype(np.int64)
-    ends = np.cumsum(counts)
+    lengths = block.spans[:, LENGTH].copy()
+    ends = block.offsets[1:]
     lengths[ends - counts] += has_bol
     lengths[ends - 1] += has_eol
     return lengths, counts

@@ -33,6 +33,7 @@ from fmsdata.stages.base import (
     restore_spans,
 )
 from fmsdata.stages.kernels import plan_hard_lines
+from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.source import Documents, DocumentSource
 from fmsdata.statecheck import need_int, need_list
 
@@ -53,6 +54,7 @@ class _Plan:
         # Handed out one line at a time: Python ints index faster than numpy scalars.
         self.bounds = self.offsets.tolist()
         self.started = self.commits.tolist()
+        self.block = LineBlock(self.spans, self.offsets)
 
     @property
     def remaining(self) -> int:
@@ -103,21 +105,29 @@ class LinePacker(SpanStage):
     def take(self, n: int) -> list[np.ndarray]:
         if type(self).__next__ is not LinePacker.__next__:
             return super().take(n)  # a subclass that changed __next__ is taken at its word
-        lines: list[np.ndarray] = []
-        while len(lines) < n:
+        return self._planned(n).lines()
+
+    def take_lines(self, n: int) -> LineBlock:
+        """The next ``n`` lines: views of the plans' spans (a stage that keeps lines copies
+        them: the shuffle buffer into its store)."""
+        if type(self).__next__ is not LinePacker.__next__ or type(self).take is not LinePacker.take:
+            return super().take_lines(n)  # a subclass is taken at its word
+        return self._planned(n)
+
+    def _planned(self, n: int) -> LineBlock:
+        blocks: list[LineBlock] = []
+        taken = 0
+        while taken < n:
             plan = self._plan
             while plan is None or not plan.remaining:
                 plan = self._plan_more()
             j = plan.next_line
-            k = min(n - len(lines), plan.remaining)
-            bounds, spans = plan.bounds, plan.spans
-            # Copies, not views: a shuffle buffer keeps a line for a few windows, and a view
-            # would keep its whole plan alive with it (65 MB more per worker on 60-token
-            # documents).
-            lines.extend(spans[bounds[i] : bounds[i + 1]].copy() for i in range(j, j + k))
+            k = min(n - taken, plan.remaining)
+            blocks.append(plan.block.slice(j, j + k))
             self._uncommitted += sum(plan.started[j : j + k])
             plan.next_line = j + k
-        return lines
+            taken += k
+        return LineBlock.concat(blocks)
 
     @property
     def carry(self) -> np.ndarray | None:

@@ -40,6 +40,7 @@ from fmsdata.stages.base import (
     restore_spans,
 )
 from fmsdata.stages.docfacts import document_facts
+from fmsdata.stages.lineblock import LineBlock, as_block
 from fmsdata.statecheck import fail, need_keys
 
 __all__ = [
@@ -167,23 +168,24 @@ def pack_lines(
     return packed
 
 
-def journal_spans(lines: list[np.ndarray], marked: list[bool]) -> tuple[np.ndarray, np.ndarray]:
+def journal_spans(
+    lines: Sequence[np.ndarray] | LineBlock, marked: Sequence[bool] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Lines pushed into journaled buffers as a worker item carries them to the main
     process, which keeps their saved columns only: ``(spans, offsets)``, the lines
     concatenated (int32 where they fit, a third of the runtime bytes) and their bounds.
     In a line that is ``marked`` (its buffer can find document lengths again), a span known
     by its ``dlen`` to run to the end of its document has its length negated, so the main
-    process saves it without it (``pack_lines``). One compiled pass after the
-    concatenation; the lines themselves, still held by the buffers, are not changed."""
-    offsets = np.zeros(len(lines) + 1, dtype=np.int64)
-    if not lines:
-        return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int32), offsets
-    lengths = np.fromiter(map(len, lines), dtype=np.int64, count=len(lines))
-    np.cumsum(lengths, out=offsets[1:])
-    spans = np.concatenate(lines)
-    out = np.empty((len(spans), SAVED_SPAN_WIDTH), dtype=np.int64)
-    low, high = _saved_columns(spans, offsets, np.asarray(marked, dtype=np.bool_), out)
-    return (out.astype(np.int32) if low >= -_INT32_MAX and high <= _INT32_MAX else out), offsets
+    process saves it without it (``pack_lines``). One compiled pass; the lines themselves,
+    still held by the buffers, are not changed."""
+    block = as_block(lines)
+    if not len(block):
+        return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int32), block.offsets.copy()
+    out = np.empty((len(block.spans), SAVED_SPAN_WIDTH), dtype=np.int64)
+    marks = np.asarray(marked, dtype=np.bool_)
+    low, high = _saved_columns(block.spans, block.offsets, marks, out)
+    wide = low < -_INT32_MAX or high > _INT32_MAX
+    return (out if wide else out.astype(np.int32)), block.offsets
 
 
 @compiled

@@ -25,6 +25,8 @@ from fmsdata.compiled import compiled
 from fmsdata.errors import StateMismatchError
 from fmsdata.permute import hash_array
 from fmsdata.stages.base import LENGTH, DatasetRenumbering, SpanStage
+from fmsdata.stages.lineblock import LineBlock
+from fmsdata.stages.linestore import RESTORED, LineStore
 from fmsdata.stages.savedlines import (
     DocumentLengths,
     SavedLines,
@@ -75,44 +77,69 @@ class ShuffleBuffer(SpanStage):
         self.light = False
         self.key = key
         self.emitted = 0
-        # Lines as span arrays, or ints: lines of ``_restored`` (a loaded state) not measured
-        # yet. A restored line is measured against its files when it is handed out, so
-        # loading a state opens no file (see ``measure_restored``).
-        self.buffer: list[np.ndarray | int] = []
+        # The held lines; a restored line (of ``_restored``, a loaded state) is measured
+        # against its files when it is handed out, so loading a state opens no file (see
+        # ``measure_restored``).
+        self._store = LineStore(window)
         self._restored: SavedLines | None = None
         self._ops: list[int] = []
-        self._pushed: list[np.ndarray] = []
+        self._pushed: list[LineBlock] = []
+
+    @property
+    def buffer(self) -> list[np.ndarray | int]:
+        """The held lines in slot order: span arrays (views: read, do not keep), or ints:
+        lines of a loaded state not measured yet."""
+        return self._store.lines()
 
     def __next__(self) -> np.ndarray:
-        return self._take_lines(1)[0]
+        return self._take_block(1).line(0).copy()
 
     def take(self, n: int) -> list[np.ndarray]:
         if type(self).__next__ is not ShuffleBuffer.__next__:
             return super().take(n)  # a subclass that changed __next__ is taken at its word
-        return self._take_lines(n)
+        return self._take_block(n).lines()
 
-    def _take_lines(self, n: int) -> list[np.ndarray]:
+    def take_lines(self, n: int) -> LineBlock:
+        if (
+            type(self).__next__ is not ShuffleBuffer.__next__
+            or type(self).take is not ShuffleBuffer.take
+        ):
+            return super().take_lines(n)  # a subclass is taken at its word
+        return self._take_block(n)
+
+    def _take_block(self, n: int) -> LineBlock:
         if self.window <= 1:
             self.emitted += n
             return _pull(self.source, n)
         # The source's lines do not depend on the slots taken: the lines the n steps push
-        # are pulled in one call, then one compiled pass makes the steps on line numbers.
-        held = len(self.buffer)
-        pool = self.buffer + _pull(self.source, _pushes(held, self.window, n))
-        slots = hash_array(self.key, self.emitted, n)
-        order = np.empty(len(pool), dtype=np.int64)
-        ops = np.empty(len(pool) - held + n, dtype=np.int64)
-        taken, size = _shuffle_steps(held, self.window, slots, order, ops, PUSH)
-        self.buffer = [pool[i] for i in order[:size].tolist()]
+        # are pulled in one call, then one compiled pass makes the steps on the slots.
+        store = self._store
+        pushed = _pull(self.source, _pushes(len(store), self.window, n))
+        ops = np.empty(len(pushed) + n, dtype=np.int64)
+        start, count = store.steps(
+            pushed, hash_array(self.key, self.emitted, n), self.window, ops, PUSH
+        )
         if self.journaled:
             self._ops.extend(ops.tolist())
-            self._pushed.extend(pool[held:])
+            self._pushed.append(pushed)
         self.emitted += n
-        out = [pool[i] for i in taken.tolist()]
-        out = [line if isinstance(line, np.ndarray) else self._measure(line) for line in out]
-        if self._open and not all(line[:, LENGTH].all() for line in out):
+        if (count == RESTORED).any():
+            out = self._with_restored(start, count)
+        else:
+            out = store.gather(start, count)
+        if self._open and not out.spans[:, LENGTH].all():
             raise self._unmeasured()
         return out
+
+    def _with_restored(self, start: np.ndarray, count: np.ndarray) -> LineBlock:
+        """The lines handed out, restored ones among them measured now."""
+        rows = self._store.rows
+        return LineBlock.of(
+            [
+                self._measure(a) if n == RESTORED else rows[a : a + n]
+                for a, n in zip(start.tolist(), count.tolist())
+            ]
+        )
 
     def _unmeasured(self) -> StateMismatchError:
         return StateMismatchError(
@@ -121,11 +148,11 @@ class ShuffleBuffer(SpanStage):
             "built by fmsdata.pipeline.build_pipeline)"
         )
 
-    def drain_journal(self) -> tuple[list[int], list[np.ndarray]]:
+    def drain_journal(self) -> tuple[list[int], LineBlock]:
         """Buffer changes since the last call: ``(ops, pushed lines)``, the lines as the
         buffer holds them; where ``marks_document_ends``, the journal must carry them
         marked (``savedlines.journal_spans``, for a whole worker item at once)."""
-        ops, pushed = self._ops, self._pushed
+        ops, pushed = self._ops, LineBlock.concat(self._pushed)
         self._ops, self._pushed = [], []
         return ops, pushed
 
@@ -147,16 +174,18 @@ class ShuffleBuffer(SpanStage):
         self.emitted = need_count(state["emitted"], "emitted")
         with within(BUFFER_KEY):
             saved = unpack_lines(state[BUFFER_KEY])
+            lines: list[np.ndarray | int]
             if self.documents is None:
-                self.buffer, self._open = resolve(saved, None)  # type: ignore[assignment]
-                self._restored = None
+                resolved, self._open = resolve(saved, None)
+                lines, self._restored = list(resolved), None
             else:
-                self.buffer, self._open, self._restored = list(range(len(saved))), False, saved
-        if len(self.buffer) > max(self.window, 0):
+                lines, self._open, self._restored = list(range(len(saved))), False, saved
+        if len(lines) > max(self.window, 0):
             raise StateMismatchError(
-                f"shuffle buffer state holds {len(self.buffer)} lines, more than "
+                f"shuffle buffer state holds {len(lines)} lines, more than "
                 f"shuffle_window={self.window}"
             )
+        self._store.reset(lines)
         self._ops, self._pushed = [], []
 
     def measure_restored(self) -> None:
@@ -172,9 +201,9 @@ class ShuffleBuffer(SpanStage):
             return
         with within(BUFFER_KEY):
             lines, self._open = resolve(self._restored, self.documents)
-        self.buffer = [
-            lines[line] if not isinstance(line, np.ndarray) else line for line in self.buffer
-        ]
+        self._store.reset(
+            [lines[line] if not isinstance(line, np.ndarray) else line for line in self.buffer]
+        )
         self._restored = None
 
     def _measure(self, line: int) -> np.ndarray:
@@ -216,11 +245,12 @@ class ShuffleBuffer(SpanStage):
         }
 
 
-def _pull(source: Any, n: int) -> list[np.ndarray]:
-    """``n`` lines of ``source``: one ``take`` from a span stage, else one ``next`` each."""
+def _pull(source: Any, n: int) -> LineBlock:
+    """``n`` lines of ``source``: one ``take_lines`` from a span stage, else one ``next``
+    each."""
     if isinstance(source, SpanStage):
-        return source.take(n)
-    return [next(source) for _ in range(n)]
+        return source.take_lines(n)
+    return LineBlock.of([next(source) for _ in range(n)])
 
 
 @compiled
@@ -233,34 +263,3 @@ def _pushes(size: int, window: int, steps: int) -> int:
         total += push
         size += push - 1
     return total
-
-
-@compiled
-def _shuffle_steps(held, window, hashes, order, ops, push_op):  # type: ignore[no-untyped-def]
-    """The buffer's steps on line numbers: lines ``0 .. held - 1`` are held, the pushed
-    ones follow in push order. Step ``k`` pushes (up to two, while below ``window``), then
-    hands out the line at slot ``hashes[k] % size``, the last slot's line taking its place.
-
-    Writes the journal into ``ops`` (``push_op`` per push, then the slot) and the lines
-    still held into ``order[:size]``. Returns ``(the lines handed out, size)``.
-    """
-    for i in range(held):
-        order[i] = i
-    size = held
-    incoming = held
-    at = 0
-    taken = np.empty(len(hashes), dtype=np.int64)
-    for k in range(len(hashes)):
-        for _ in range(min(2, max(window - size, 0))):
-            order[size] = incoming
-            incoming += 1
-            size += 1
-            ops[at] = push_op
-            at += 1
-        slot = np.int64(hashes[k] % np.uint64(size))
-        ops[at] = slot
-        at += 1
-        taken[k] = order[slot]
-        size -= 1
-        order[slot] = order[size]
-    return taken, size

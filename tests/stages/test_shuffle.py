@@ -69,7 +69,7 @@ def test_resume_and_journal_replay(window, stop):
     for _ in range(stop):
         next(head)
         ops, pushed = head.drain_journal()
-        apply_journal(replica, ops, iter(pushed))
+        apply_journal(replica, ops, iter(pushed.lines()))
     assert [int(x[0, 2]) for x in replica] == [int(x[0, 2]) for x in head.buffer]
     assert numbers(head, 150 - stop) == reference[stop:]
 

@@ -1,0 +1,119 @@
+"""Lines of spans held together: one span array and each line's bounds into it.
+
+A worker handles a few thousand lines a second per shard, each of a few dozen spans at
+most. Held one numpy array per line, every line paid a slice, a copy and a list entry at
+each stage it crossed (the packer, the shuffle buffer, the round's deal, the writer, the
+journal): on short documents that Python work per line was a fifth of a worker's time. The
+built-in stages hand lines on a block at a time instead (``SpanStage.take_lines``), and the
+steps between them are one compiled pass over a block's spans (``gather``).
+
+A user's stage still sees and yields one line at a time (``__next__``, ``take``): a block
+is made of its lines where it meets a built-in stage, and split into lines where it meets
+the user's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from fmsdata.compiled import compiled
+from fmsdata.stages.base import SPAN_WIDTH
+
+__all__ = ["LineBlock", "as_block", "copy_rows"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LineBlock:
+    """``len(offsets) - 1`` lines: line ``i`` is ``spans[offsets[i]:offsets[i + 1]]``.
+
+    Attributes:
+        spans: ``[pieces, SPAN_WIDTH]`` int64, C-contiguous (the runtime span columns,
+            ``fmsdata.stages.base``).
+        offsets: ``[lines + 1]`` int64, from 0, non-decreasing, ending at ``len(spans)``.
+    """
+
+    spans: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def empty(cls) -> LineBlock:
+        return cls(np.zeros((0, SPAN_WIDTH), dtype=np.int64), np.zeros(1, dtype=np.int64))
+
+    @classmethod
+    def of(cls, lines: Sequence[np.ndarray]) -> LineBlock:
+        """The lines in one block (their spans copied)."""
+        if not lines:
+            return cls.empty()
+        offsets = np.zeros(len(lines) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)), out=offsets[1:])
+        return cls(np.ascontiguousarray(np.concatenate(lines), dtype=np.int64), offsets)
+
+    @classmethod
+    def concat(cls, blocks: Sequence[LineBlock]) -> LineBlock:
+        """The blocks' lines one after another."""
+        if len(blocks) == 1:
+            return blocks[0]
+        if not blocks:
+            return cls.empty()
+        starts = np.cumsum([0] + [len(b.spans) for b in blocks[:-1]])
+        offsets = np.concatenate(
+            [np.zeros(1, dtype=np.int64)] + [b.offsets[1:] + s for b, s in zip(blocks, starts)]
+        )
+        return cls(np.concatenate([b.spans for b in blocks]), offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Spans per line."""
+        return np.diff(self.offsets)
+
+    def line(self, i: int) -> np.ndarray:
+        """Line ``i`` (a view into the block)."""
+        return self.spans[self.offsets[i] : self.offsets[i + 1]]
+
+    def lines(self) -> list[np.ndarray]:
+        """Each line as its own array (copies: a line kept does not keep the block)."""
+        bounds = self.offsets.tolist()
+        spans = self.spans
+        return [spans[bounds[i] : bounds[i + 1]].copy() for i in range(len(bounds) - 1)]
+
+    def slice(self, start: int, stop: int) -> LineBlock:
+        """Lines ``start .. stop - 1`` (views)."""
+        a, b = int(self.offsets[start]), int(self.offsets[stop])
+        return LineBlock(self.spans[a:b], self.offsets[start : stop + 1] - a)
+
+    def gather(self, which: np.ndarray) -> LineBlock:
+        """Lines ``which`` (line numbers, any order, repeats allowed) in that order, copied
+        into a new block."""
+        which = np.asarray(which, dtype=np.int64)
+        starts = self.offsets[which]
+        counts = self.offsets[which + 1] - starts
+        return LineBlock(*copy_rows(self.spans, starts, counts))
+
+
+def as_block(lines: Sequence[np.ndarray] | LineBlock) -> LineBlock:
+    """``lines`` as a block (a block as it is)."""
+    return lines if isinstance(lines, LineBlock) else LineBlock.of(lines)
+
+
+@compiled
+def copy_rows(rows, starts, counts):  # type: ignore[no-untyped-def]
+    """Runs ``rows[starts[i]:starts[i] + counts[i]]`` one after another, and their bounds:
+    ``(spans, offsets)``."""
+    offsets = np.empty(len(starts) + 1, dtype=np.int64)
+    offsets[0] = 0
+    for i in range(len(starts)):
+        offsets[i + 1] = offsets[i] + counts[i]
+    out = np.empty((offsets[-1], rows.shape[1]), dtype=np.int64)
+    at = 0
+    for i in range(len(starts)):
+        for r in range(starts[i], starts[i] + counts[i]):
+            for c in range(rows.shape[1]):
+                out[at, c] = rows[r, c]
+            at += 1
+    return out, offsets

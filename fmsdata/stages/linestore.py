@@ -1,0 +1,154 @@
+"""The lines a shuffle buffer holds: one span array they are appended to, and slots.
+
+A shuffle buffer holds a window of lines and swaps one out at a random slot per step.
+Its lines live in one growing array of span rows (``rows``), appended to as lines come in
+and never changed in place; a slot is the ``(start, count)`` of its line's rows. A step
+moves slot pairs, a hand-out copies the rows of the lines taken into one block: no numpy
+array per line. The rows of lines handed out stay behind until the array fills; then the
+held lines are copied into a fresh array with room for half as many again (so at most
+about 1.5 times the held spans are kept, and each span is copied about twice more on
+average: a few percent of what writing its tokens costs).
+
+A slot may also stand for a line of a loaded state not measured yet (count -1, start:
+the line's number in the saved form): the buffer measures it when it is handed out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from fmsdata.compiled import compiled
+from fmsdata.stages.base import SPAN_WIDTH
+from fmsdata.stages.lineblock import LineBlock, copy_rows
+
+__all__ = ["LineStore", "RESTORED"]
+
+RESTORED = -1  # a slot's count when it holds a restored line not measured yet
+_MIN_ROWS = 256
+
+
+class LineStore:
+    """Lines by slot, as a shuffle buffer holds them (see the module docstring).
+
+    Args:
+        slots: The most lines held at once.
+    """
+
+    def __init__(self, slots: int):
+        self.rows = np.empty((_MIN_ROWS, SPAN_WIDTH), dtype=np.int64)
+        self.end = 0  # rows used
+        self.start = np.zeros(max(slots, 0) + 2, dtype=np.int64)
+        self.count = np.zeros(max(slots, 0) + 2, dtype=np.int64)
+        self.size = 0  # slots held
+
+    def __len__(self) -> int:
+        return self.size
+
+    def lines(self) -> list[np.ndarray | int]:
+        """The held lines in slot order: span arrays (views), or the saved-form number of
+        a restored line not measured yet."""
+        rows = self.rows
+        return [
+            int(a) if n == RESTORED else rows[a : a + n]
+            for a, n in zip(self.start[: self.size].tolist(), self.count[: self.size].tolist())
+        ]
+
+    def reset(self, lines: Sequence[np.ndarray | int]) -> None:
+        """Hold ``lines`` (span arrays, or ints: restored lines by number) in this order."""
+        if len(lines) + 2 > len(self.start):
+            self.start = np.zeros(len(lines) + 2, dtype=np.int64)
+            self.count = np.zeros(len(lines) + 2, dtype=np.int64)
+        arrays = [line for line in lines if isinstance(line, np.ndarray)]
+        block = LineBlock.of(arrays)
+        rows = len(block.spans) + len(block.spans) // 2
+        self.rows = np.empty((max(rows, _MIN_ROWS), SPAN_WIDTH), dtype=np.int64)
+        self.rows[: len(block.spans)] = block.spans
+        self.end = len(block.spans)
+        k = 0
+        for slot, line in enumerate(lines):
+            if isinstance(line, np.ndarray):
+                self.start[slot] = block.offsets[k]
+                self.count[slot] = block.offsets[k + 1] - block.offsets[k]
+                k += 1
+            else:
+                self.start[slot], self.count[slot] = line, RESTORED
+        self.size = len(lines)
+
+    def steps(
+        self, pushed: LineBlock, hashes: np.ndarray, window: int, ops: np.ndarray, push_op: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Make one buffer step per hash (``ShuffleBuffer``'s docstring), the lines pushed
+        taken from ``pushed`` in order, the journal written to ``ops``; returns the
+        ``(start, count)`` of each line handed out, in order (until the next ``steps``)."""
+        self._room(len(pushed.spans))
+        base = self.end
+        self.rows[base : base + len(pushed.spans)] = pushed.spans
+        self.end += len(pushed.spans)
+        taken_start = np.empty(len(hashes), dtype=np.int64)
+        taken_count = np.empty(len(hashes), dtype=np.int64)
+        self.size = _steps(
+            self.size, window, hashes, self.start, self.count, pushed.offsets, base,
+            taken_start, taken_count, ops, push_op,
+        )  # fmt: skip
+        return taken_start, taken_count
+
+    def gather(self, start: np.ndarray, count: np.ndarray) -> LineBlock:
+        """The lines whose rows are ``start``/``count`` (measured lines only), copied."""
+        return LineBlock(*copy_rows(self.rows, start, count))
+
+    def _room(self, incoming: int) -> None:
+        """Make room for ``incoming`` rows at the end: when the array is full, copy the held
+        lines into a new one with room for half as many again."""
+        if self.end + incoming <= len(self.rows):
+            return
+        need = int(np.maximum(self.count[: self.size], 0).sum()) + incoming
+        rows = np.empty((max(need + need // 2, _MIN_ROWS), SPAN_WIDTH), dtype=np.int64)
+        self.end = _compact(self.rows, rows, self.start, self.count, self.size, RESTORED)
+        self.rows = rows
+
+
+@compiled
+def _steps(  # type: ignore[no-untyped-def]
+    size, window, hashes, start, count, offsets, base, taken_start, taken_count, ops, push
+):
+    """Step ``k`` pushes the next lines of ``offsets`` (rows from ``base``; up to two,
+    while below ``window``), then hands out the line at slot ``hashes[k] % size``, the last
+    slot's line taking its place. Returns the slots held after the last step."""
+    incoming = 0
+    at = 0
+    for k in range(len(hashes)):
+        for _ in range(min(2, max(window - size, 0))):
+            start[size] = base + offsets[incoming]
+            count[size] = offsets[incoming + 1] - offsets[incoming]
+            incoming += 1
+            size += 1
+            ops[at] = push
+            at += 1
+        slot = np.int64(hashes[k] % np.uint64(size))
+        ops[at] = slot
+        at += 1
+        taken_start[k] = start[slot]
+        taken_count[k] = count[slot]
+        size -= 1
+        start[slot] = start[size]
+        count[slot] = count[size]
+    return size
+
+
+@compiled
+def _compact(rows, into, start, count, size, restored):  # type: ignore[no-untyped-def]
+    """Copy the held slots' rows into ``into``, one line after another, and point the
+    slots at them; returns the rows used."""
+    at = 0
+    for slot in range(size):
+        if count[slot] == restored:
+            continue
+        a = start[slot]
+        start[slot] = at
+        for r in range(a, a + count[slot]):
+            for c in range(rows.shape[1]):
+                into[at, c] = rows[r, c]
+            at += 1
+    return at
