@@ -39,7 +39,7 @@ from fmsdata.pipeline import (
 )
 from fmsdata.remote.cache import FileSource, file_source
 from fmsdata.remote.storage import Storage
-from fmsdata.stages.lineblock import LineBlock
+from fmsdata.stages.lineblock import LineBlock, SpanScratch
 from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.outputs import (
     TokenLine,
@@ -47,7 +47,7 @@ from fmsdata.stages.outputs import (
     piece_segment_lengths,
     span_pieces,
 )
-from fmsdata.stages.savedlines import journal_spans
+from fmsdata.stages.savedlines import join_journal
 from fmsdata.topology import RowDealer, Topology, owned_shards, worker_shards
 from fmsdata.transport import (
     ShardLights,
@@ -123,10 +123,13 @@ class ShardContext:
 
 class _LineBuffer:
     """A process's int32 rows that the line writer fills for each item, kept from item to
-    item (the rows are written out as the batches before the next item is made)."""
+    item (the rows are written out as the batches before the next item is made), and the
+    span rows of a round's lines and of an item's (``SpanScratch``)."""
 
     def __init__(self, line_length: int):
         self._rows = np.empty((0, line_length), dtype=np.int32)
+        self.round_spans = SpanScratch()
+        self.item_spans = SpanScratch()
 
     def rows(self, n: int) -> np.ndarray:
         if n > len(self._rows):
@@ -378,7 +381,9 @@ class RankLineDataset(IterableDataset):
         round_locals = [local for deal in deals for local in deal[1]]
         opened = {local: shard(local) for local in dict.fromkeys(round_locals)}
         wanted = collections.Counter(round_locals)
-        pulled = LineBlock.concat([p.take_lines(wanted[local]) for local, p in opened.items()])
+        pulled = LineBlock.concat(
+            [p.take_lines(wanted[local]) for local, p in opened.items()], buffer.round_spans
+        )
         # The round's rows, grouped by shard in ``opened`` order and in row order within a
         # shard, are the lines pulled, in order: each row's line number.
         group = dict(zip(opened, range(len(opened))))
@@ -389,7 +394,7 @@ class RankLineDataset(IterableDataset):
         which[by_shard] = np.arange(len(round_locals))
         at = 0
         for k, (rows, row_locals, offsets) in enumerate(deals):
-            lines = pulled.gather(which[at : at + len(rows)])
+            lines = pulled.gather(which[at : at + len(rows)], buffer.item_spans)
             at += len(rows)
             last = k == len(deals) - 1
             yield self._item(
@@ -464,16 +469,14 @@ class RankLineDataset(IterableDataset):
         op_shards: list[int] = []
         op_counts: list[int] = []
         ops: list[int] = []
-        pushed: list[LineBlock] = []
-        marked: list[bool] = []  # per pushed line: mark its document ends (journal_spans)
+        pushed: list[tuple[np.ndarray, np.ndarray]] = []
         for sid, (pipeline, _) in touched.items():
             lights[sid] = pipeline.light_state()
-            shard_ops, shard_pushed, marks = pipeline.drain_journal()
-            marked.extend([marks] * len(shard_pushed))
+            shard_ops, shard_spans, shard_offsets = pipeline.drain_journal()
             op_shards.append(sid)
             op_counts.append(len(shard_ops))
             ops.extend(shard_ops)
-            pushed.append(shard_pushed)
+            pushed.append((shard_spans, shard_offsets))
         segments = segment_counts = segment_ids = None
         want_ids = config.return_document_ids
         if config.return_position_ids or config.return_cu_seqlens or want_ids:
@@ -507,7 +510,7 @@ class RankLineDataset(IterableDataset):
         if not config.return_cu_seqlens:  # the rest of the structure is written already
             segments = segment_counts = segment_ids = None
         segment_ids = None  # the ids are written; cu_seqlens needs the lengths only
-        pushed_spans, pushed_offsets = journal_spans(LineBlock.concat(pushed), marked)
+        pushed_spans, pushed_offsets = join_journal(pushed)
         return WorkerItem(
             offsets=offsets_np,
             rows=rows_np,

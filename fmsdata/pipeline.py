@@ -33,7 +33,7 @@ from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.outputs import TokenLine
 from fmsdata.stages.packing import LinePacker
-from fmsdata.stages.savedlines import DocumentLengths
+from fmsdata.stages.savedlines import DocumentLengths, journal_spans
 from fmsdata.stages.shuffle import ShuffleBuffer
 from fmsdata.stages.source import DocumentSource
 from fmsdata.statecheck import need_count, need_keys, within
@@ -343,13 +343,12 @@ class ShardPipeline:
                 measure,
             )
 
-    def drain_journal(self) -> tuple[list[int], LineBlock, bool]:
-        """``(ops, pushed lines, whether those lines' document ends are to be marked)`` of
-        the journaled buffer since the last call (``ShuffleBuffer.drain_journal``)."""
+    def drain_journal(self) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """``(ops, spans, offsets)`` of the journaled buffer since the last call
+        (``ShuffleBuffer.drain_journal``)."""
         if self.journaled is None:
-            return [], LineBlock.empty(), False
-        ops, pushed = self.journaled.drain_journal()
-        return ops, pushed, self.journaled.marks_document_ends
+            return [], *journal_spans(LineBlock.empty(), [])
+        return self.journaled.drain_journal()
 
     def layout(self) -> list[dict[str, Any]]:
         return layout(self.top)

@@ -5,9 +5,10 @@ Its lines live in one growing array of span rows (``rows``), appended to as line
 and never changed in place; a slot is the ``(start, count)`` of its line's rows. A step
 moves slot pairs, a hand-out copies the rows of the lines taken into one block: no numpy
 array per line. The rows of lines handed out stay behind until the array fills; then the
-held lines are copied into a fresh array with room for half as many again (so at most
-about 1.5 times the held spans are kept, and each span is copied about twice more on
-average: a few percent of what writing its tokens costs).
+held lines are moved to its front, in place (so about 1.25 times the most spans held are
+kept, and each span is moved about four times on average: a few percent of what writing
+its tokens costs). A line's rows may move at any step: views of them are read, never
+kept.
 
 A slot may also stand for a line of a loaded state not measured yet (count -1, start:
 the line's number in the saved form): the buffer measures it when it is handed out.
@@ -62,7 +63,7 @@ class LineStore:
             self.count = np.zeros(len(lines) + 2, dtype=np.int64)
         arrays = [line for line in lines if isinstance(line, np.ndarray)]
         block = LineBlock.of(arrays)
-        rows = len(block.spans) + len(block.spans) // 2
+        rows = len(block.spans) + len(block.spans) // 4
         self.rows = np.empty((max(rows, _MIN_ROWS), SPAN_WIDTH), dtype=np.int64)
         self.rows[: len(block.spans)] = block.spans
         self.end = len(block.spans)
@@ -96,17 +97,24 @@ class LineStore:
 
     def gather(self, start: np.ndarray, count: np.ndarray) -> LineBlock:
         """The lines whose rows are ``start``/``count`` (measured lines only), copied."""
-        return LineBlock(*copy_rows(self.rows, start, count))
+        offsets = np.zeros(len(start) + 1, dtype=np.int64)
+        np.cumsum(count, out=offsets[1:])
+        out = np.empty((int(offsets[-1]), SPAN_WIDTH), dtype=np.int64)
+        copy_rows(self.rows, start, count, out)
+        return LineBlock(out, offsets)
 
     def _room(self, incoming: int) -> None:
-        """Make room for ``incoming`` rows at the end: when the array is full, copy the held
-        lines into a new one with room for half as many again."""
+        """Make room for ``incoming`` rows at the end: when the array is full, move the held
+        lines to its front; when that leaves less than a quarter of them free, move them to
+        a larger array."""
         if self.end + incoming <= len(self.rows):
             return
-        need = int(np.maximum(self.count[: self.size], 0).sum()) + incoming
-        rows = np.empty((max(need + need // 2, _MIN_ROWS), SPAN_WIDTH), dtype=np.int64)
-        self.end = _compact(self.rows, rows, self.start, self.count, self.size, RESTORED)
-        self.rows = rows
+        self.end = _compact(self.rows, self.start, self.count, self.size, RESTORED)
+        need = self.end + incoming
+        if need + need // 4 > len(self.rows):
+            rows = np.empty((max(need + need // 4, _MIN_ROWS), SPAN_WIDTH), dtype=np.int64)
+            rows[: self.end] = self.rows[: self.end]
+            self.rows = rows
 
 
 @compiled
@@ -138,17 +146,21 @@ def _steps(  # type: ignore[no-untyped-def]
 
 
 @compiled
-def _compact(rows, into, start, count, size, restored):  # type: ignore[no-untyped-def]
-    """Copy the held slots' rows into ``into``, one line after another, and point the
-    slots at them; returns the rows used."""
+def _compact(rows, start, count, size, restored):  # type: ignore[no-untyped-def]
+    """Move the held slots' rows to the front of ``rows``, one line after another in the
+    order they lie (so no line is overwritten before it moves), and point the slots at
+    them; returns the rows used."""
+    order = np.argsort(start[:size])
     at = 0
-    for slot in range(size):
-        if count[slot] == restored:
+    for k in range(size):
+        slot = order[k]
+        n = count[slot]
+        if n == restored:  # its start is a line number, not a row
             continue
         a = start[slot]
-        start[slot] = at
-        for r in range(a, a + count[slot]):
+        for r in range(n):
             for c in range(rows.shape[1]):
-                into[at, c] = rows[r, c]
-            at += 1
+                rows[at + r, c] = rows[a + r, c]
+        start[slot] = at
+        at += n
     return at

@@ -48,6 +48,7 @@ __all__ = [
     "DocumentLengths",
     "pack_lines",
     "journal_spans",
+    "join_journal",
     "unpack_lines",
     "resolve",
     "COLUMNS",
@@ -186,6 +187,21 @@ def journal_spans(
     low, high = _saved_columns(block.spans, block.offsets, marks, out)
     wide = low < -_INT32_MAX or high > _INT32_MAX
     return (out if wide else out.astype(np.int32)), block.offsets
+
+
+def join_journal(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Pushed lines in the journal's form (``journal_spans``: ``(spans, offsets)`` each)
+    one after another, in the same form."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return journal_spans(LineBlock.empty(), [])
+    sizes = [len(spans) for spans, _ in parts]
+    starts = np.cumsum([0] + sizes[:-1])
+    offsets = np.concatenate(
+        [np.zeros(1, dtype=np.int64)] + [o[1:] + a for (_, o), a in zip(parts, starts)]
+    )
+    return np.concatenate([spans for spans, _ in parts]), offsets
 
 
 @compiled

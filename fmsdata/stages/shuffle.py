@@ -30,6 +30,8 @@ from fmsdata.stages.linestore import RESTORED, LineStore
 from fmsdata.stages.savedlines import (
     DocumentLengths,
     SavedLines,
+    join_journal,
+    journal_spans,
     pack_lines,
     resolve,
     unpack_lines,
@@ -83,7 +85,9 @@ class ShuffleBuffer(SpanStage):
         self._store = LineStore(window)
         self._restored: SavedLines | None = None
         self._ops: list[int] = []
-        self._pushed: list[LineBlock] = []
+        # Lines pushed since the journal was drained, in the journal's form (they are in
+        # the store too: the journal's narrow copy costs a third of their runtime rows).
+        self._pushed: list[tuple[np.ndarray, np.ndarray]] = []
 
     @property
     def buffer(self) -> list[np.ndarray | int]:
@@ -121,7 +125,8 @@ class ShuffleBuffer(SpanStage):
         )
         if self.journaled:
             self._ops.extend(ops.tolist())
-            self._pushed.append(pushed)
+            marks = np.full(len(pushed), self.marks_document_ends)
+            self._pushed.append(journal_spans(pushed, marks))
         self.emitted += n
         if (count == RESTORED).any():
             out = self._with_restored(start, count)
@@ -148,13 +153,14 @@ class ShuffleBuffer(SpanStage):
             "built by fmsdata.pipeline.build_pipeline)"
         )
 
-    def drain_journal(self) -> tuple[list[int], LineBlock]:
-        """Buffer changes since the last call: ``(ops, pushed lines)``, the lines as the
-        buffer holds them; where ``marks_document_ends``, the journal must carry them
-        marked (``savedlines.journal_spans``, for a whole worker item at once)."""
-        ops, pushed = self._ops, LineBlock.concat(self._pushed)
+    def drain_journal(self) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """Buffer changes since the last call: ``(ops, spans, offsets)``, the lines pushed
+        in the form a worker item carries them (``savedlines.journal_spans``: where
+        ``marks_document_ends``, a span running to its document's end has its length
+        negated)."""
+        ops, (spans, offsets) = self._ops, join_journal(self._pushed)
         self._ops, self._pushed = [], []
-        return ops, pushed
+        return ops, spans, offsets
 
     @property
     def marks_document_ends(self) -> bool:

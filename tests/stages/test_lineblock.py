@@ -80,7 +80,7 @@ def store_model(window, key, steps, sizes):
 )
 def test_the_store_steps_as_a_list_of_lines_does(window, takes, seed, key):
     """Multi-span lines of random sizes through many steps: the store copies its held
-    lines into a fresh array whenever it fills (from 256 rows), and every line still
+    lines to the front of its array whenever it fills (from 256 rows), and every line still
     comes out whole and in the model's order."""
     rng = np.random.default_rng(seed)
     sizes = rng.integers(0, 30, size=2 * sum(takes) + 2).tolist()

@@ -68,8 +68,9 @@ def test_resume_and_journal_replay(window, stop):
     replica: list[np.ndarray] = []
     for _ in range(stop):
         next(head)
-        ops, pushed = head.drain_journal()
-        apply_journal(replica, ops, iter(pushed.lines()))
+        ops, spans, offsets = head.drain_journal()
+        pushed = [spans[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+        apply_journal(replica, ops, iter(pushed))
     assert [int(x[0, 2]) for x in replica] == [int(x[0, 2]) for x in head.buffer]
     assert numbers(head, 150 - stop) == reference[stop:]
 
