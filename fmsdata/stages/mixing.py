@@ -38,26 +38,21 @@ __all__ = ["DatasetStreams", "TokenShareMixer"]
 
 @dataclasses.dataclass
 class _Ledger:
-    """Running per-dataset totals over one mixed block, for committing any prefix of it."""
+    """One mixed block's documents, by dataset and length, for committing any prefix of it
+    (the block's own arrays: nothing is copied to keep it)."""
 
-    count: np.ndarray  # [rows, datasets] documents taken so far
-    tokens: np.ndarray  # [rows, datasets] tokens taken so far
+    ds: np.ndarray  # [rows] dataset of each document
+    dlen: np.ndarray  # [rows] its decorated length
     used: int = 0
 
 
 @compiled
-def _running_totals(ds, dlen, count, tokens):  # type: ignore[no-untyped-def]
-    """Row ``i`` of ``count`` and ``tokens``: documents and tokens of each dataset among
-    the block's first ``i + 1`` documents (one pass; the per-dataset cumulative sums)."""
-    n = count.shape[1]
-    documents = np.zeros(n, dtype=np.int64)
-    taken = np.zeros(n, dtype=np.int64)
-    for i in range(ds.shape[0]):
+def _range_totals(ds, dlen, begin, end, documents, tokens):  # type: ignore[no-untyped-def]
+    """Documents and tokens of each dataset among rows ``begin .. end - 1``, added to
+    ``documents`` and ``tokens``."""
+    for i in range(begin, end):
         documents[ds[i]] += 1
-        taken[ds[i]] += dlen[i]
-        for d in range(n):
-            count[i, d] = documents[d]
-            tokens[i, d] = taken[d]
+        tokens[ds[i]] += dlen[i]
 
 
 class DatasetStreams(Stage):
@@ -170,34 +165,25 @@ class TokenShareMixer(DocumentSource):
         return self._targets[1]
 
     def _ledger(self, ds: np.ndarray, block: Documents) -> _Ledger:
-        n = len(self.streams)
-        count = np.empty((len(ds), n), dtype=np.int64)
-        tokens = np.empty((len(ds), n), dtype=np.int64)
-        _running_totals(ds, block.dlen.astype(np.int64, copy=False), count, tokens)
-        return _Ledger(count, tokens)
+        return _Ledger(ds, block.dlen.astype(np.int64, copy=False))
 
     def commit(self, rows: int) -> None:
         """Mark the next ``rows`` read-ahead documents as consumed."""
         n = len(self.streams)
         while rows:
             ledger = self._ledgers[0]
-            take = min(rows, len(ledger.count) - ledger.used)
-            end = ledger.used + take - 1
-            # One row of per-dataset counters as Python ints: cheaper than indexing numpy
-            # element by element.
-            count, tokens = ledger.count[end].tolist(), ledger.tokens[end].tolist()
-            if ledger.used:
-                count_before = ledger.count[ledger.used - 1].tolist()
-                tokens_before = ledger.tokens[ledger.used - 1].tolist()
-            else:
-                count_before = tokens_before = [0] * n
-            for d in range(n):
-                used = count[d] - count_before[d]
+            take = min(rows, len(ledger.ds) - ledger.used)
+            documents = np.zeros(n, dtype=np.int64)
+            tokens = np.zeros(n, dtype=np.int64)
+            _range_totals(
+                ledger.ds, ledger.dlen, ledger.used, ledger.used + take, documents, tokens
+            )
+            for d, (used, taken) in enumerate(zip(documents.tolist(), tokens.tolist())):
                 if used:
-                    self.tokens[d] += tokens[d] - tokens_before[d]
+                    self.tokens[d] += taken
                     self.streams[d].commit(used)
             ledger.used += take
-            if ledger.used == len(ledger.count):
+            if ledger.used == len(ledger.ds):
                 self._ledgers.popleft()
             rows -= take
 
