@@ -256,6 +256,12 @@ def test_source_kind_takes_native_contiguous_integers_only():
     assert source_kind(np.zeros(2, dtype=">u2")) == -1  # byte-swapped
     assert source_kind(np.zeros(4, dtype=np.uint16)[::2]) == -1  # strided
     assert source_kind(np.zeros(2, dtype=np.float32)) == -1
+    assert source_kind(np.zeros(2, dtype=np.bool_)) == -1  # one byte, not an integer
+    assert source_kind(np.zeros(2, dtype=np.float64)) == -1  # eight bytes, not an integer
+    assert source_kind(np.zeros((2, 2), dtype=np.int32)) == -1  # two-dimensional
+    # int64 and uint64 under their other C names (long long) are the same kinds
+    assert source_kind(np.zeros(2, dtype=np.longlong)) == 7
+    assert source_kind(np.zeros(2, dtype=np.ulonglong)) == 6
 
 
 @st.composite
