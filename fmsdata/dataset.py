@@ -459,8 +459,12 @@ class RankLineDataset(IterableDataset):
         has_bol, has_eol = config.bol_token is not None, config.eol_token is not None
         token_lines: list[TokenLine] | None = None
         if token_stages:
-            # In the order each shard emitted its lines: token stages' state is per line.
-            token_lines = [TokenLine.of(lines.line(i), has_bol, has_eol) for i in range(len(lines))]
+            # In the order each shard emitted its lines: token stages' state is per line. A
+            # line's spans are copied: the item's block is reused by the next item, and a
+            # stage may keep what it was given.
+            token_lines = [
+                TokenLine.of(lines.line(i).copy(), has_bol, has_eol) for i in range(len(lines))
+            ]
             for i, pipeline in enumerate(pipelines):
                 if pipeline.token_stages:
                     content[i] = pipeline.apply_tokens(tokens[i], int(content[i]), token_lines[i])

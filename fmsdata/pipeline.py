@@ -271,8 +271,17 @@ class ShardPipeline:
         return lines
 
     def take_lines(self, n: int) -> LineBlock:
-        """The next ``n`` lines as one block (``SpanStage.take_lines``)."""
+        """The next ``n`` lines as one block (``SpanStage.take_lines``).
+
+        Raises:
+            ConfigError: The chain's last span stage gave another number of lines.
+        """
         lines = self.lines.take_lines(n)
+        if len(lines) != n:
+            raise ConfigError(
+                f"{self.lines.name}.take_lines({n}) gave {len(lines)} lines: a span stage's "
+                "take and take_lines give exactly the lines asked for"
+            )
         self.emitted += n
         return lines
 
@@ -348,7 +357,14 @@ class ShardPipeline:
         (``ShuffleBuffer.drain_journal``)."""
         if self.journaled is None:
             return [], *journal_spans(LineBlock.empty(), [])
-        return self.journaled.drain_journal()
+        drained = self.journaled.drain_journal()
+        if not (isinstance(drained, tuple) and len(drained) == 3):
+            raise ConfigError(
+                f"{self.journaled.name} has role 'shuffle', so its drain_journal() must give "
+                "(ops, spans, offsets) as ShuffleBuffer's does; it gave "
+                f"{type(drained).__name__} of {len(drained) if isinstance(drained, tuple) else '?'}"
+            )
+        return drained
 
     def layout(self) -> list[dict[str, Any]]:
         return layout(self.top)

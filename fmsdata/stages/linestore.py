@@ -1,14 +1,14 @@
 """The lines a shuffle buffer holds: one span array they are appended to, and slots.
 
 A shuffle buffer holds a window of lines and swaps one out at a random slot per step.
-Its lines live in one growing array of span rows (``rows``), appended to as lines come in
-and never changed in place; a slot is the ``(start, count)`` of its line's rows. A step
-moves slot pairs, a hand-out copies the rows of the lines taken into one block: no numpy
-array per line. The rows of lines handed out stay behind until the array fills; then the
-held lines are moved to its front, in place (so about 1.25 times the most spans held are
-kept, and each span is moved about four times on average: a few percent of what writing
-its tokens costs). A line's rows may move at any step: views of them are read, never
-kept.
+Its lines live in one array of span rows (``rows``), appended to as lines come in; a slot
+is the ``(start, count)`` of its line's rows. A step moves slot pairs, a hand-out copies
+the rows of the lines taken into one block: no numpy array per line. The rows of lines
+handed out stay behind until the array fills; then the held lines are moved to its front,
+in place, and the array is sized to a quarter more than the rows held and coming in (so
+it keeps about 1.25 times the spans of the window and of one take's pushes, and each span
+is moved about four times on average: a few percent of what writing its tokens costs). A
+line's rows may move at any step: views of them are read, never kept.
 
 A slot may also stand for a line of a loaded state not measured yet (count -1, start:
 the line's number in the saved form): the buffer measures it when it is handed out.
@@ -40,6 +40,7 @@ class LineStore:
     def __init__(self, slots: int):
         self.rows = np.empty((_MIN_ROWS, SPAN_WIDTH), dtype=np.int64)
         self.end = 0  # rows used
+        self.held = 0  # rows of the held lines
         self.start = np.zeros(max(slots, 0) + 2, dtype=np.int64)
         self.count = np.zeros(max(slots, 0) + 2, dtype=np.int64)
         self.size = 0  # slots held
@@ -66,7 +67,7 @@ class LineStore:
         rows = len(block.spans) + len(block.spans) // 4
         self.rows = np.empty((max(rows, _MIN_ROWS), SPAN_WIDTH), dtype=np.int64)
         self.rows[: len(block.spans)] = block.spans
-        self.end = len(block.spans)
+        self.end = self.held = len(block.spans)
         k = 0
         for slot, line in enumerate(lines):
             if isinstance(line, np.ndarray):
@@ -89,10 +90,11 @@ class LineStore:
         self.end += len(pushed.spans)
         taken_start = np.empty(len(hashes), dtype=np.int64)
         taken_count = np.empty(len(hashes), dtype=np.int64)
-        self.size = _steps(
+        self.size, taken_rows = _steps(
             self.size, window, hashes, self.start, self.count, pushed.offsets, base,
             taken_start, taken_count, ops, push_op,
         )  # fmt: skip
+        self.held += len(pushed.spans) - taken_rows
         return taken_start, taken_count
 
     def gather(self, start: np.ndarray, count: np.ndarray) -> LineBlock:
@@ -104,15 +106,17 @@ class LineStore:
         return LineBlock(out, offsets)
 
     def _room(self, incoming: int) -> None:
-        """Make room for ``incoming`` rows at the end: when the array is full, move the held
-        lines to its front; when that leaves less than a quarter of them free, move them to
-        a larger array."""
-        if self.end + incoming <= len(self.rows):
+        """Make room for ``incoming`` rows at the end. When the array is full, or more than
+        twice the size it needs (after a take much larger than the rest, e.g. a resume's
+        replay), move the held lines to its front, and size it to a quarter more than the
+        held and incoming rows where it has less room, or more than twice that."""
+        need = self.held + incoming
+        room = max(need + need // 4, _MIN_ROWS)
+        if self.end + incoming <= len(self.rows) and len(self.rows) <= 2 * room:
             return
         self.end = _compact(self.rows, self.start, self.count, self.size, RESTORED)
-        need = self.end + incoming
-        if need + need // 4 > len(self.rows):
-            rows = np.empty((max(need + need // 4, _MIN_ROWS), SPAN_WIDTH), dtype=np.int64)
+        if need > len(self.rows) or 2 * room < len(self.rows):
+            rows = np.empty((room, SPAN_WIDTH), dtype=np.int64)
             rows[: self.end] = self.rows[: self.end]
             self.rows = rows
 
@@ -123,9 +127,11 @@ def _steps(  # type: ignore[no-untyped-def]
 ):
     """Step ``k`` pushes the next lines of ``offsets`` (rows from ``base``; up to two,
     while below ``window``), then hands out the line at slot ``hashes[k] % size``, the last
-    slot's line taking its place. Returns the slots held after the last step."""
+    slot's line taking its place. Returns the slots held after the last step and the rows
+    of the measured lines handed out."""
     incoming = 0
     at = 0
+    taken_rows = 0
     for k in range(len(hashes)):
         for _ in range(min(2, max(window - size, 0))):
             start[size] = base + offsets[incoming]
@@ -139,10 +145,11 @@ def _steps(  # type: ignore[no-untyped-def]
         at += 1
         taken_start[k] = start[slot]
         taken_count[k] = count[slot]
+        taken_rows += max(count[slot], 0)
         size -= 1
         start[slot] = start[size]
         count[slot] = count[size]
-    return size
+    return size, taken_rows
 
 
 @compiled

@@ -126,7 +126,8 @@ class LineWriter:
         if len(block) != n_rows:
             raise ValueError(f"{len(block)} lines for {n_rows} rows")
         counts, spans = block.counts, block.spans
-        if (spans[:, DLEN] < 0).any():
+        if (spans[:, DLEN] < 0).any():  # restored spans: found on a copy, the lines stay
+            spans = spans.copy()
             self._find_facts(spans)
         dst = np.empty(len(spans), dtype=np.int64)
         first = np.empty(len(spans), dtype=np.int64)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.compiled import compiled
-from fmsdata.errors import StateMismatchError
+from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.permute import hash_array
 from fmsdata.stages.base import LENGTH, DatasetRenumbering, SpanStage
 from fmsdata.stages.lineblock import LineBlock
@@ -253,10 +253,20 @@ class ShuffleBuffer(SpanStage):
 
 def _pull(source: Any, n: int) -> LineBlock:
     """``n`` lines of ``source``: one ``take_lines`` from a span stage, else one ``next``
-    each."""
-    if isinstance(source, SpanStage):
-        return source.take_lines(n)
-    return LineBlock.of([next(source) for _ in range(n)])
+    each.
+
+    Raises:
+        ConfigError: The source's ``take``/``take_lines`` gave another number of lines.
+    """
+    if not isinstance(source, SpanStage):
+        return LineBlock.of([next(source) for _ in range(n)])
+    lines = source.take_lines(n)
+    if len(lines) != n:
+        raise ConfigError(
+            f"{source.name}.take_lines({n}) gave {len(lines)} lines: a span stage's take "
+            "and take_lines give exactly the lines asked for"
+        )
+    return lines
 
 
 @compiled

@@ -5,12 +5,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import corpus
+from support import base_config, corpus, small_items, take
 from test_packing import packer
 from test_shuffle import Counter, numbers
 
+from fmsdata import build_dataloader
+from fmsdata.errors import ConfigError
 from fmsdata.permute import hash_array
-from fmsdata.stages.base import SPAN_WIDTH
+from fmsdata.pipeline import ShardPipeline, default_stages
+from fmsdata.stages.base import SPAN_WIDTH, SpanStage, TokenStage
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.linestore import RESTORED, LineStore
 from fmsdata.stages.packing import LinePacker
@@ -162,3 +165,92 @@ def test_shuffle_block_takes_give_what_next_gives(window, sizes):
         assert [int(x[0, 2]) for x in blocks.take_lines(n).lines()] == want
     assert blocks.emitted == reference.emitted
     assert [int(x[0, 2]) for x in blocks.buffer] == [int(x[0, 2]) for x in reference.buffer]
+
+
+def test_a_large_take_leaves_no_large_store_behind():
+    """A take far larger than the window (a resume replays lines 4,096 at a time) grows
+    the store for that take only: once the window's lines turn over, it is sized to them
+    again."""
+    window, key = 8, 5
+    store, lines, step = LineStore(window), iter(make_lines([60] * 5000)), 0
+
+    def take(n):
+        nonlocal step
+        pushes, size = 0, len(store)
+        for _ in range(n):
+            push = min(2, max(window - size, 0))
+            pushes, size = pushes + push, size + push - 1
+        block = LineBlock.of([next(lines) for _ in range(pushes)])
+        ops = np.empty(pushes + n, dtype=np.int64)
+        store.steps(block, hash_array(key, step, n), window, ops, PUSH)
+        step += n
+
+    take(4)  # fill the window
+    for _ in range(3):
+        take(1)
+    big = LineBlock.of([next(lines) for _ in range(2000)])  # a huge push, as a replay's
+    ops = np.empty(2000 + 2000, dtype=np.int64)
+    store.steps(big, hash_array(key, step, 2000), window, ops, PUSH)
+    step += 2000
+    assert len(store.rows) >= 2000 * 60
+    for _ in range(40):
+        take(1)
+    assert len(store.rows) <= 4 * (window + 2) * 60
+
+
+class ShortTakes(SpanStage):
+    """A user stage whose ``take`` gives one line fewer than asked."""
+
+    def __init__(self, source):
+        super().__init__(source)
+
+    def __next__(self):
+        return next(self.source)
+
+    def take(self, n):
+        return [next(self.source) for _ in range(max(n - 1, 0))]
+
+
+def test_a_stage_giving_too_few_lines_is_named(tmp_path):
+    buffer = ShuffleBuffer(ShortTakes(packer(corpus(tmp_path), 37)), 6, 1)
+    with pytest.raises(ConfigError, match=r"ShortTakes.take_lines\(\d+\) gave \d+ lines"):
+        buffer.take_lines(3)
+
+
+KEPT: list = []
+
+
+class KeepSpans(TokenStage):
+    """Keeps every line's spans, as a stage reporting what it saw last might."""
+
+    def apply(self, tokens, content, line):
+        KEPT.append((line.spans, line.spans.copy()))
+        return content
+
+
+def keeping(shard):
+    return KeepSpans(default_stages(shard))
+
+
+def test_a_token_stage_may_keep_the_spans_it_was_given(tmp_path, monkeypatch):
+    """The item's lines sit in rows the next item reuses: a token stage gets its own."""
+    small_items(monkeypatch, per_round=3)
+    KEPT.clear()
+    take(build_dataloader(base_config(corpus(tmp_path)), stages=keeping), 30)
+    assert len(KEPT) > 100
+    assert all(np.array_equal(kept, copy) for kept, copy in KEPT)
+
+
+class OldJournal(ShuffleBuffer):
+    """A shuffle written to the journal protocol before lines travelled as blocks."""
+
+    def drain_journal(self):
+        ops, spans, offsets = super().drain_journal()
+        return ops, [spans[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def test_a_shuffle_role_with_another_journal_is_named(tmp_path):
+    pipeline = ShardPipeline(OldJournal(packer(corpus(tmp_path), 37), 6, 1))
+    pipeline.take_lines(4)
+    with pytest.raises(ConfigError, match=r"must give \(ops, spans, offsets\).*tuple of 2"):
+        pipeline.drain_journal()

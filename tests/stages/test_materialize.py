@@ -13,6 +13,7 @@ from fmsdata.handlers.arrow import write_arrow_docs
 from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.base import BASE, DLEN, restore_spans
 from fmsdata.stages.documents import Decoration, RandomWalk
+from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.packing import LinePacker
@@ -108,6 +109,13 @@ def test_written_lines_match_a_document_by_document_reference(
     again = np.zeros_like(out)
     writer.write(restored, again)
     assert np.array_equal(again, out)
+    # As one block too; the facts are found on a copy: the caller's block is not changed
+    # (token stages see a restored span's facts unknown, whichever path wrote its line).
+    block = LineBlock.of(restored)
+    before = block.spans.copy()
+    third = np.zeros_like(out)
+    writer.write(block, third)
+    assert np.array_equal(third, out) and np.array_equal(block.spans, before)
 
 
 def test_vocab_check_names_the_file(tmp_path):
