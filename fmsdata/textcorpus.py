@@ -6,9 +6,11 @@ Used by the demo, the tests and the tokenizer fixture, so nothing is ever downlo
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
+import sysconfig
 import warnings
 from collections.abc import Iterator
 from importlib import resources
@@ -34,6 +36,23 @@ _SKIP = {
 }
 
 
+def _in_stdlib(name: str) -> bool:
+    """Whether the module ``name`` would be imported from the standard library: a file of
+    the same name in the working folder (first on ``sys.path`` under ``python -m``) is
+    never run for its docstrings."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    if spec.origin in (None, "built-in", "frozen"):
+        return True
+    roots = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}
+    origin = os.path.realpath(spec.origin)
+    return any(origin.startswith(os.path.realpath(root) + os.sep) for root in roots)
+
+
 def stdlib_docstrings(min_chars: int = 200, limit: int | None = None) -> Iterator[str]:
     """Docstrings of standard-library modules, classes and functions (deduplicated)."""
     names = sorted(set(sys.stdlib_module_names) - _SKIP)
@@ -41,6 +60,8 @@ def stdlib_docstrings(min_chars: int = 200, limit: int | None = None) -> Iterato
     count = 0
     for name in names:
         if name.startswith("_"):
+            continue
+        if not _in_stdlib(name):
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
