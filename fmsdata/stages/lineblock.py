@@ -22,7 +22,7 @@ import numpy as np
 from fmsdata.compiled import compiled
 from fmsdata.stages.base import SPAN_WIDTH
 
-__all__ = ["LineBlock", "SpanScratch", "as_block", "copy_rows"]
+__all__ = ["LineBlock", "SpanScratch", "as_block", "chained_offsets", "copy_rows", "gather_rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,15 +58,11 @@ class LineBlock:
             return blocks[0]
         if not blocks:
             return cls.empty()
-        sizes = [len(b.spans) for b in blocks]
-        starts = np.cumsum([0] + sizes[:-1])
-        offsets = np.concatenate(
-            [np.zeros(1, dtype=np.int64)] + [b.offsets[1:] + s for b, s in zip(blocks, starts)]
-        )
+        offsets = chained_offsets([b.offsets for b in blocks])
         spans = [b.spans for b in blocks]
         if into is None:
             return cls(np.concatenate(spans), offsets)
-        return cls(np.concatenate(spans, out=into.rows(sum(sizes))), offsets)
+        return cls(np.concatenate(spans, out=into.rows(int(offsets[-1]))), offsets)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -96,13 +92,7 @@ class LineBlock:
         into a new block (into ``into``'s rows, when given)."""
         which = np.asarray(which, dtype=np.int64)
         starts = self.offsets[which]
-        counts = self.offsets[which + 1] - starts
-        offsets = np.zeros(len(which) + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        n = int(offsets[-1])
-        out = np.empty((n, SPAN_WIDTH), dtype=np.int64) if into is None else into.rows(n)
-        copy_rows(self.spans, starts, counts, out)
-        return LineBlock(out, offsets)
+        return gather_rows(self.spans, starts, self.offsets[which + 1] - starts, into)
 
 
 class SpanScratch:
@@ -119,6 +109,28 @@ class SpanScratch:
         if len(self._rows) < n:
             self._rows = np.empty((n + n // 4, SPAN_WIDTH), dtype=np.int64)
         return self._rows[:n]
+
+
+def gather_rows(
+    rows: np.ndarray, starts: np.ndarray, counts: np.ndarray, into: SpanScratch | None = None
+) -> LineBlock:
+    """The runs ``rows[starts[i]:starts[i] + counts[i]]`` as the lines of a new block,
+    copied (into ``into``'s rows, when given)."""
+    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    n = int(offsets[-1])
+    out = np.empty((n, SPAN_WIDTH), dtype=np.int64) if into is None else into.rows(n)
+    copy_rows(rows, starts, counts, out)
+    return LineBlock(out, offsets)
+
+
+def chained_offsets(offsets: Sequence[np.ndarray]) -> np.ndarray:
+    """The line bounds of blocks laid one after another (each block's ``offsets``, from 0):
+    each block's bounds moved past the rows of the blocks before it."""
+    ends = np.cumsum([0] + [int(o[-1]) for o in offsets[:-1]])
+    return np.concatenate(
+        [np.zeros(1, dtype=np.int64)] + [o[1:] + end for o, end in zip(offsets, ends)]
+    )
 
 
 def as_block(lines: Sequence[np.ndarray] | LineBlock) -> LineBlock:

@@ -22,7 +22,7 @@ import numpy as np
 
 from fmsdata.compiled import compiled
 from fmsdata.stages.base import SPAN_WIDTH
-from fmsdata.stages.lineblock import LineBlock, copy_rows
+from fmsdata.stages.lineblock import LineBlock, gather_rows
 
 __all__ = ["LineStore", "RESTORED"]
 
@@ -99,11 +99,7 @@ class LineStore:
 
     def gather(self, start: np.ndarray, count: np.ndarray) -> LineBlock:
         """The lines whose rows are ``start``/``count`` (measured lines only), copied."""
-        offsets = np.zeros(len(start) + 1, dtype=np.int64)
-        np.cumsum(count, out=offsets[1:])
-        out = np.empty((int(offsets[-1]), SPAN_WIDTH), dtype=np.int64)
-        copy_rows(self.rows, start, count, out)
-        return LineBlock(out, offsets)
+        return gather_rows(self.rows, start, count)
 
     def _room(self, incoming: int) -> None:
         """Make room for ``incoming`` rows at the end. When the array is full, or more than

@@ -40,7 +40,7 @@ from fmsdata.stages.base import (
     restore_spans,
 )
 from fmsdata.stages.docfacts import document_facts
-from fmsdata.stages.lineblock import LineBlock, as_block
+from fmsdata.stages.lineblock import LineBlock, as_block, chained_offsets
 from fmsdata.statecheck import fail, need_keys
 
 __all__ = [
@@ -196,11 +196,7 @@ def join_journal(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.nda
         return parts[0]
     if not parts:
         return journal_spans(LineBlock.empty(), [])
-    sizes = [len(spans) for spans, _ in parts]
-    starts = np.cumsum([0] + sizes[:-1])
-    offsets = np.concatenate(
-        [np.zeros(1, dtype=np.int64)] + [o[1:] + a for (_, o), a in zip(parts, starts)]
-    )
+    offsets = chained_offsets([o for _, o in parts])
     return np.concatenate([spans for spans, _ in parts]), offsets
 
 
