@@ -243,6 +243,7 @@ class DocumentStream(DocumentSource):
         self._walk_cycle = -1
         self._walk: np.ndarray = np.zeros((0, 3), dtype=np.int64)
         self._walk_ends: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._walk_firsts: np.ndarray = np.zeros(0, dtype=np.int64)  # where each fragment starts
         self._walk_orders: Permutations | None = None
         self._ahead = 0  # global position of the read-ahead cursor
         self._block_docs = _FIRST_BLOCK
@@ -417,6 +418,7 @@ class DocumentStream(DocumentSource):
         sizes = self._walk[:, 2] - self._walk[:, 1]
         self._walk_orders = None if keys is None else Permutations(sizes, keys)
         self._walk_ends = np.cumsum(sizes)
+        self._walk_firsts = self._walk_ends - sizes
         self._walk_cycle = cycle
 
     def prefetch_upcoming(self) -> None:
@@ -470,7 +472,7 @@ class DocumentStream(DocumentSource):
         stop = min(pos + self._block_docs, int(ends[last]))
         positions = np.arange(pos, stop, dtype=np.int64)
         frag = np.searchsorted(ends, positions, side="right")
-        local = positions - (ends - (self._walk[:, 2] - self._walk[:, 1]))[frag]
+        local = positions - self._walk_firsts[frag]
         orders = self._walk_orders
         docs = self._walk[frag, 1] + (local if orders is None else orders.apply(local, frag))
         files = self._walk[frag, 0]
@@ -491,7 +493,7 @@ class DocumentStream(DocumentSource):
         self._ahead += len(positions)
         ds = np.full(len(positions), self.dataset, dtype=np.int64)
         block = Documents(ds, files, docs, content + self.decoration.extra, base, gpos)
-        return block.select(kept), len(positions)
+        return (block if len(kept) == len(block) else block.select(kept)), len(positions)
 
     def commit(self, rows: int) -> None:
         """Mark the next ``rows`` read-ahead documents as used; the documents passed over
