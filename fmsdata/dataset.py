@@ -130,6 +130,7 @@ class _LineBuffer:
         self._rows = np.empty((0, line_length), dtype=np.int32)
         self.round_spans = SpanScratch()
         self.item_spans = SpanScratch()
+        self.spans_per_batch = 0.0  # in the last round (``item_rounds`` sizes rounds by it)
 
     def rows(self, n: int) -> np.ndarray:
         if n > len(self._rows):
@@ -346,7 +347,7 @@ class RankLineDataset(IterableDataset):
         baseline = resident_file_bytes() or 0
         try:
             first = start.first_batch
-            for sizes in item_rounds(counts):
+            for sizes in item_rounds(counts, lambda: buffer.spans_per_batch):
                 for item in self._round(sizes, dealer, mine, shard, writer, buffer, ring, first):
                     yield item
                     first += len(item.offsets) - 1
@@ -375,7 +376,8 @@ class RankLineDataset(IterableDataset):
         taken once, after the round's last item (and its token stages): the fixed cost of
         visiting a shard is paid once a round. The other items carry no shard state; the
         main process counts their lines as an advance past the shards' last state
-        (``fmsdata.replica``), as it does for a state saved inside an item.
+        (``fmsdata.replica``), as it does for a state saved inside an item. The spans
+        pulled per batch size the next round (``buffer.spans_per_batch``).
         """
         deals = [self._deal(n_batches, dealer, mine) for n_batches in sizes]
         round_locals = [local for deal in deals for local in deal[1]]
@@ -384,6 +386,7 @@ class RankLineDataset(IterableDataset):
         pulled = LineBlock.concat(
             [p.take_lines(wanted[local]) for local, p in opened.items()], buffer.round_spans
         )
+        buffer.spans_per_batch = len(pulled.spans) / sum(sizes)
         # The round's rows, grouped by shard in ``opened`` order and in row order within a
         # shard, are the lines pulled, in order: each row's line number.
         group = dict(zip(opened, range(len(opened))))

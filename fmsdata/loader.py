@@ -482,7 +482,7 @@ class FmsDataLoader(DataLoader):
 
         Each shard entry is a pipeline state plus ``advance``, the lines the shard emitted
         after it (at most a round of a worker's items, ``fmsdata.transport.item_rounds``:
-        a few dozen lines a shard); a resume replays them. ``settle=True`` replays them
+        about a hundred lines a shard with 64 shards); a resume replays them. ``settle=True`` replays them
         here instead, reading document metadata, so every entry describes its shard
         exactly (``advance`` 0) — for inspection; resuming does not need it.
         """

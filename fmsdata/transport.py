@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -37,6 +37,7 @@ __all__ = [
     "carry_errors",
     "item_batch_counts",
     "item_rounds",
+    "items_per_round",
     "ring_slots",
     "assemble_batch",
 ]
@@ -45,8 +46,12 @@ __all__ = [
 # and the most batches one item may carry.
 _ITEM_TOKENS = 1 << 21
 _MAX_BATCHES_PER_ITEM = 64
-# Items a worker makes from one visit of each logical shard (``item_rounds``).
-_ITEMS_PER_ROUND = 4
+# Items a worker makes from one visit of each logical shard (``item_rounds``): as many as
+# keep a round's lines within _ROUND_SPANS spans, from _MIN_ITEMS_PER_ROUND (what a round
+# of 60-token documents holds at that size) to _ITEMS_PER_ROUND.
+_ITEMS_PER_ROUND = 16
+_MIN_ITEMS_PER_ROUND = 4
+_ROUND_SPANS = 1 << 17
 # Batches the caller may keep, without workers, before batches go to fresh memory.
 _KEPT_BATCHES = 8
 
@@ -207,23 +212,36 @@ def item_batch_counts(batch_size: int, line_length: int, num_workers: int = 1) -
     return counts
 
 
-def item_rounds(counts: Sequence[int]) -> Iterator[list[int]]:
+def item_rounds(
+    counts: Sequence[int], spans_per_batch: Callable[[], float] = lambda: 0.0
+) -> Iterator[list[int]]:
     """Items grouped into rounds (batches per item, as ``item_batch_counts`` gives them).
 
     A worker visits each logical shard once a round: one ``take`` of the shard's lines of
     every item of the round, and one state, taken at the round's end. The visit has a
     fixed cost (the chain's calls, its state, its journal; about 100 µs on short documents
-    with 64 shards) that rounds of ``_ITEMS_PER_ROUND`` items pay a quarter as often,
-    without making items larger (the shared ring holds whole items). The first items, while
-    they grow, and the first of full size are a round each: the first batch waits for one
-    item only. A state saved inside a round is the shards' state at the last round's end
-    and the lines consumed since (replayed on resume). An error reading a shard's lines
-    comes at the start of the round, before the batches of its earlier items.
+    with 64 shards) that a round of many items pays once, without making items larger (the
+    shared ring holds whole items). A round holds its lines' spans until its last item is
+    made, so its size follows ``spans_per_batch()`` (the worker's spans per batch in the
+    last round, 0 when not known): ``items_per_round``. The first items, while they grow, and the first
+    of full size are a round each: the first batch waits for one item only. A state saved
+    inside a round is the shards' state at the last round's end and the lines consumed
+    since (replayed on resume). An error reading a shard's lines comes at the start of the
+    round, before the batches of its earlier items.
     """
     for n in counts:
         yield [n]
     while True:
-        yield [counts[-1]] * _ITEMS_PER_ROUND
+        yield [counts[-1]] * items_per_round(spans_per_batch() * counts[-1])
+
+
+def items_per_round(spans_per_item: float) -> int:
+    """Items of a round whose items hold ``spans_per_item`` spans each: as many as stay
+    within ``_ROUND_SPANS`` spans (on 60-token documents, about 70 spans a line, as before
+    rounds grew; on longer ones a round's spans are a few megabytes), from
+    ``_MIN_ITEMS_PER_ROUND`` to ``_ITEMS_PER_ROUND``."""
+    fit = _ROUND_SPANS // spans_per_item if spans_per_item > 0 else _ITEMS_PER_ROUND
+    return int(min(_ITEMS_PER_ROUND, max(_MIN_ITEMS_PER_ROUND, fit)))
 
 
 def assemble_batch(

@@ -140,3 +140,42 @@ def test_the_check_catches_a_replica_that_counts_only_the_last_item(data, monkey
     resumed.load_state_dict(roundtrip(head.snapshot()))
     with pytest.raises(AssertionError, match="differs"):
         assert_same_batches(reference[11:20], take(resumed, 9))
+
+
+def test_a_round_holds_as_many_items_as_its_spans_allow(monkeypatch):
+    """A round's items fill ``_ROUND_SPANS`` spans, between the least and the most items
+    a round may hold; a round is sized by the spans per batch seen last."""
+    monkeypatch.setattr(fmsdata.transport, "_ROUND_SPANS", 100)
+    monkeypatch.setattr(fmsdata.transport, "_MIN_ITEMS_PER_ROUND", 2)
+    monkeypatch.setattr(fmsdata.transport, "_ITEMS_PER_ROUND", 6)
+    per_round = fmsdata.transport.items_per_round
+    assert [per_round(s) for s in (0, 10, 16.7, 20, 34, 51, 1000)] == [6, 6, 5, 5, 2, 2, 2]
+    # Spans per batch as each full round starts (the growing items are a round each).
+    seen = iter([0.0, 12.5, 30.0, 2.0])
+    rounds = fmsdata.transport.item_rounds([1, 2], lambda: next(seen))
+    assert [next(rounds) for _ in range(6)] == [[1], [2], [2] * 6, [2] * 4, [2] * 2, [2] * 6]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_rounds_of_changing_size_change_no_batch_and_resume_exactly(
+    data, monkeypatch, num_workers
+):
+    """Rounds sized anew each time (here by a cycle of sizes, not by spans) give the
+    batches of a run without rounds, and a resume inside any of them is exact."""
+    info, reference = data
+    small_items(monkeypatch)
+    sizes, asked = iter([3, 1, 5, 2] * 20), []
+
+    def next_size(spans_per_item):
+        asked.append(spans_per_item)
+        return next(sizes)
+
+    monkeypatch.setattr(fmsdata.transport, "items_per_round", next_size)
+    head = build_dataloader(config(info, num_workers=num_workers), stages=everywhere)
+    got = take(head, 17)
+    resumed = build_dataloader(config(info, num_workers=num_workers), stages=everywhere)
+    resumed.load_state_dict(roundtrip(head.snapshot()))
+    got += take(resumed, TOTAL - 17)
+    assert_same_batches(reference[:TOTAL], got)
+    if num_workers == 0:  # the rounds were sized by the spans the worker pulled
+        assert asked and all(spans > 0 for spans in asked)
