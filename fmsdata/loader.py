@@ -482,9 +482,10 @@ class FmsDataLoader(DataLoader):
 
         Each shard entry is a pipeline state plus ``advance``, the lines the shard emitted
         after it (at most a round of a worker's items, ``fmsdata.transport.item_rounds``:
-        about a hundred lines a shard with 64 shards); a resume replays them. ``settle=True`` replays them
-        here instead, reading document metadata, so every entry describes its shard
-        exactly (``advance`` 0) — for inspection; resuming does not need it.
+        about a hundred lines a shard with 64 shards); a resume replays them.
+        ``settle=True`` replays them here instead, reading document metadata, so every
+        entry describes its shard exactly (``advance`` 0) — for inspection; resuming does
+        not need it.
         """
         saved = self._saved()
         pending = {e.id: e for e in saved.shards if e.advance}

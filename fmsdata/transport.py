@@ -223,11 +223,11 @@ def item_rounds(
     with 64 shards) that a round of many items pays once, without making items larger (the
     shared ring holds whole items). A round holds its lines' spans until its last item is
     made, so its size follows ``spans_per_batch()`` (the worker's spans per batch in the
-    last round, 0 when not known): ``items_per_round``. The first items, while they grow, and the first
-    of full size are a round each: the first batch waits for one item only. A state saved
-    inside a round is the shards' state at the last round's end and the lines consumed
-    since (replayed on resume). An error reading a shard's lines comes at the start of the
-    round, before the batches of its earlier items.
+    last round, 0 when not known): ``items_per_round``. The first items, while they grow,
+    and the first of full size are a round each: the first batch waits for one item only.
+    A state saved inside a round is the shards' state at the last round's end and the
+    lines consumed since (replayed on resume). An error reading a shard's lines comes at
+    the start of the round, before the batches of its earlier items.
     """
     for n in counts:
         yield [n]

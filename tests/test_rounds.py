@@ -157,9 +157,7 @@ def test_a_round_holds_as_many_items_as_its_spans_allow(monkeypatch):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_rounds_of_changing_size_change_no_batch_and_resume_exactly(
-    data, monkeypatch, num_workers
-):
+def test_rounds_of_changing_size_change_no_batch_and_resume_exactly(data, monkeypatch, num_workers):
     """Rounds sized anew each time (here by a cycle of sizes, not by spans) give the
     batches of a run without rounds, and a resume inside any of them is exact."""
     info, reference = data
