@@ -31,6 +31,7 @@ __all__ = [
     "need_mapping",
     "need_list",
     "need_keys",
+    "plain_problem",
 ]
 
 _PATH = re.compile(r"^[\w\[\].,\-']+(?=: )")
@@ -118,3 +119,31 @@ def need_list(value: Any, path: str, length: int | None = None) -> Sequence[Any]
     if length is not None and len(value) != length:
         raise fail(path, f"expected {length} items, got {len(value)}: {_show(value)}")
     return value
+
+
+def plain_problem(value: Any, path: str = "") -> str | None:
+    """Where ``value`` is not plain state data (G6: dicts with string keys, lists, tuples,
+    ints, floats, strings, bools, None, numpy numbers and numpy arrays of numbers), as
+    ``"path: what"``; None where it all is. What a loader state file can hold, and what
+    travels from a DataLoader worker as it is."""
+    if value is None or isinstance(value, (bool, int, float, str, np.integer, np.floating)):
+        return None
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "biuf":
+            return None
+        return f"{path or 'state'}: a numpy array of dtype {value.dtype}"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path or 'state'}: key {key!r} is not a string"
+            problem = plain_problem(item, join(path, key))
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            problem = plain_problem(item, join(path, i))
+            if problem is not None:
+                return problem
+        return None
+    return f"{path or 'state'}: {type(value).__name__} {value!r:.60}"

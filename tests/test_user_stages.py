@@ -1,6 +1,9 @@
 """A user's stage anywhere in the default chain keeps G1-G4, and the state code (resume,
 rescale, skip, ``state show``, fingerprints) works without knowing it."""
 
+import faulthandler
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -17,7 +20,7 @@ from support import (
     take,
 )
 
-from fmsdata import StateMismatchError, build_dataloader
+from fmsdata import ConfigError, StateMismatchError, build_dataloader
 from fmsdata.cli.main import main
 from fmsdata.pipeline import Shard, default_stages
 from fmsdata.stages import SpanStage, TokenStage
@@ -211,3 +214,53 @@ def test_mix_change_renumbers_what_a_user_stage_holds(tmp_path):
     settled = resumed.snapshot(settle=True)
     ledger.add_state(settled, every_stage=True)
     check_exactly_once_per_epoch(ledger, [settled], 4)
+
+
+class KeepsState(SpanStage):
+    """Passes lines on; its own state is whatever it was given (G6 refuses what is not
+    plain data)."""
+
+    state: object = None
+
+    def __next__(self):
+        return next(self.source)
+
+    def own_state(self):
+        return KeepsState.state
+
+    def load_own_state(self, state):
+        pass
+
+
+NOT_PLAIN = [
+    ({"lock": threading.Lock()}, r"lock: lock <unlocked"),
+    ({"held": [1, {"seen": {3}}]}, r"held\[1\]\.seen: set \{3\}"),
+    ({7: 1}, r"state: key 7 is not a string"),
+    ({"ids": np.array(["a"], dtype=object)}, r"ids: a numpy array of dtype object"),
+    ([1, 2], r"return a dict, got list"),
+]
+
+
+@pytest.mark.parametrize(
+    ("state", "said", "num_workers"),
+    [(state, said, 0) for state, said in NOT_PLAIN] + [(*NOT_PLAIN[0], 2), (*NOT_PLAIN[3], 2)],
+)
+def test_a_stage_state_that_is_not_plain_data_is_refused_by_name(
+    monkeypatch, state, said, num_workers
+):
+    """A user stage's state that could not be saved, nor travel from a worker (where it
+    used to be dropped by the worker's queue, and the main process waited forever), stops
+    the loader with a ConfigError naming the stage and where in its state."""
+    monkeypatch.setattr(KeepsState, "state", state)
+    info = corpus(scratch_dir())
+    loader = build_dataloader(
+        {**base_config(info), "num_workers": num_workers},
+        stages=lambda shard: KeepsState(shard.shuffle(shard.pack(shard.documents()))),
+    )
+    faulthandler.dump_traceback_later(120, exit=True)  # a hang fails the run, loudly
+    try:
+        with pytest.raises(ConfigError, match=r"KeepsState\.own_state\(\) must .*" + said):
+            take(loader, 3)
+            loader.snapshot()
+    finally:
+        faulthandler.cancel_dump_traceback_later()

@@ -23,7 +23,7 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.statecheck import need_keys, within
+from fmsdata.statecheck import need_keys, plain_problem, within
 
 if TYPE_CHECKING:
     from fmsdata.stages.lineblock import LineBlock
@@ -190,8 +190,15 @@ class Stage(IterableDataset):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Own fields plus each child's state under its key."""
+        """Own fields plus each child's state under its key.
+
+        Raises:
+            ConfigError: A stage not of fmsdata's own gave an ``own_state`` that is not a
+                dict of plain data (G6): it could not be saved, nor travel from a worker.
+        """
         state = self.own_state()
+        if not type(self).__module__.startswith("fmsdata."):
+            _check_own_state(self, state)
         for key, child in self.children().items():
             state[key] = child.state_dict()
         return state
@@ -208,6 +215,19 @@ class Stage(IterableDataset):
         for key, child in children.items():
             with within(key):
                 child.load_state_dict(state[key])
+
+
+def _check_own_state(stage: Stage, state: Any) -> None:
+    """Refuse a user stage's ``own_state`` that is not a dict of plain data."""
+    cls = type(stage).__qualname__
+    if not isinstance(state, dict):
+        raise ConfigError(f"{cls}.own_state() must return a dict, got {type(state).__name__}")
+    problem = plain_problem(state)
+    if problem is not None:
+        raise ConfigError(
+            f"{cls}.own_state() must return plain data (ints, floats, strings, lists, dicts "
+            f"with string keys, numpy arrays of numbers): {problem}"
+        )
 
 
 class SpanStage(Stage):
