@@ -47,11 +47,12 @@ __all__ = [
 _ITEM_TOKENS = 1 << 21
 _MAX_BATCHES_PER_ITEM = 64
 # Items a worker makes from one visit of each logical shard (``item_rounds``): as many as
-# keep a round's lines within _ROUND_SPANS spans, from _MIN_ITEMS_PER_ROUND (what a round
-# of 60-token documents holds at that size) to _ITEMS_PER_ROUND.
+# keep a round's lines within _ROUND_SPANS spans (four items of 60-token documents, about
+# 68 spans a line, as every round held before rounds were sized), from
+# _MIN_ITEMS_PER_ROUND to _ITEMS_PER_ROUND.
 _ITEMS_PER_ROUND = 16
-_MIN_ITEMS_PER_ROUND = 4
-_ROUND_SPANS = 1 << 17
+_MIN_ITEMS_PER_ROUND = 1
+_ROUND_SPANS = 5 << 15
 # Batches the caller may keep, without workers, before batches go to fresh memory.
 _KEPT_BATCHES = 8
 
@@ -237,9 +238,10 @@ def item_rounds(
 
 def items_per_round(spans_per_item: float) -> int:
     """Items of a round whose items hold ``spans_per_item`` spans each: as many as stay
-    within ``_ROUND_SPANS`` spans (on 60-token documents, about 70 spans a line, as before
-    rounds grew; on longer ones a round's spans are a few megabytes), from
-    ``_MIN_ITEMS_PER_ROUND`` to ``_ITEMS_PER_ROUND``."""
+    within ``_ROUND_SPANS`` spans, from ``_MIN_ITEMS_PER_ROUND`` to ``_ITEMS_PER_ROUND``
+    (16 on documents of a few hundred tokens, 4 on 60-token ones, one item on documents of
+    a few tokens, whose lines hold hundreds of spans: a round's spans stay a few
+    megabytes)."""
     fit = _ROUND_SPANS // spans_per_item if spans_per_item > 0 else _ITEMS_PER_ROUND
     return int(min(_ITEMS_PER_ROUND, max(_MIN_ITEMS_PER_ROUND, fit)))
 
