@@ -123,13 +123,13 @@ def need_list(value: Any, path: str, length: int | None = None) -> Sequence[Any]
 
 def plain_problem(value: Any, path: str = "") -> str | None:
     """Where ``value`` is not plain state data (G6: dicts with string keys, lists, tuples,
-    ints, floats, strings, bools, None, numpy numbers and numpy arrays of numbers), as
-    ``"path: what"``; None where it all is. What a loader state file can hold, and what
-    travels from a DataLoader worker as it is."""
+    ints, floats, strings, bools, None, numpy numbers and numpy arrays not of Python
+    objects), as ``"path: what"``; None where it all is. What a loader state file can hold
+    (``fmsdata.statefile``), and what travels from a DataLoader worker as it is."""
     if value is None or isinstance(value, (bool, int, float, str, np.integer, np.floating)):
         return None
     if isinstance(value, np.ndarray):
-        if value.dtype.kind in "biuf":
+        if value.dtype.kind not in "OV":
             return None
         return f"{path or 'state'}: a numpy array of dtype {value.dtype}"
     if isinstance(value, dict):

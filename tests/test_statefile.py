@@ -7,11 +7,14 @@ import zipfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import base_config, corpus, take
 
 from fmsdata import build_dataloader
 from fmsdata.cli.main import main
 from fmsdata.errors import StateMismatchError
+from fmsdata.statecheck import plain_problem
 from fmsdata.statefile import save_state, state_from_bytes, state_to_bytes
 from fmsdata.zipwrite import RLE, STRINGS, zip_bytes
 
@@ -99,3 +102,42 @@ def test_a_state_of_the_old_layout_is_refused_by_its_version(tmp_path, capsys):
     save_state(tmp_path / "old.fms", state)
     assert main(["state", "show", str(tmp_path / "old.fms")]) == 2
     assert "version=2, this fmsdata reads versions [3, 4]" in capsys.readouterr().err
+
+
+_LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False),
+    st.text(max_size=4),
+    st.builds(np.int32, st.integers(-5, 5)),
+    st.builds(lambda n: np.arange(n, dtype=np.int16), st.integers(0, 4)),
+    st.builds(lambda n: np.array(["x"] * n), st.integers(0, 3)),  # strings: saved as they are
+    # Not plain: what neither a state file nor a worker's item can carry as it is.
+    st.builds(set, st.lists(st.integers(), max_size=2)),
+    st.builds(lambda n: np.array([None] * n, dtype=object), st.integers(0, 2)),
+    st.builds(object),
+)
+_VALUES = st.recursive(
+    _LEAVES,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.tuples(inner, inner),
+        st.dictionaries(st.one_of(st.text(max_size=3), st.integers(0, 3)), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_VALUES)
+def test_plain_data_is_what_a_state_file_can_hold(value):
+    """``plain_problem`` (what a user stage's state is checked with, G6) passes exactly the
+    values the state file writer saves, and names a place inside any other."""
+    problem = plain_problem({"value": value})
+    try:
+        state_to_bytes({"value": value})
+    except TypeError:
+        assert problem is not None and problem.startswith("value")
+    else:
+        assert problem is None

@@ -226,7 +226,7 @@ def _check_own_state(stage: Stage, state: Any) -> None:
     if problem is not None:
         raise ConfigError(
             f"{cls}.own_state() must return plain data (ints, floats, strings, lists, dicts "
-            f"with string keys, numpy arrays of numbers): {problem}"
+            f"with string keys, numpy arrays not of objects): {problem}"
         )
 
 
