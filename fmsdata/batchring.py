@@ -45,13 +45,13 @@ from fmsdata.errors import ConfigError
 __all__ = ["BatchRing"]
 
 # Where torch's shared memory lives on Linux (shm_open): containers often give it 64 MiB.
-_SHM = "/dev/shm"
+SHARED_MEMORY = "/dev/shm"
 
 
-def _shared_memory_free() -> int | None:
+def shared_memory_free() -> int | None:
     """Bytes free in the shared-memory filesystem, or None where there is none to ask."""
     try:
-        stat = os.statvfs(_SHM)
+        stat = os.statvfs(SHARED_MEMORY)
     except OSError:
         return None
     return stat.f_bavail * stat.f_frsize
@@ -75,9 +75,11 @@ class BatchRing:
         self.free_for = torch.arange(slots, dtype=torch.int64)
         if shared:
             need = self.data.nbytes
-            free = _shared_memory_free()
+            free = shared_memory_free()
             if free is not None and need > free:
-                raise ConfigError(self._too_big(need, f"{_SHM} has {free / 2**20:.0f} MiB free"))
+                raise ConfigError(
+                    self._too_big(need, f"{SHARED_MEMORY} has {free / 2**20:.0f} MiB free")
+                )
             try:
                 self.data.share_memory_()
                 self.free_for.share_memory_()
@@ -94,7 +96,7 @@ class BatchRing:
             f"({self.slots} batches of {fields} x {batch_size} x {seq} int64: prefetch_factor "
             f"+ 2 items of every worker's batches) and {found}: give the process more shared "
             "memory (docker run --shm-size=..., or --ipc=host; in Kubernetes an emptyDir with "
-            f"medium: Memory mounted at {_SHM}), or lower num_workers or prefetch_factor"
+            f"medium: Memory mounted at {SHARED_MEMORY}), or lower num_workers or prefetch_factor"
         )
 
     def _setup(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,6 +30,7 @@ from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.derived import default_cache_dir
 from fmsdata.handlers.mapping import resident_file_bytes
+from fmsdata.journalarena import ArenaBlob, JournalArena
 from fmsdata.narrowrows import NarrowRows
 from fmsdata.pipeline import (
     ShardPipeline,
@@ -88,6 +90,8 @@ class Start:
             it; without workers, only the first iteration in this process started after
             ``start_at`` (the loader's own: it hands out what is written).
         first_batch: Ring number of the first batch.
+        journal: Where DataLoader workers leave the spans their shuffle buffers pushed
+            (``fmsdata.journalarena``; None: in the items).
         paths: Per logical shard, where its state sat in the loaded state (what a refusal
             of it names).
     """
@@ -98,6 +102,7 @@ class Start:
     ring: BatchRing | None = None
     first_batch: int = 0
     paths: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    journal: JournalArena | None = None
 
 
 @dataclasses.dataclass
@@ -343,12 +348,18 @@ class RankLineDataset(IterableDataset):
         if self.preprocess is not None:
             ring = None
         buffer = _LineBuffer(config.line_length)
+        keep = None
+        if info is not None and start.journal is not None:
+            keep = functools.partial(start.journal.store, worker)
         # File-backed memory before any shard is read (libraries, the ring): not ours to give back.
         baseline = resident_file_bytes() or 0
         try:
             first = start.first_batch
             for sizes in item_rounds(counts, lambda: buffer.spans_per_batch):
-                for item in self._round(sizes, dealer, mine, shard, writer, buffer, ring, first):
+                round_items = self._round(
+                    sizes, dealer, mine, shard, writer, buffer, ring, first, keep
+                )
+                for item in round_items:
                     yield item
                     first += len(item.offsets) - 1
                     # Pages read through memory maps stay resident until given back: keep
@@ -369,6 +380,7 @@ class RankLineDataset(IterableDataset):
         buffer: _LineBuffer,
         ring: BatchRing | None,
         first: int,
+        keep: Callable[[np.ndarray], ArenaBlob | None] | None,
     ) -> Iterator[WorkerItem]:
         """The items of one round (``sizes``: batches per item), made one at a time.
 
@@ -414,6 +426,7 @@ class RankLineDataset(IterableDataset):
                 {self.shard_ids[local]: (p, wanted[local]) for local, p in opened.items()}
                 if last
                 else {},
+                keep,
             )
             first += len(offsets) - 1
 
@@ -446,10 +459,12 @@ class RankLineDataset(IterableDataset):
         ring: BatchRing | None,
         first: int,
         touched: dict[int, tuple[ShardPipeline, int]],
+        keep: Callable[[np.ndarray], ArenaBlob | None] | None,
     ) -> WorkerItem:
         """One item of ``lines`` (in row order) written as its batches; where ``touched``
         (``{shard id: (pipeline, lines of the round)}``, given to the round's last item),
-        with the state of those shards at the round's end."""
+        with the state of those shards at the round's end, and the spans the round pushed
+        (left where ``keep`` puts them, if given)."""
         config = self.config
         n_batches = len(offsets) - 1
         tokens = buffer.rows(len(lines))
@@ -518,6 +533,9 @@ class RankLineDataset(IterableDataset):
             segments = segment_counts = segment_ids = None
         segment_ids = None  # the ids are written; cu_seqlens needs the lengths only
         pushed_spans, pushed_offsets = join_journal(pushed)
+        pushed_rows = NarrowRows(pushed_spans)
+        if keep is not None and len(pushed_spans):
+            pushed_rows.keep_in(keep)
         return WorkerItem(
             offsets=offsets_np,
             rows=rows_np,
@@ -538,7 +556,7 @@ class RankLineDataset(IterableDataset):
                 ],
                 axis=1,
             ),
-            pushed=NarrowRows(pushed_spans),
+            pushed=pushed_rows,
             pushed_offsets=pushed_offsets,
         )
 

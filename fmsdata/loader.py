@@ -29,6 +29,7 @@ from fmsdata.exits import finish_at_exit
 from fmsdata.fingerprint import MIX_FIELDS, stream_fingerprint
 from fmsdata.handlers import fault_note, handler_from_config
 from fmsdata.handlers.mapping import changed_in_dead_workers
+from fmsdata.journalarena import JournalArena
 from fmsdata.loaderstate import LoaderState, ShardEntry
 from fmsdata.pipeline import StageFactory
 from fmsdata.remix import remix
@@ -232,6 +233,8 @@ class FmsDataLoader(DataLoader):
         self._pending_skip = 0  # skipped batches the running iteration has yet to pass over
         # Final batches written by the workers, made at the first iteration and kept.
         self._ring: BatchRing | None = None
+        # Where the workers leave their journals' spans (``fmsdata.journalarena``).
+        self._journal: JournalArena | None = None
         self._fields = token_fields(config.return_position_ids, config.return_document_ids)
         self._max_item_batches = item_batch_counts(
             config.batch_size, config.line_length, max(1, workers)
@@ -275,7 +278,7 @@ class FmsDataLoader(DataLoader):
         while True:
             generation = self._generation
             self._pending_skip = 0  # the workers start after every skip recorded so far
-            parts, ring = self._start_workers()
+            parts, ring, journal = self._start_workers()
             feed: _Feed = _Feed(parts, ring, max(1, self.num_workers), self._assemble)
             if self.config.pin_memory and self.num_workers > 0:
                 # Batches are assembled straight into pinned memory on a side thread, a few
@@ -313,6 +316,8 @@ class FmsDataLoader(DataLoader):
                     if self._parts is parts:
                         self._parts = None
                     _end_workers(parts)
+                    if journal is not None:
+                        journal.in_use = False
             # Workers restart from the consumed state (they fast-forward the skipped lines).
             del parts, feed
 
@@ -370,9 +375,20 @@ class FmsDataLoader(DataLoader):
                 ) from err
             raise
 
-    def _start_workers(self) -> tuple[Iterator[Any], BatchRing | None]:
+    def _start_workers(self) -> tuple[Iterator[Any], BatchRing | None, JournalArena | None]:
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         config = self.config
+        journal = None
+        if self.num_workers > 0:
+            # Like the ring: one arena per live iteration, kept for the next one, whose
+            # workers start after the last ones stopped (the blocks of their items never
+            # received are free again).
+            if self._journal is None or self._journal.in_use:
+                self._journal = JournalArena(self.num_workers)
+            else:
+                self._journal.reclaim()
+            journal = self._journal
+            journal.in_use = True
         # One ring per live iteration: a second iteration started while another still
         # runs (both continue from the consumed position) gets a ring of its own.
         if (self._ring is None or self._ring.in_use) and dataset.preprocess is None:
@@ -391,10 +407,11 @@ class FmsDataLoader(DataLoader):
                 emitted=self._consumed.emitted(),
                 ring=self._ring,
                 first_batch=self._ring.position if self._ring is not None else 0,
+                journal=journal,
             )
         )
         self._parts = super().__iter__()
-        return self._parts, self._ring
+        return self._parts, self._ring, journal
 
     def skip(self, n_steps: int) -> None:
         """Pass over the next ``n_steps`` batches of this rank without reading their tokens.

@@ -8,12 +8,17 @@ not by type travel in far fewer bytes one column at a time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+
+from fmsdata.journalarena import ArenaBlob
 
 __all__ = ["NarrowRows"]
 
-# (rows, width), the array's dtype, (column, travel dtype) in blob order, the blob.
-_Packed = tuple[tuple[int, int], str, tuple[tuple[int, str], ...], np.ndarray]
+# (rows, width), the array's dtype, (column, travel dtype) in blob order, the blob (its
+# bytes, or where a worker left them: ``fmsdata.journalarena``).
+_Packed = tuple[tuple[int, int], str, tuple[tuple[int, str], ...], np.ndarray | ArenaBlob]
 
 
 class NarrowRows:
@@ -51,6 +56,8 @@ class NarrowRows:
                 assert self._array is not None
                 return self._array
             (rows, width), dtype, columns, blob = packed
+            if isinstance(blob, ArenaBlob):
+                blob = blob.array
             array = np.empty((rows, width), dtype=dtype)
             at = 0
             for j, kind in columns:
@@ -59,8 +66,19 @@ class NarrowRows:
                 at += values.nbytes
             array.flags.writeable = False
             self._array = array  # before the blob goes: a reader finds one or the other
-            self._packed = None
+            self._packed = None  # an arena's blocks are free again
         return array
+
+    def keep_in(self, store: Callable[[np.ndarray], ArenaBlob | None]) -> None:
+        """Pack the rows now and leave the packed bytes where ``store`` puts them (a
+        worker's region of a ``JournalArena``): they then travel as their place. Where
+        ``store`` finds no room (None), they travel in the pickle as before."""
+        packed = self.__getstate__()
+        assert isinstance(packed[3], np.ndarray)
+        kept = store(packed[3])
+        if kept is not None:
+            self._packed = (*packed[:3], kept)
+            self._array = None  # the worker reads them no more
 
     def __getstate__(self) -> _Packed:
         if self._packed is None:

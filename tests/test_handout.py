@@ -167,11 +167,11 @@ def test_too_little_shared_memory_for_the_ring_is_a_config_error(tmp_path, monke
     change, not torch's "unable to allocate shared memory" from deep inside."""
     info = corpus(tmp_path)
     loader = build_dataloader(padded_config(info, num_workers=2))
-    monkeypatch.setattr(fmsdata.batchring, "_shared_memory_free", lambda: 1000)
+    monkeypatch.setattr(fmsdata.batchring, "shared_memory_free", lambda: 1000)
     with pytest.raises(ConfigError, match=r"needs \d+ MiB of shared memory .* has 0 MiB free"):
         take(loader, 1)
     # Where the free space cannot be asked, torch's own refusal gets the same advice.
-    monkeypatch.setattr(fmsdata.batchring, "_shared_memory_free", lambda: None)
+    monkeypatch.setattr(fmsdata.batchring, "shared_memory_free", lambda: None)
 
     def refuse(self):
         raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1>")
@@ -183,5 +183,5 @@ def test_too_little_shared_memory_for_the_ring_is_a_config_error(tmp_path, monke
 
 def test_without_workers_the_ring_needs_no_shared_memory(tmp_path, monkeypatch):
     info = corpus(tmp_path)
-    monkeypatch.setattr(fmsdata.batchring, "_shared_memory_free", lambda: 0)
+    monkeypatch.setattr(fmsdata.batchring, "shared_memory_free", lambda: 0)
     assert len(take(build_dataloader(padded_config(info)), 3)) == 3
