@@ -51,14 +51,14 @@ class JournalArena:
 
     Args:
         workers: DataLoader workers (one region each).
-        nbytes: Bytes of all regions together.
+        nbytes: Bytes of all regions together (default ``ARENA_BYTES``).
 
     Raises:
         ConfigError: The shared-memory filesystem cannot hold the arena.
     """
 
-    def __init__(self, workers: int, nbytes: int = ARENA_BYTES):
-        blocks = max(1, nbytes // workers // BLOCK)
+    def __init__(self, workers: int, nbytes: int | None = None):
+        blocks = max(1, (nbytes or ARENA_BYTES) // workers // BLOCK)
         self.key = uuid.uuid4().hex
         self.data = torch.zeros((workers, blocks * BLOCK), dtype=torch.uint8)
         self.used = torch.zeros((workers, blocks), dtype=torch.int8)

@@ -109,10 +109,15 @@ def test_dataset_pickles_small_before_iteration(tmp_path):
 
 @pytest.mark.slow
 def test_spawn_workers_give_the_same_batches(tmp_path):
+    """Spawned workers get the ring and the journal arena by pickling: the same batches,
+    and a state (its buffers read from the arena) that resumes exactly."""
     info = corpus(tmp_path)
-    reference = take(build_dataloader(base_config(info)), 12)
+    reference = take(build_dataloader(base_config(info)), 18)
     spawned = build_dataloader(base_config(info, num_workers=2, multiprocessing_context="spawn"))
-    assert_same_batches(reference, take(spawned, 12))
+    assert_same_batches(reference[:12], take(spawned, 12))
+    resumed = build_dataloader(base_config(info))
+    resumed.load_state_dict(roundtrip(spawned.snapshot()))
+    assert_same_batches(reference[12:], take(resumed, 6))
 
 
 def _worker_memory(loader):
