@@ -3,7 +3,8 @@
 What a DataLoader worker sends is pickled, pushed through a pipe in 64 KiB chunks and
 copied out of the pickle in the main process, which pays for every byte. Arrays of
 numbers that are small in practice (dataset and file numbers, lengths under a line) but
-not by type travel in far fewer bytes one column at a time.
+not by type travel in far fewer bytes one column at a time; packed, they can also be left
+in shared memory (``keep_in``, ``fmsdata.journalarena``) and travel as their place.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ ring in shared memory that the main process allocated before starting the worker
 batches went to their slots, where each row goes and which shard made it. A worker visits
 its shards once for several items (a round, ``item_rounds``): the round's last item also
 carries the state of each shard the round advanced, at its end, and the round's
-shuffle-buffer journal. The main process hands the slots out as they are (views, no token
-read or copied) and computes only what is per piece (``cu_seqlens``). Its replica of the
+shuffle-buffer journal (the spans it pushed are left in shared memory,
+``fmsdata.journalarena``). The main process hands the slots out as they are (views, no
+token read or copied) and computes only what is per piece (``cu_seqlens``). Its replica of the
 consumed state moves to a shard's round-end state once the round's last item is consumed;
 in between it counts the lines consumed past the last state (a resume fast-forwards them,
 see ``fmsdata.replica``).
@@ -80,7 +81,8 @@ class WorkerItem:
         ops: [n, 2] shuffle journal ``(shard id, op)`` of the whole round (empty but in
             its last item).
         pushed: [P, span width] spans of the lines pushed, in op order (``NarrowRows``:
-            narrow columns on the way to the main process).
+            narrow columns on the way to the main process, left in the journal arena
+            where a worker finds room: ``fmsdata.journalarena``).
         pushed_offsets: [pushes + 1] line boundaries in ``pushed``.
     """
 
