@@ -75,7 +75,7 @@ class JournalArena:
             raise ConfigError(self._too_big(need, str(err))) from err
         self.in_use = False  # workers of a running iteration write it
         # Main process only: blocks whose blob it received and still holds.
-        self._held = np.zeros((workers, blocks), dtype=bool)
+        self._held: np.ndarray | None = np.zeros((workers, blocks), dtype=bool)
         self._setup()
         _OPEN[self.key] = self
 
