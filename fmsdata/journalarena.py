@@ -100,11 +100,6 @@ class JournalArena:
         self._held = None
         self._setup()
 
-    @property
-    def blocks(self) -> int:
-        """Blocks of each worker's region."""
-        return int(self._used.shape[1])
-
     # -- a worker's side -----------------------------------------------------------------
 
     def store(self, worker: int, blob: np.ndarray) -> ArenaBlob | None:
@@ -144,8 +139,8 @@ class JournalArena:
         assert self._held is not None
         self._used[...] = self._held
 
-    def held_blocks(self) -> int:
-        """Blocks taken (by workers, for the main process), in all regions."""
+    def taken_blocks(self) -> int:
+        """Blocks taken by workers and not freed since, in all regions."""
         return int(np.count_nonzero(self._used))
 
 

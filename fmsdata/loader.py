@@ -378,6 +378,15 @@ class FmsDataLoader(DataLoader):
     def _start_workers(self) -> tuple[Iterator[Any], BatchRing | None, JournalArena | None]:
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         config = self.config
+        # One ring per live iteration: a second iteration started while another still
+        # runs (both continue from the consumed position) gets a ring of its own.
+        if (self._ring is None or self._ring.in_use) and dataset.preprocess is None:
+            slots = ring_slots(
+                config.batch_size, config.line_length, config.prefetch_factor, self.num_workers
+            )
+            self._ring = BatchRing(
+                slots, self._fields, config.batch_size, config.seq_length, self.num_workers > 0
+            )
         journal = None
         if self.num_workers > 0:
             # Like the ring: one arena per live iteration, kept for the next one, whose
@@ -388,16 +397,6 @@ class FmsDataLoader(DataLoader):
             else:
                 self._journal.reclaim()
             journal = self._journal
-            journal.in_use = True
-        # One ring per live iteration: a second iteration started while another still
-        # runs (both continue from the consumed position) gets a ring of its own.
-        if (self._ring is None or self._ring.in_use) and dataset.preprocess is None:
-            slots = ring_slots(
-                config.batch_size, config.line_length, config.prefetch_factor, self.num_workers
-            )
-            self._ring = BatchRing(
-                slots, self._fields, config.batch_size, config.seq_length, self.num_workers > 0
-            )
         self._settle()
         dataset.start_at(
             Start(
@@ -411,6 +410,8 @@ class FmsDataLoader(DataLoader):
             )
         )
         self._parts = super().__iter__()
+        if journal is not None:
+            journal.in_use = True
         return self._parts, self._ring, journal
 
     def skip(self, n_steps: int) -> None:

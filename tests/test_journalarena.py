@@ -34,15 +34,15 @@ def test_rows_travel_as_their_place_and_free_their_blocks_when_dropped():
     rows.keep_in(functools.partial(arena.store, 1))
     sent = pickle.dumps(rows)
     assert len(sent) < 1000  # the place, not the bytes
-    assert arena.held_blocks() == 3  # taken by the worker
+    assert arena.taken_blocks() == 3  # taken by the worker
     received = pickle.loads(sent)
     assert np.array_equal(received.array, spans)  # widened: its blocks are free again
-    assert arena.held_blocks() == 0
+    assert arena.taken_blocks() == 0
     # Dropped before it was read: the blocks go with the last reference.
     again = pickle.loads(pickle.dumps(_kept(arena, 0, spans)))
-    assert arena.held_blocks() == 3
+    assert arena.taken_blocks() == 3
     del again
-    assert arena.held_blocks() == 0
+    assert arena.taken_blocks() == 0
 
 
 def _kept(arena: JournalArena, worker: int, spans: np.ndarray) -> NarrowRows:
@@ -55,12 +55,12 @@ def test_rows_that_find_no_room_travel_in_the_pickle():
     arena = JournalArena(1, 2 * BLOCK)
     spans = np.arange(BLOCK * 5, dtype=np.int64).reshape(-1, 5) * 1000  # ~5 blocks packed
     rows = _kept(arena, 0, spans)
-    assert arena.held_blocks() == 0
+    assert arena.taken_blocks() == 0
     sent = pickle.dumps(rows)
     assert len(sent) > 2 * BLOCK
     assert np.array_equal(pickle.loads(sent).array, spans)
     empty = _kept(arena, 0, np.zeros((0, 5), dtype=np.int64))
-    assert arena.held_blocks() == 0 and len(pickle.loads(pickle.dumps(empty)).array) == 0
+    assert arena.taken_blocks() == 0 and len(pickle.loads(pickle.dumps(empty)).array) == 0
 
 
 _STEPS = st.lists(
