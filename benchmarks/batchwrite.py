@@ -61,7 +61,7 @@ def _ordinary_shift() -> Any:
 
 
 def _fmsdata_shift(tokens, content, rows, inputs, labels, ignore):  # type: ignore[no-untyped-def]
-    batchwrite._shift(tokens, content, rows, inputs, labels, ignore)
+    batchwrite._shift(tokens, content, rows, inputs, labels, ignore, 0)
 
 
 def _numpy_shift(tokens, content, rows, inputs, labels, ignore):  # type: ignore[no-untyped-def]

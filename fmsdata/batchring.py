@@ -58,7 +58,7 @@ def shared_memory_free() -> int | None:
 
 
 class BatchRing:
-    """``slots`` final batches of ``fields``, each int64 ``[batch_size, seq]``.
+    """``slots`` final batches of ``fields``, each ``[batch_size, seq]`` of ``dtype``.
 
     Args:
         slots: Batches the ring holds: what the workers can be ahead of the main process,
@@ -66,12 +66,21 @@ class BatchRing:
         fields: Names of the per-token outputs, in batch order.
         batch_size, seq: Shape of each output.
         shared: Put the ring in shared memory (for DataLoader workers).
+        dtype: The outputs' dtype (``LoaderConfig.output_dtype``).
     """
 
-    def __init__(self, slots: int, fields: Sequence[str], batch_size: int, seq: int, shared: bool):
+    def __init__(
+        self,
+        slots: int,
+        fields: Sequence[str],
+        batch_size: int,
+        seq: int,
+        shared: bool,
+        dtype: torch.dtype = torch.int64,
+    ):
         self.slots = slots
         self.fields = tuple(fields)
-        self.data = torch.empty((slots, len(self.fields), batch_size, seq), dtype=torch.int64)
+        self.data = torch.empty((slots, len(self.fields), batch_size, seq), dtype=dtype)
         self.free_for = torch.arange(slots, dtype=torch.int64)
         if shared:
             need = self.data.nbytes
@@ -91,9 +100,10 @@ class BatchRing:
 
     def _too_big(self, need: int, found: str) -> str:
         _, fields, batch_size, seq = self.data.shape
+        kind = str(self.data.dtype).removeprefix("torch.")
         return (
             f"the DataLoader workers' batch ring needs {need / 2**20:.0f} MiB of shared memory "
-            f"({self.slots} batches of {fields} x {batch_size} x {seq} int64: prefetch_factor "
+            f"({self.slots} batches of {fields} x {batch_size} x {seq} {kind}: prefetch_factor "
             f"+ 2 items of every worker's batches) and {found}: give the process more shared "
             "memory (docker run --shm-size=..., or --ipc=host; in Kubernetes an emptyDir with "
             f"medium: Memory mounted at {SHARED_MEMORY}), or lower num_workers or prefetch_factor"

@@ -2,9 +2,10 @@
 
 The worker turns its packed int32 lines into the outputs of the causal-LM step in one
 compiled pass per output: ``input_ids`` (the line less its last token) and ``labels`` (less
-its first, ``IGNORE_INDEX`` from a padded line's last content token on), widened to int64,
-and on request ``position_ids`` (restarting at each piece of a document) and
-``document_ids``. Each row goes to its canonical row of the batch, in the batch's ring slot
+its first, ``IGNORE_INDEX`` from a padded line's last content token on, and on request
+the first few of every line), widened to the output dtype (int64, or int32), and on
+request ``position_ids`` (restarting at each piece of a document) and ``document_ids``.
+Each row goes to its canonical row of the batch, in the batch's ring slot
 (``fmsdata.batchring``) or, where that slot is still held, in fresh memory sent with the
 item: the main process hands them out without reading a token.
 
@@ -411,15 +412,20 @@ def _fence() -> None:
 
 
 @compiled
-def _shift(tokens, content, rows, inputs, labels, ignore):  # type: ignore[no-untyped-def]
-    """Row ``i`` of ``tokens`` into row ``rows[i]`` of ``inputs`` and ``labels``."""
+def _shift(tokens, content, rows, inputs, labels, ignore, masked):  # type: ignore[no-untyped-def]
+    """Row ``i`` of ``tokens`` into row ``rows[i]`` of ``inputs`` and ``labels`` (in their
+    dtype); the first ``masked`` labels of each row and those past its content are
+    ``ignore``."""
     seq = inputs.shape[1]
     for i in range(tokens.shape[0]):
         into, label = inputs[rows[i]], labels[rows[i]]
         keep = min(max(content[i] - 1, 0), seq)
+        start = min(masked, keep)
         for j in range(seq):
             _stream_store(into, j, np.int64(tokens[i, j]))
-        for j in range(keep):
+        for j in range(start):
+            _stream_store(label, j, np.int64(ignore))
+        for j in range(start, keep):
             _stream_store(label, j, np.int64(tokens[i, j + 1]))
         for j in range(keep, seq):
             _stream_store(label, j, np.int64(ignore))
@@ -449,7 +455,7 @@ def _document_ids(lengths, first, counts, ids, rows, out):  # type: ignore[no-un
 
 @compiled
 def _write_item(  # type: ignore[no-untyped-def]
-    tokens, content, rows, local, offsets, targets, ring, overflow, ignore,
+    tokens, content, rows, local, offsets, targets, ring, overflow, ignore, masked,
     positions_at, ids_at, lengths, piece_first, piece_counts, ids,
     copy, line_spans, addresses, sizes, kinds, span_source, src, dst, n_copy, limit,
 ):  # fmt: skip
@@ -457,10 +463,11 @@ def _write_item(  # type: ignore[no-untyped-def]
 
     Batch ``k`` holds lines ``offsets[k]:offsets[k + 1]``: into ring slot ``targets[k]``
     at rows ``rows`` of the batch, or, for ``targets[k]`` -1, into ``overflow`` at their
-    item rows (``local``). Where ``copy``, the batch's document pieces are copied into its
-    int32 rows first (``copy_spans``; a failed copy returns its outcome and span and writes
-    no more). Fields ``positions_at`` and ``ids_at`` (-1: not asked for) are written from
-    the lines' input pieces. The stores are fenced before it returns.
+    item rows (``local``); the first ``masked`` labels of each line are ``ignore``. Where
+    ``copy``, the batch's document pieces are copied into its int32 rows first
+    (``copy_spans``; a failed copy returns its outcome and span and writes no more).
+    Fields ``positions_at`` and ``ids_at`` (-1: not asked for) are written from the lines'
+    input pieces. The stores are fenced before it returns.
     """
     flat = tokens.reshape(-1)
     for k in range(offsets.shape[0] - 1):
@@ -481,7 +488,7 @@ def _write_item(  # type: ignore[no-untyped-def]
         else:
             out = overflow
             at = local[a:b]
-        _shift(tokens[a:b], content[a:b], at, out[0], out[1], ignore)
+        _shift(tokens[a:b], content[a:b], at, out[0], out[1], ignore, masked)
         if positions_at >= 0:
             _positions(lengths, piece_first[a:b], piece_counts[a:b], at, out[positions_at])
         if ids_at >= 0:
@@ -503,28 +510,30 @@ def write_batches(
     content: np.ndarray,
     pieces: RowPieces | None,
     pending: PendingCopy | None = None,
+    dtype: torch.dtype = torch.int64,
+    masked: int = 0,
 ) -> tuple[np.ndarray, torch.Tensor | None]:
     """Write an item's lines as batches ``first``, ``first + 1``, ...
 
     Batch ``k`` holds the item's lines ``offsets[k]:offsets[k + 1]`` at rows ``rows`` of
-    the batch. ``pending``: the document pieces of ``tokens`` not copied yet (copied here,
-    a batch at a time). Returns which batches went to their ring slot and, for the others,
-    the fresh ``[fields, lines, seq]`` tensor holding their lines in item order (shared
-    memory in a worker: it travels by handle, not by copy).
+    the batch, in ``dtype`` (the ring's), the first ``masked`` labels of each line ignored.
+    ``pending``: the document pieces of ``tokens`` not copied yet (copied here, a batch at
+    a time). Returns which batches went to their ring slot and, for the others, the fresh
+    ``[fields, lines, seq]`` tensor holding their lines in item order (shared memory in a
+    worker: it travels by handle, not by copy).
     """
     n_batches = len(offsets) - 1
     seq = tokens.shape[1] - 1
     batch_size = ring.data.shape[2] if ring is not None else 0
     if ring is not None:
+        assert ring.data.dtype == dtype, "the ring holds the outputs' dtype"
         targets, slots = ring.claim_all(first, n_batches)
     else:
         targets = np.full(n_batches, -1, dtype=np.int64)
-        slots = np.empty((0, len(fields), batch_size, seq), dtype=np.int64)
+        slots = _fresh((0, len(fields), batch_size, seq), dtype).numpy()
     placed = (targets >= 0) | (offsets[1:] == offsets[:-1])  # no rows here: nothing to place
-    overflow: torch.Tensor | None = None
-    if not placed.all():
-        overflow = _fresh((len(fields), len(rows), seq))
-    spill = overflow.numpy() if overflow is not None else np.empty((len(fields), 0, seq), np.int64)
+    overflow = _fresh((len(fields), len(rows) if not placed.all() else 0, seq), dtype)
+    spill = overflow.numpy()
     positions_at = fields.index("position_ids") if "position_ids" in fields else -1
     ids_at = fields.index("document_ids") if "document_ids" in fields else -1
     if positions_at >= 0 or ids_at >= 0:
@@ -537,13 +546,13 @@ def write_batches(
     copy = pending if pending is not None else _NO_COPY
     outcome, span = _write_item(
         tokens, content, rows, np.arange(len(rows), dtype=np.int64), offsets, targets, slots,
-        spill, IGNORE_INDEX, positions_at, ids_at, lengths, piece_first, piece_counts, ids,
+        spill, IGNORE_INDEX, masked, positions_at, ids_at, lengths, piece_first, piece_counts, ids,
         pending is not None, copy.line_spans, copy.addresses, copy.sizes, copy.kinds,
         copy.span_source, copy.src, copy.dst, copy.n_copy, copy.limit,
     )  # fmt: skip
     if outcome != COPIED:
         copy.refuse(outcome, span)
-    return placed, overflow
+    return placed, overflow if overflow.shape[1] else None
 
 
 def _not_copying(outcome: int, span: int) -> None:
@@ -554,11 +563,11 @@ def _not_copying(outcome: int, span: int) -> None:
 _NO_COPY = PendingCopy(np.zeros(1, dtype=np.int64), *[_NONE] * 7, _INT32_MAX, [], _not_copying)
 
 
-def _fresh(shape: tuple[int, ...]) -> torch.Tensor:
-    """An int64 tensor, in new shared memory in a DataLoader worker (as PyTorch's collate
-    allocates its batches there: sending it is then no copy)."""
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.int64)
+def _fresh(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor, in new shared memory in a DataLoader worker (as PyTorch's collate
+    allocates its batches there: sending it is then no copy) unless it is empty."""
     n = int(np.prod(shape))
-    storage = torch.UntypedStorage._new_shared(n * 8)
-    return torch.empty(0, dtype=torch.int64).set_(storage).view(shape)
+    if get_worker_info() is None or n == 0:
+        return torch.empty(shape, dtype=dtype)
+    storage = torch.UntypedStorage._new_shared(n * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage).view(shape)

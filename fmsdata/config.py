@@ -34,6 +34,7 @@ DEFAULT_FILE_TYPE = "arrow"
 PACKING_MODES = ("hard", "pad")
 DOCUMENT_ORDERS = ("random", "sequential")
 BATCH_FORMATS = ("dict", "tuple")
+OUTPUT_DTYPES = ("int64", "int32")
 
 
 def _split_csv(field: str, value: Any) -> tuple[str, ...] | None:
@@ -182,6 +183,10 @@ class LoaderConfig:
             batch's key order, ``(input_ids, labels, ...)`` (a preprocess's keys sorted),
             for loops written ``for input, label in loader``; a batch of one tensor is
             that tensor.
+        output_dtype: ``"int64"`` or ``"int32"``: the dtype the workers write the per-token
+            outputs in (fms-fsdp's batches are int32; ``document_ids`` need int64).
+        ignore_first_labels: Labels at the start of every line set to -100, ignored by the
+            loss (fms-fsdp's ``causal_lm`` ignores the first).
         open_files: Shard files each worker keeps open at most (least recently used closed);
             None sizes it from the streams the worker runs.
         checkpoint_dir: Folder of automatic loader checkpoints (``step_NNNNNNNNN/``); when
@@ -247,6 +252,8 @@ class LoaderConfig:
     fim_suf: int | None = None
     fim_min_length: int = 2
     batch_format: str = "dict"
+    output_dtype: str = "int64"
+    ignore_first_labels: int = 0
     open_files: int | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -346,6 +353,25 @@ class LoaderConfig:
         if self.batch_format not in BATCH_FORMATS:
             raise ConfigError(
                 f"batch_format must be one of {BATCH_FORMATS}, got {self.batch_format!r}"
+            )
+        if self.output_dtype not in OUTPUT_DTYPES:
+            raise ConfigError(
+                f"output_dtype must be one of {OUTPUT_DTYPES}, got {self.output_dtype!r}"
+            )
+        if self.output_dtype == "int32" and self.return_document_ids:
+            raise ConfigError(
+                "return_document_ids needs output_dtype='int64' (an id is "
+                "dataset << 56 | file << 32 | doc), got output_dtype='int32'"
+            )
+        first = self.ignore_first_labels
+        if (
+            not isinstance(first, int)
+            or isinstance(first, bool)
+            or not 0 <= first <= self.seq_length
+        ):
+            raise ConfigError(
+                f"ignore_first_labels must be an integer from 0 to seq_length "
+                f"({self.seq_length}), got {first!r}"
             )
         columns = _split_csv("col_name", self.col_name)
         if not columns or not all(columns):

@@ -527,8 +527,10 @@ class RankLineDataset(IterableDataset):
             if segments is not None and segment_counts is not None and len(fields) > 2:
                 pieces = RowPieces(segments, segment_counts, segment_ids)
             placed, overflow = write_batches(
-                ring, first, fields, offsets_np, rows_np, tokens, content, pieces, pending
-            )
+                ring, first, fields, offsets_np, rows_np, tokens, content, pieces, pending,
+                dtype=getattr(torch, config.output_dtype),
+                masked=config.ignore_first_labels,
+            )  # fmt: skip
         if not config.return_cu_seqlens:  # the rest of the structure is written already
             segments = segment_counts = segment_ids = None
         segment_ids = None  # the ids are written; cu_seqlens needs the lengths only

@@ -385,7 +385,12 @@ class FmsDataLoader(DataLoader):
                 config.batch_size, config.line_length, config.prefetch_factor, self.num_workers
             )
             self._ring = BatchRing(
-                slots, self._fields, config.batch_size, config.seq_length, self.num_workers > 0
+                slots,
+                self._fields,
+                config.batch_size,
+                config.seq_length,
+                self.num_workers > 0,
+                getattr(torch, config.output_dtype),
             )
         journal = None
         if self.num_workers > 0:

@@ -330,7 +330,7 @@ def _from_overflow(
         first = next(i for i, _, _ in spans if i.overflow is not None)
         assert first.overflow is not None
         fields, _, seq = first.overflow.shape
-        out = np.empty((fields, batch_size, seq), dtype=np.int64)
+        out = np.empty((fields, batch_size, seq), dtype=first.overflow.numpy().dtype)
         slot = ring.claim(number) if ring is not None else None
         for item, a, b in spans:
             if b == a:

@@ -89,12 +89,27 @@ def test_kernels_write_what_numpy_writes(case):
     tokens, content, rows, n_rows, lengths, counts, ids = case
     expected = reference(tokens, content, rows, n_rows, lengths, counts, ids)
     out = np.full_like(expected, 7)
-    batchwrite._shift(tokens, content, rows, out[0], out[1], IGNORE_INDEX)
+    batchwrite._shift(tokens, content, rows, out[0], out[1], IGNORE_INDEX, 0)
     first = np.cumsum(counts) - counts
     batchwrite._positions(lengths, first, counts, rows, out[2])
     batchwrite._document_ids(lengths, first, counts, ids, rows, out[3])
     batchwrite._fence()
     np.testing.assert_array_equal(out, expected)
+
+
+@settings(max_examples=100, deadline=None)
+@given(lines(), st.integers(0, 9))
+def test_int32_labels_with_the_first_ignored_are_numpys_int64_ones_cast(case, masked):
+    """``output_dtype="int32"`` and ``ignore_first_labels``: the int64 outputs cast, with
+    each row's first ``masked`` labels (those within its content) set to the ignore id."""
+    tokens, content, rows, n_rows, lengths, counts, ids = case
+    expected = reference(tokens, content, rows, n_rows, lengths, counts, ids)[:2]
+    for i, row in enumerate(rows):
+        expected[1, row, : max(0, min(masked, content[i] - 1))] = IGNORE_INDEX
+    out = np.full(expected.shape, 7, dtype=np.int32)
+    batchwrite._shift(tokens, content, rows, out[0], out[1], IGNORE_INDEX, masked)
+    batchwrite._fence()
+    np.testing.assert_array_equal(out, expected.astype(np.int32))
 
 
 def test_called_from_python_an_intrinsic_does_what_it_compiles_to():
@@ -132,7 +147,7 @@ from fmsdata.batchwrite import _stream_store
 from fmsdata.compiled import compiled
 tokens = np.arange(6, dtype=np.int32).reshape(2, 3)
 out = np.zeros((2, 2, 2), dtype=np.int64)
-batchwrite._shift(tokens, np.array([3, 2]), np.array([1, 0]), out[0], out[1], -100)
+batchwrite._shift(tokens, np.array([3, 2]), np.array([1, 0]), out[0], out[1], -100, 0)
 batchwrite._fence()
 print(out.tolist())
 # The copy reads its buffers by address, asking for pieces ahead (Python: ctypes, no-op).

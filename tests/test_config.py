@@ -55,6 +55,10 @@ def test_col_name_takes_candidate_columns():
         ({"multiprocessing_context": "threads"}, "multiprocessing_context"),
         ({"shuffle_window": -1}, "shuffle_window must be a non-negative integer"),
         ({"pin_memory": "yes"}, "pin_memory must be true or false"),
+        ({"output_dtype": "int16"}, "output_dtype must be one of"),
+        ({"output_dtype": "int32", "return_document_ids": True}, "return_document_ids needs"),
+        ({"ignore_first_labels": -1}, "ignore_first_labels must be an integer from 0"),
+        ({"seq_length": 8, "ignore_first_labels": 9}, r"from 0 to seq_length \(8\), got 9"),
     ],
 )
 def test_invalid_values_name_field_and_value(changes, message):

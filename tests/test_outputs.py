@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 import torch
-from support import BOL, EOL, EOS, FIRST_TOKEN, PAD, base_config, corpus, take
+from support import BOL, EOL, EOS, FIRST_TOKEN, PAD, assert_same_batches, base_config, corpus, take
 from torch.utils.data import get_worker_info
 
+import fmsdata.batchring
 from fmsdata import build_dataloader
 
 
@@ -142,3 +143,40 @@ def test_a_tuple_batch_of_one_tensor_is_that_tensor(tmp_path):
     config = base_config(info, batch_format="tuple")
     batch = next(iter(build_dataloader(config, preprocess=lambda line, n: {"line": line})))
     assert isinstance(batch, torch.Tensor) and batch.shape == (4, 33)
+
+
+def _as_int32_with_first_labels_ignored(batch, ignored):
+    out = {}
+    for key, value in batch.items():
+        if key in ("input_ids", "labels", "position_ids"):
+            value = value.to(torch.int32)
+        out[key] = value
+    labels = out["labels"].clone()
+    labels[:, :ignored] = -100
+    out["labels"] = labels
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("in_slot", [True, False])
+def test_int32_outputs_are_the_int64_ones_cast(tmp_path, monkeypatch, num_workers, in_slot):
+    """``output_dtype="int32"`` and ``ignore_first_labels``: the workers write the int64
+    batches' values as int32, each line's first labels ignored, in the ring or (slots held)
+    in fresh memory, several workers' rows copied together."""
+    info = corpus(tmp_path)
+    structure = dict(return_position_ids=True, return_cu_seqlens=True)
+    reference = take(build_dataloader(base_config(info, **structure)), 30)
+    if not in_slot:
+        monkeypatch.setattr(
+            fmsdata.batchring.BatchRing,
+            "claim_all",
+            lambda self, first, n: (np.full(n, -1), self._data),
+        )
+    config = base_config(
+        info, num_workers=num_workers, output_dtype="int32", ignore_first_labels=2, **structure
+    )
+    got = take(build_dataloader(config), 30)
+    expected = [_as_int32_with_first_labels_ignored(b, 2) for b in reference]
+    for batch in got:
+        assert batch["input_ids"].dtype == batch["labels"].dtype == torch.int32
+    assert_same_batches(expected, got)

@@ -13,7 +13,8 @@
   (or any fmsdata format name);
 - ``vocab_size`` is a model field, not a check of the data;
 - batches are ``postprocess`` applied in order to each int32 line, collated: with the
-  default ``[causal_lm]``, ``(input, label)`` of ``[batch_size, seq_length]``; lines are
+  default ``[causal_lm]``, ``(input, label)`` of ``[batch_size, seq_length]`` (written by
+  the workers as the loader's own int32 outputs, not run per line); lines are
   ``seq_length + 1`` tokens when ``causal_lm`` is among the steps, else ``seq_length``;
 - the loader saves its state every ``checkpoint_interval`` steps under
   ``ckpt_save_path/fmsdata_loader/step_NNNNNNNNN/``, beside (never inside) the
@@ -220,6 +221,9 @@ def _config(values: dict[str, Any], postprocess: tuple[Callable[..., Any], ...])
         fim_pre=values["fim_pre"],
         fim_mid=values["fim_mid"],
         fim_suf=values["fim_suf"],
+        # The default postprocess, written by the workers as they write every batch.
+        output_dtype="int32" if postprocess == (causal_lm,) else "int64",
+        ignore_first_labels=1 if postprocess == (causal_lm,) else 0,
     )
 
 
@@ -271,7 +275,10 @@ def get_data_loader(
     if order != "fmsdata":
         raise ConfigError(f"order must be 'fmsdata' or 'fms-fsdp', got {order!r}")
     config = _config(values, steps)
-    loader = build_dataloader(config, rank, world_size, preprocess=_Postprocess(steps))
+    # ``[causal_lm]`` is the loader's own outputs (int32, the first label ignored), written
+    # by the workers into the shared batch ring; any other chain runs on each line.
+    preprocess = None if steps == (causal_lm,) else _Postprocess(steps)
+    loader = build_dataloader(config, rank, world_size, preprocess=preprocess)
     if not restart and values["resuming_dataset"]:
         load_from = os.path.join(
             _path("ckpt_load_path", values["ckpt_load_path"]), LOADER_CHECKPOINTS

@@ -424,3 +424,52 @@ def test_fields_a_config_lacks_take_fms_fsdp_defaults(tmp_path):
     assert (config.seq_length, config.logical_shards, config.seed) == (4096, 1024, 2023)
     assert (config.eos_token, config.strip_tokens, config.min_length) == (0, (0,), 2)
     assert config.vocab_size is None
+
+
+def _unchanged(pair):
+    """A postprocess step after ``causal_lm`` that changes nothing: the chain then runs
+    on each line in the workers, as any other postprocess does."""
+    return pair
+
+
+def _batches(loader, n):
+    out = []
+    for batch in loader:
+        out.append(batch)
+        if len(out) == n:
+            return out
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("fim", [False, True])
+def test_the_default_postprocess_is_written_by_the_workers_as_causal_lm_makes_it(
+    tmp_path, num_workers, fim
+):
+    """With ``[causal_lm]`` the workers write fms-fsdp's int32 ``(input, label)`` into the
+    shared ring (no Python per line): the batches ``causal_lm`` makes line by line, and
+    states that resume either way."""
+    info = bamba_root(tmp_path)
+    fim_fields = dict(
+        fim_training=True, psm_rate=0.5, spm_rate=0.5, fim_pre=7, fim_mid=11, fim_suf=12
+    )
+    cfg = bamba_config(
+        info,
+        tmp_path,
+        num_workers=num_workers,
+        checkpoint_interval=0,
+        **(fim_fields if fim else {}),
+    )
+    written = get_data_loader(cfg, 0, 1)
+    per_line = get_data_loader(cfg, 0, 1, postprocess=[causal_lm, _unchanged])
+    assert written.dataset.preprocess is None and per_line.dataset.preprocess is not None
+    expected = _batches(per_line, 16)
+    got = _batches(written, 8)
+    for (x, y), (a, b) in zip(got, expected):
+        assert x.dtype == y.dtype == torch.int32
+        assert torch.equal(x, a) and torch.equal(y, b)
+    assert (torch.stack([y for _, y in got])[:, :, 0] == -100).all()
+    resumed = get_data_loader(cfg, 0, 1, postprocess=[causal_lm, _unchanged])
+    resumed.load_state_dict(written.state_dict())
+    for (x, y), (a, b) in zip(_batches(resumed, 8), expected[8:]):
+        assert torch.equal(x, a) and torch.equal(y, b)

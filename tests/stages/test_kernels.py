@@ -185,7 +185,7 @@ CACHED_RUN = textwrap.dedent(
     tokens = np.zeros((1, 3), dtype=np.int32)
     out = np.zeros((2, 1, 2), dtype=np.int64)
     ones = np.ones(1, dtype=np.int64)
-    batchwrite._shift(tokens, ones, ones - 1, out[0], out[1], -100)
+    batchwrite._shift(tokens, ones, ones - 1, out[0], out[1], -100, 0)
     # And one that reads memory by address and inlines a helper (the piece copy).
     source = np.arange(4, dtype=np.uint16)
     address = np.array([source.__array_interface__["data"][0]], dtype=np.int64)
