@@ -1,7 +1,8 @@
 """Final-batch slots that the workers write and the main process hands out as they are.
 
 The ring holds ``slots`` batches of every per-token output (``input_ids``, ``labels`` and,
-on request, ``position_ids`` and ``document_ids``: int64 ``[batch_size, seq_length]``),
+on request, ``position_ids`` and ``document_ids``: ``[batch_size, seq_length]`` of the
+output dtype, int64 or int32),
 in shared memory when there are DataLoader workers. Batch number ``g`` (counted by the
 loader over its iterations) lives in slot ``g % slots``; each worker writes its rows of
 ``g`` there at their canonical row positions, so the main process yields views of the

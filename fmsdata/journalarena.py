@@ -24,6 +24,7 @@ enough sends the spans in its item, as every worker did before.
 
 from __future__ import annotations
 
+import os
 import uuid
 import weakref
 from typing import Any
@@ -36,9 +37,9 @@ from fmsdata.errors import ConfigError
 
 __all__ = ["JournalArena", "ArenaBlob", "ARENA_BYTES"]
 
-# Bytes a block; an arena's bytes per rank, split between its workers. Eight workers on
-# 60-token documents held 4.6 MiB each at most, one worker 39 MiB (a round's spans are
-# kept until the last of its lines leaves the buffers: many rounds on small documents).
+# Bytes a block; an arena's bytes per rank, split between its workers. On 60-token
+# documents one worker's blobs took 34 MiB of it, eight workers' 30 MiB (a round's spans
+# are kept until the last of its lines leaves the buffers: many rounds on small documents).
 BLOCK = 1 << 16
 ARENA_BYTES = 64 << 20
 
@@ -74,7 +75,10 @@ class JournalArena:
         except RuntimeError as err:  # torch: "unable to allocate shared memory(shm) ..."
             raise ConfigError(self._too_big(need, str(err))) from err
         self.in_use = False  # workers of a running iteration write it
-        # Main process only: blocks whose blob it received and still holds.
+        # Main process only (its pid: a forked worker inherits this object, and the
+        # received blobs, which it must neither free nor receive): blocks whose blob it
+        # received and still holds.
+        self._pid = os.getpid()
         self._held: np.ndarray | None = np.zeros((workers, blocks), dtype=bool)
         self._setup()
         _OPEN[self.key] = self
@@ -84,7 +88,7 @@ class JournalArena:
             f"the DataLoader workers' journal arena needs {need / 2**20:.0f} MiB of shared "
             f"memory (the shuffle buffers' spans on their way to the main process) and "
             f"{found}: give the process more shared memory (docker run --shm-size=..., or "
-            f"--ipc=host), or lower num_workers"
+            f"--ipc=host)"
         )
 
     def _setup(self) -> None:
@@ -122,12 +126,22 @@ class JournalArena:
 
     # -- the main process's side ---------------------------------------------------------
 
+    def _made_here(self) -> bool:
+        return self._held is not None and self._pid == os.getpid()
+
     def _receive(self, worker: int, first: int, blocks: int, nbytes: int) -> ArenaBlob:
-        assert self._held is not None, "received in the process that made the arena"
-        self._held[worker, first : first + blocks] = True
+        held = self._held
+        if not self._made_here() or held is None or held[worker, first : first + blocks].any():
+            raise RuntimeError(
+                f"journal arena {self.key}: blocks {first}-{first + blocks - 1} of worker "
+                f"{worker} received outside the process that made it, or twice"
+            )
+        held[worker, first : first + blocks] = True
         return ArenaBlob(self, worker, first, blocks, nbytes, owned=True)
 
     def _release(self, worker: int, first: int, blocks: int) -> None:
+        if not self._made_here():  # a forked worker dropping what it inherited
+            return
         assert self._held is not None
         self._held[worker, first : first + blocks] = False
         self._used[worker, first : first + blocks] = 0
@@ -162,7 +176,9 @@ class ArenaBlob:
         start = self.first * BLOCK
         return self.arena._data[self.worker, start : start + self.nbytes]
 
-    def __reduce__(self) -> tuple[Any, tuple[str, int, int, int, int]]:
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self._owned:  # received already (a copy of an item): the bytes, not the place
+            return np.array, (self.array,)
         return _received, (self.arena.key, self.worker, self.first, self.blocks, self.nbytes)
 
     def __del__(self) -> None:
@@ -173,6 +189,6 @@ class ArenaBlob:
 
 def _received(key: str, worker: int, first: int, blocks: int, nbytes: int) -> ArenaBlob:
     arena = _OPEN.get(key)
-    if arena is None or arena._held is None:
+    if arena is None:
         raise RuntimeError(f"journal arena {key} was not made in this process")
     return arena._receive(worker, first, blocks, nbytes)

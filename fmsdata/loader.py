@@ -235,6 +235,7 @@ class FmsDataLoader(DataLoader):
         self._ring: BatchRing | None = None
         # Where the workers leave their journals' spans (``fmsdata.journalarena``).
         self._journal: JournalArena | None = None
+        self._arena_ok = True  # False once shared memory was too short for one
         self._fields = token_fields(config.return_position_ids, config.return_document_ids)
         self._max_item_batches = item_batch_counts(
             config.batch_size, config.line_length, max(1, workers)
@@ -393,12 +394,12 @@ class FmsDataLoader(DataLoader):
                 getattr(torch, config.output_dtype),
             )
         journal = None
-        if self.num_workers > 0:
+        if self.num_workers > 0 and self._consumed.buffer_path is not None and self._arena_ok:
             # Like the ring: one arena per live iteration, kept for the next one, whose
             # workers start after the last ones stopped (the blocks of their items never
             # received are free again).
             if self._journal is None or self._journal.in_use:
-                self._journal = JournalArena(self.num_workers)
+                self._journal = self._new_journal()
             else:
                 self._journal.reclaim()
             journal = self._journal
@@ -418,6 +419,16 @@ class FmsDataLoader(DataLoader):
         if journal is not None:
             journal.in_use = True
         return self._parts, self._ring, journal
+
+    def _new_journal(self) -> JournalArena | None:
+        """A journal arena for the workers, or None (said once) where shared memory is too
+        short for it: the spans then travel in the items, at a cost to the main process."""
+        try:
+            return JournalArena(self.num_workers)
+        except ConfigError as err:
+            self._arena_ok = False
+            logger.warning("%s; the spans travel in the workers' items instead", err)
+            return None
 
     def skip(self, n_steps: int) -> None:
         """Pass over the next ``n_steps`` batches of this rank without reading their tokens.
@@ -691,6 +702,12 @@ def build_dataloader(
     """
     # Settings the root's metadata.json records fill what the config leaves unset.
     config = resolve_config(as_config(config))
+    if preprocess is not None and (config.output_dtype != "int64" or config.ignore_first_labels):
+        raise ConfigError(
+            "output_dtype and ignore_first_labels shape the built-in outputs, which a "
+            f"preprocess replaces: got output_dtype={config.output_dtype!r}, "
+            f"ignore_first_labels={config.ignore_first_labels} with a preprocess"
+        )
     topology = Topology.resolve(rank, world_size)
     handler = handler_from_config(config)
     dataset = RankLineDataset(config, topology, handler, preprocess, stages)

@@ -7,13 +7,16 @@ restarted workers find the blocks their predecessors took for items never receiv
 """
 
 import functools
+import gc
+import logging
+import os
 import pickle
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import base_config, check_resume, corpus, small_items, take
+from support import assert_same_batches, base_config, check_resume, corpus, small_items, take
 
 import fmsdata.batchring
 import fmsdata.journalarena
@@ -135,6 +138,7 @@ def test_an_arena_too_small_for_every_journal_changes_no_batch_and_no_state(
     config = base_config(info, num_workers=2, shuffle_window=5)
     reference = take(build_dataloader(base_config(info, shuffle_window=5)), 60)
     assert len(reference) == 60
+    assert_same_batches(reference, take(build_dataloader(config), 60))
     check_resume(lambda: build_dataloader(config), total=60, points=[7, 33])
 
 
@@ -147,11 +151,68 @@ def test_restarted_workers_find_the_blocks_of_items_never_received(tmp_path, mon
     info = corpus(tmp_path, mean_length=6)
     loader = build_dataloader(base_config(info, num_workers=2, shuffle_window=3))
     in_flight = 2 * (loader.config.prefetch_factor + 1)
-    unreceived = []
+    unreceived, arenas = [], set()
     for _ in range(8):
         iteration = iter(loader)
         take(iteration, 5)
         iteration.close()  # the workers stop; the items they made ahead are never received
         arena = loader._journal
+        arenas.add(id(arena))
         unreceived.append(int(np.count_nonzero((arena.used.numpy() == 1) & ~arena._held)))
     assert 0 < max(unreceived) <= in_flight, unreceived
+    assert len(arenas) == 1  # one arena, reused (and reclaimed) by every iteration
+
+
+def _received_blob(arena, worker, nbytes, fill):
+    blob = arena.store(worker, _blob(nbytes, fill))
+    return pickle.loads(pickle.dumps(blob))
+
+
+def test_a_forked_worker_dropping_what_it_inherited_frees_nothing():
+    """A worker forked while the main process holds received blobs inherits them; where
+    its garbage collector frees them, the main process's blocks stay taken and intact."""
+    arena = JournalArena(1, 4 * BLOCK)
+    inherited = [_received_blob(arena, 0, BLOCK + 1, 9)]
+    pid = os.fork()
+    if pid == 0:  # the child: drop the inherited blob, as a worker's collector may
+        try:
+            inherited.clear()
+            gc.collect()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert arena.taken_blocks() == 2
+    assert np.array_equal(inherited[0].array, _blob(BLOCK + 1, 9))
+
+
+def test_a_received_blob_copied_carries_its_bytes_and_frees_nothing():
+    """Pickled again in the main process (a deep copy of an item), a received blob travels
+    as its bytes: two owners of the same blocks would free them twice."""
+    arena = JournalArena(1, 4 * BLOCK)
+    stored = arena.store(0, _blob(100, 5))
+    sent = pickle.dumps(stored)
+    received = pickle.loads(sent)
+    copied = pickle.loads(pickle.dumps(received))
+    assert isinstance(copied, np.ndarray) and np.array_equal(copied, _blob(100, 5))
+    del copied
+    assert arena.taken_blocks() == 1
+    with pytest.raises(RuntimeError, match="twice"):
+        pickle.loads(sent)  # the same place received again
+    del received
+    assert arena.taken_blocks() == 0
+
+
+def test_without_shared_memory_for_the_arena_the_spans_travel_in_the_items(
+    tmp_path, monkeypatch, caplog
+):
+    """The arena is a saving, not a need: where /dev/shm holds the ring but not the arena,
+    a warning says so once and the batches are the same."""
+    info = corpus(tmp_path, mean_length=6)
+    reference = take(build_dataloader(base_config(info)), 20)
+    monkeypatch.setattr(fmsdata.batchring, "shared_memory_free", lambda: 1 << 20)
+    loader = build_dataloader(base_config(info, num_workers=2))
+    with caplog.at_level(logging.WARNING, logger="fmsdata.loader"):
+        assert_same_batches(reference[:10], take(loader, 10))
+        assert_same_batches(reference[10:], take(loader, 10))  # a second iteration
+    warnings = [r for r in caplog.records if "journal arena needs" in r.getMessage()]
+    assert len(warnings) == 1 and loader._journal is None

@@ -8,6 +8,7 @@ from torch.utils.data import get_worker_info
 
 import fmsdata.batchring
 from fmsdata import build_dataloader
+from fmsdata.errors import ConfigError
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -180,3 +181,12 @@ def test_int32_outputs_are_the_int64_ones_cast(tmp_path, monkeypatch, num_worker
     for batch in got:
         assert batch["input_ids"].dtype == batch["labels"].dtype == torch.int32
     assert_same_batches(expected, got)
+
+
+def test_output_settings_with_a_preprocess_are_refused(tmp_path):
+    """A preprocess replaces the built-in outputs: output_dtype and ignore_first_labels
+    would be silently ignored."""
+    info = corpus(tmp_path)
+    for changes in ({"output_dtype": "int32"}, {"ignore_first_labels": 1}):
+        with pytest.raises(ConfigError, match="which a preprocess replaces"):
+            build_dataloader(base_config(info, **changes), preprocess=lambda line, n: {})

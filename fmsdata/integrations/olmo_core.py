@@ -193,9 +193,10 @@ class FmsDataOLMoLoader(DataLoaderBase):
         """A batch of this rank's shape with token 0, for the trainer's dry run."""
         config = self.loader.config
         shape = (config.batch_size, config.seq_length)
+        dtype = getattr(torch, config.output_dtype)
         return {
-            "input_ids": torch.zeros(shape, dtype=torch.long),
-            "labels": torch.zeros(shape, dtype=torch.long),
+            "input_ids": torch.zeros(shape, dtype=dtype),
+            "labels": torch.zeros(shape, dtype=dtype),
         }
 
     def global_num_tokens_in_batch(self, batch: dict[str, Any]) -> int | None:
