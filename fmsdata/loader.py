@@ -306,8 +306,7 @@ class FmsDataLoader(DataLoader):
                         yield as_tuple(batch) if tuples else batch
                         k += 1
                     if not restart:
-                        for item in items:
-                            self._consumed.finish_item(item)
+                        self._consumed.finish_items(items)
             finally:
                 try:
                     feed.close()
@@ -340,8 +339,7 @@ class FmsDataLoader(DataLoader):
         self, items: list[WorkerItem], batch: dict[str, torch.Tensor], k: int
     ) -> dict[str, torch.Tensor]:
         """Count batch ``k`` of the current items as consumed."""
-        for item in items:
-            self._consumed.consume_batch(item, k)
+        self._consumed.consume_batch(items, k)
         self._consumed.steps += 1
         if self.checkpointer is not None:
             self.checkpointer.after_step(self)

@@ -78,8 +78,8 @@ class ConsumedState:
         size = max(self.shard_ids) + 1 if self.shard_ids else 0
         self._advance = np.zeros(size, dtype=np.int64)
         self._replayed = np.zeros(size, dtype=np.int64)  # see workers_start
-        # Batches consumed but not counted in _advance yet: {id(item): [item, a, b]}.
-        self._runs: dict[int, list[Any]] = {}
+        # Batches consumed but not counted in _advance yet: [items, a, b].
+        self._run: list[Any] | None = None
         # Where each loaded shard state sat in what was loaded (its checks name it).
         self.paths = {sid: e.path for sid, e in (entries or {}).items() if e.path}
         for sid in self.shard_ids:
@@ -115,45 +115,51 @@ class ConsumedState:
         with within(".".join((*self.buffer_path, BUFFER_KEY))):
             return out, unpack_lines(node.pop(BUFFER_KEY))
 
-    def consume_batch(self, item: WorkerItem, batch: int) -> None:
-        """Count the lines of batch ``batch`` of ``item`` as consumed. Consecutive batches
-        of an item are counted together when the counts are next read (per item, not per
-        batch: the main process's cost per batch stays constant)."""
-        run = self._runs.get(id(item))
-        if run is not None and run[2] == batch:
+    def consume_batch(self, items: Sequence[WorkerItem], batch: int) -> None:
+        """Count the lines of batch ``batch`` of ``items`` (the current items, one per
+        worker, consumed together) as consumed. Consecutive batches are counted together
+        when the counts are next read (once for a run of batches, not per batch or per
+        worker: the main process's cost per batch stays constant)."""
+        run = self._run
+        if run is not None and run[0] is items and run[2] == batch:
             run[2] = batch + 1
             return
-        if run is not None:
-            self._count(run)
-        self._runs[id(item)] = [item, batch, batch + 1]
-
-    def _count(self, run: list[Any]) -> None:
-        """Add the lines of a run ``[item, first batch, end batch]`` not counted yet."""
-        item, a, b = run
-        lines = item.row_shards[item.offsets[a] : item.offsets[b]]
-        if len(lines):
-            self._advance += np.bincount(lines, minlength=len(self._advance))
-        run[1] = b
+        self._count_all()
+        self._run = [items, batch, batch + 1]
 
     def _count_all(self) -> None:
-        for run in self._runs.values():
-            self._count(run)
+        """Add the lines of the run ``[items, first batch, end batch]`` not counted yet."""
+        run = self._run
+        if run is None:
+            return
+        items, a, b = run
+        for item in items:
+            lines = item.row_shards[item.offsets[a] : item.offsets[b]]
+            if len(lines):
+                self._advance += np.bincount(lines, minlength=len(self._advance))
+        run[1] = b
 
     def workers_start(self) -> dict[int, int]:
         """Lines past each shard's state that workers starting now replay before their
         first line; the state they send with the shard's next item includes them."""
         self._count_all()
-        self._runs.clear()  # the items of the last workers: counted, never finished
+        self._run = None  # the items of the last workers: counted, never finished
         self._replayed = self._advance.copy()
         return self.advances()
 
+    def finish_items(self, items: Sequence[WorkerItem]) -> None:
+        """Count ``items`` (the current items, one per worker) as consumed, every batch
+        of them consumed or skipped (``finish_item``)."""
+        if self._run is not None and self._run[0] is items:
+            self._count_all()
+            self._run = None
+        for item in items:
+            self.finish_item(item)
+
     def finish_item(self, item: WorkerItem) -> None:
-        """Count ``item`` as consumed (every batch of it consumed or skipped); where it ends
-        a round (``fmsdata.transport.item_rounds``), move the shards the round advanced to
-        their state at its end. Lines skipped past the item's end stay counted."""
-        run = self._runs.pop(id(item), None)
-        if run is not None:
-            self._count(run)
+        """Where ``item`` (its batches counted) ends a round
+        (``fmsdata.transport.item_rounds``), move the shards the round advanced to their
+        state at its end. Lines skipped past the item's end stay counted."""
         lights = item.lights
         self._light.update(dict.fromkeys(lights.shards, lights))
         self._buffers.apply(item.ops, item.pushed, item.pushed_offsets)
