@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,23 @@ def shared_memory_free() -> int | None:
     except OSError:
         return None
     return stat.f_bavail * stat.f_frsize
+
+
+def move_to_shared_memory(
+    tensors: Sequence[torch.Tensor], too_big: Callable[[int, str], str]
+) -> None:
+    """Move ``tensors`` into shared memory, or raise a ``ConfigError`` whose message is
+    ``too_big(bytes needed, what was found)`` where the shared-memory filesystem has too
+    little room for them (asked first) or torch cannot allocate them."""
+    need = sum(t.nbytes for t in tensors)
+    free = shared_memory_free()
+    if free is not None and need > free:
+        raise ConfigError(too_big(need, f"{SHARED_MEMORY} has {free / 2**20:.0f} MiB free"))
+    try:
+        for tensor in tensors:
+            tensor.share_memory_()
+    except RuntimeError as err:  # torch: "unable to allocate shared memory(shm) ..."
+        raise ConfigError(too_big(need, str(err))) from err
 
 
 class BatchRing:
@@ -84,17 +101,7 @@ class BatchRing:
         self.data = torch.empty((slots, len(self.fields), batch_size, seq), dtype=dtype)
         self.free_for = torch.arange(slots, dtype=torch.int64)
         if shared:
-            need = self.data.nbytes
-            free = shared_memory_free()
-            if free is not None and need > free:
-                raise ConfigError(
-                    self._too_big(need, f"{SHARED_MEMORY} has {free / 2**20:.0f} MiB free")
-                )
-            try:
-                self.data.share_memory_()
-                self.free_for.share_memory_()
-            except RuntimeError as err:  # torch: "unable to allocate shared memory(shm) ..."
-                raise ConfigError(self._too_big(need, str(err))) from err
+            move_to_shared_memory([self.data, self.free_for], self._too_big)
         self.position = 0  # the next batch number the main process handles
         self.in_use = False  # an iteration of the loader hands out from it
         self._setup()

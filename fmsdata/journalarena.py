@@ -32,8 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fmsdata import batchring
-from fmsdata.errors import ConfigError
+from fmsdata.batchring import move_to_shared_memory
 
 __all__ = ["JournalArena", "ArenaBlob", "ARENA_BYTES"]
 
@@ -63,17 +62,8 @@ class JournalArena:
         self.key = uuid.uuid4().hex
         self.data = torch.zeros((workers, blocks * BLOCK), dtype=torch.uint8)
         self.used = torch.zeros((workers, blocks), dtype=torch.int8)
-        need = self.data.nbytes
-        free = batchring.shared_memory_free()
-        if free is not None and need > free:
-            raise ConfigError(
-                self._too_big(need, f"{batchring.SHARED_MEMORY} has {free / 2**20:.0f} MiB free")
-            )
-        try:
-            self.data.share_memory_()  # copies the zeros: every page is there from now on
-            self.used.share_memory_()
-        except RuntimeError as err:  # torch: "unable to allocate shared memory(shm) ..."
-            raise ConfigError(self._too_big(need, str(err))) from err
+        # Copies the zeros: every page is there from now on.
+        move_to_shared_memory([self.data, self.used], self._too_big)
         self.in_use = False  # workers of a running iteration write it
         # Main process only (its pid: a forked worker inherits this object, and the
         # received blobs, which it must neither free nor receive): blocks whose blob it

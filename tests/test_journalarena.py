@@ -209,7 +209,7 @@ def test_without_shared_memory_for_the_arena_the_spans_travel_in_the_items(
     a warning says so once and the batches are the same."""
     info = corpus(tmp_path, mean_length=6)
     reference = take(build_dataloader(base_config(info)), 20)
-    monkeypatch.setattr(fmsdata.batchring, "shared_memory_free", lambda: 1 << 20)
+    monkeypatch.setattr(fmsdata.batchring, "shared_memory_free", lambda: 2 << 20)
     loader = build_dataloader(base_config(info, num_workers=2))
     with caplog.at_level(logging.WARNING, logger="fmsdata.loader"):
         assert_same_batches(reference[:10], take(loader, 10))
