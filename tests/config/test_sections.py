@@ -177,3 +177,6 @@ def test_decoration_is_built_from_the_documents_section():
     )
     assert other.decoration == documents.decoration
     assert hash(other.decoration) == hash(documents.decoration)
+    from fmsdata.stages.documents import Decoration as from_stages
+
+    assert from_stages is Decoration
