@@ -238,9 +238,11 @@ def _section_items(name: str, value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
+        # The remote section's values may be credentials: name the type only.
+        shown = type(value).__name__ if cls is RemoteConfig else repr(value)
         raise ConfigError(
             f"config section {name!r} must be a mapping of its fields "
-            f"({', '.join(field_names_of(cls))}) or a {cls.__name__}, got {value!r}"
+            f"({', '.join(field_names_of(cls))}) or a {cls.__name__}, got {shown}"
         )
     misplaced = sorted(k for k in value if k in _SECTION_OF and _SECTION_OF[k] != name)
     if misplaced:

@@ -126,6 +126,9 @@ def test_storage_options_never_show_their_values():
     with pytest.raises(ConfigError) as caught:
         RemoteConfig(storage_options=["hunter2"])
     assert "hunter2" not in str(caught.value)
+    with pytest.raises(ConfigError, match="got list") as caught:
+        LoaderConfig.from_dict({"data_path": "/d", "remote": ["hunter2"]})
+    assert "hunter2" not in str(caught.value)
     config = LoaderConfig(data_path="/d", storage_options={"secret": "hunter2"})
     assert "hunter2" not in repr(config) and "hunter2" not in repr(config.remote)
 
