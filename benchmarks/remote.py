@@ -55,7 +55,7 @@ from fmsdata.handlers import ArrowDocHandler  # noqa: E402
 from fmsdata.indexing import index_root  # noqa: E402
 from fmsdata.remote.mirror import plan_mirror, run_mirror  # noqa: E402
 from fmsdata.remote.storage import Storage  # noqa: E402
-from fmsdata.remote.usage import CacheUsage  # noqa: E402
+from fmsdata.remote.usage import LOCK_SUFFIX, CacheUsage  # noqa: E402
 
 SEQ = 4096
 BATCH = 8
@@ -107,10 +107,12 @@ def download(endpoint: str, dest: str, jobs: int) -> float:
 
 def trim_cost(folder: str, files: int = 10_000, downloads: int = 500) -> dict[str, float]:
     """Seconds per download of cache bookkeeping with ``files`` cached (1 KB each, in 10
-    folders): a full rescan, and the running total's ``added`` + ``trim`` under the limit
-    and at it."""
+    folders, each with the lock file its download leaves, where uses are recorded): a full
+    rescan, and the running total's ``added`` + ``trim`` under the limit and at it."""
 
     def write(path: str) -> None:
+        with open(path + LOCK_SUFFIX, "a"):
+            pass
         with open(path, "wb") as out:
             out.write(b"x" * 1000)
 

@@ -9,6 +9,7 @@ meets in object storage.
 
 from __future__ import annotations
 
+import collections
 import http.client
 import http.server
 import os
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 import boto3
@@ -86,6 +88,14 @@ def upload_tree(client, bucket: str, local_root: str, prefix: str = "") -> list[
     return sorted(keys)
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """Says nothing when a client drops its connection (a DataLoader worker that ended)."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class FaultProxy:
     """An HTTP proxy on 127.0.0.1 that forwards to ``target`` and fails on a schedule.
 
@@ -97,6 +107,9 @@ class FaultProxy:
             a ranged object read: corruption only a checksum catches).
         every: Fail one request in this many (GET and HEAD only; others pass).
         delay: Seconds to wait before answering each GET (a slow link).
+
+    ``gets`` counts the GET requests by URL path (``/bucket/key``, query left out): how
+    often each object was read, as the server sees it.
     """
 
     def __init__(
@@ -108,6 +121,7 @@ class FaultProxy:
         self.every = every
         self.delay = delay
         self.requests = 0
+        self.gets: collections.Counter[str] = collections.Counter()
         self.injected: dict[str, int] = {}
         self.fail_all = False
         self._lock = threading.Lock()
@@ -122,7 +136,7 @@ class FaultProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                fault = proxy._next_fault(self.command)
+                fault = proxy._next_fault(self.command, self.path)
                 if proxy.delay and self.command == "GET":
                     time.sleep(proxy.delay)
                 if fault == "drop":
@@ -174,17 +188,19 @@ class FaultProxy:
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
-    def _next_fault(self, method: str) -> str | None:
+    def _next_fault(self, method: str, path: str) -> str | None:
         if method not in ("GET", "HEAD"):
             return None
         with self._lock:
             self.requests += 1
+            if method == "GET":
+                self.gets[urllib.parse.urlsplit(path).path] += 1
             if self.fail_all:
                 fault = "503"
             elif not self.faults or self.requests % self.every:

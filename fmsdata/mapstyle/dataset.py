@@ -157,7 +157,11 @@ class TokenWindowDataset(Dataset):
                 self.spec.file_type, cache_dir=self.cache_dir, separator=self.eos_token, **opts
             )
             source = file_source(
-                self.spec.root, self.storage, self.cache_dir, CACHE_LIMIT, handler.companions
+                self.spec.root,
+                self.storage,
+                os.path.join(self.cache_dir, "remote"),  # the loader's: one fetch for both
+                CACHE_LIMIT,
+                handler.companions,
             )
             flat = (
                 make_handler("npy", cache_dir=self.cache_dir, separator=self.eos_token, **opts)
@@ -326,7 +330,8 @@ def get_dataset(
     handler = make_handler(
         spec.file_type, cache_dir=cache_dir, separator=spec.eos_token, **spec.options
     )
-    source = file_source(spec.root, storage, cache_dir, CACHE_LIMIT, handler.companions)
+    remote = os.path.join(cache_dir, "remote")  # its trim must see only fetched files
+    source = file_source(spec.root, storage, remote, CACHE_LIMIT, handler.companions)
     try:
         files = list_stream_files(spec, handler, storage, source, cache_dir)
     finally:

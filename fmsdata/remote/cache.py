@@ -4,13 +4,20 @@ Handlers memory-map local files. A local root is read in place (``LocalFiles``);
 other root (``RemoteFiles``) is pulled file by file into a cache folder shared by every
 worker and rank on the machine:
 
-- a file is downloaded once (a lock file serializes processes wanting the same one) to
-  a partial name and renamed when complete, so a crash never leaves a file that looks
-  complete (``transfer.fetch``);
+- a file is downloaded once per cache folder (a lock file beside it serializes the
+  processes and threads wanting it; whoever comes second finds it there) to a partial
+  name and renamed when complete, so a crash never leaves a file that looks complete
+  (``transfer.fetch``);
+- a cached file is never written, replaced or touched after that rename: other
+  processes map it, and a change of its mtime or size reads to them as the shard
+  rewritten under them (``handlers.mapping``);
 - a file in use is pinned with a shared ``flock`` on an open descriptor; eviction takes
-  an exclusive lock without waiting, so it never removes a file some reader holds;
-- beyond ``limit_bytes`` the least recently used unpinned files go (use touches mtime);
-  each process keeps a running total of the cache instead of walking it per download
+  an exclusive lock without waiting, so it never removes a file some reader holds (a
+  removed file stays readable through mappings made before; a later pin fetches a new
+  copy, a new inode);
+- beyond ``limit_bytes`` the least recently used unpinned files go, a use (pin and last
+  release) being recorded on the lock file's mtime (``usage.mark_used``); each process
+  keeps a running total of the cache instead of walking it per download
   (``usage.CacheUsage``, which states how far several processes may overshoot);
 - ``prefetch`` downloads the next file of a stream on a background thread, so the
   stream finds it local when it gets there.
@@ -31,7 +38,7 @@ from typing import Protocol
 from fmsdata.remote.retry import retrying
 from fmsdata.remote.storage import Storage, is_local
 from fmsdata.remote.transfer import fetch, object_info
-from fmsdata.remote.usage import LOCK_SUFFIX, CacheUsage
+from fmsdata.remote.usage import LOCK_SUFFIX, CacheUsage, mark_used
 
 __all__ = ["FileSource", "LocalFiles", "RemoteFiles", "file_source"]
 
@@ -190,7 +197,7 @@ class RemoteFiles:
             if same:
                 break
             os.close(fd)  # evicted while we waited for the lock
-        os.utime(target)
+        mark_used(target)
         with self._lock:
             held = self._pins.get(relative)
             if held is not None:
@@ -212,6 +219,7 @@ class RemoteFiles:
                     self._pins[name] = (fd, count - 1)
                     continue
                 del self._pins[name]
+            mark_used(self._target(name))  # used until now: eviction order counts from here
             os.close(fd)  # drops the shared lock
 
     def over_limit(self) -> bool:

@@ -28,6 +28,7 @@ __all__ = [
     "md5_of_etag",
     "etag_matches",
     "PARTIAL_SUFFIX",
+    "partial_target",
 ]
 
 PARTIAL_SUFFIX = ".fmsdata-partial"
@@ -98,6 +99,11 @@ def etag_matches(path: str, etag: str | None, chunk_bytes: int = CHUNK_BYTES) ->
 def partial_path(target: str, info: ObjectInfo) -> str:
     tag = hashlib.blake2b(f"{info.size}\0{info.etag}".encode(), digest_size=6).hexdigest()
     return f"{target}.{tag}{PARTIAL_SUFFIX}"
+
+
+def partial_target(partial: str) -> str:
+    """The target a partial file (``partial_path``) is downloaded for."""
+    return partial.removesuffix(PARTIAL_SUFFIX).rsplit(".", 1)[0]
 
 
 def fetch(

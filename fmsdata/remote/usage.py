@@ -1,18 +1,25 @@
 """What a shared cache folder holds, kept as a running total so trimming costs O(log n).
 
+A cached file is never modified after its download renames it into place: readers in
+other processes memory-map it and take a new modification time on the same inode for a
+rewrite under them (``handlers.mapping``). A use is recorded on the file's lock file
+instead (``LOCK_SUFFIX``, beside it, created by the download): ``mark_used`` sets the lock
+file's mtime, and a file's last use (``use_stamp``) is the later of that and the file's own
+mtime (its download), which every process sharing the folder reads alike.
+
 Every process that downloads into the cache (DataLoader workers, ranks on the node) keeps
-its own ``CacheUsage``: the complete files it knows of with their size and mtime, their
-byte total, and a heap of them by mtime (least recently used first). A download adds one
-entry; trimming pops the oldest entries, ``stat``s each one it pops (one call per
-candidate, not per cached file) and removes it unless a reader holds it. Nothing walks
-the folder on that path.
+its own ``CacheUsage``: the complete files it knows of with their size and last use, their
+byte total, and a heap of them by last use (least recently used first). A download adds
+one entry; trimming pops the oldest entries, ``stat``s each one it pops (two calls per
+candidate, the file and its lock, not per cached file) and removes it unless a reader
+holds it. Nothing walks the folder on that path.
 
 The other processes' downloads and removals are learnt by a full rescan (walk and
 ``stat`` every file), done on the first trim, and again once this process has downloaded
 ``rescan_bytes`` since its last rescan or ``rescan_seconds`` have passed. Removals by
 others need no rescan to stay correct: a popped entry whose file is gone just leaves the
-total; a popped entry that another process touched since goes back into the heap with its
-new mtime, so the heap still yields the true least recently used file it knows of.
+total; a popped entry that another process used since goes back into the heap with its
+new last use, so the heap still yields the true least recently used file it knows of.
 
 Bound: the latest rescan of any process (starting at t0) trims the cache to
 ``limit_bytes`` (unless files in use hold more); after t0 the cache grows only by downloads,
@@ -26,6 +33,7 @@ the limit (files in use aside).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import heapq
 import logging
@@ -34,9 +42,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from fmsdata.remote.transfer import PARTIAL_SUFFIX
+from fmsdata.remote.transfer import PARTIAL_SUFFIX, partial_target
 
-__all__ = ["CacheUsage", "LOCK_SUFFIX", "remove_unless_held"]
+__all__ = ["CacheUsage", "LOCK_SUFFIX", "mark_used", "remove_unless_held", "use_stamp"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +79,8 @@ class CacheUsage:
         self.clock = clock
         self.total = 0
         self.rescans = 0
-        self._files: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns)
-        self._heap: list[tuple[int, str]] = []  # (mtime_ns, path); stale entries skipped
+        self._files: dict[str, tuple[int, int]] = {}  # path -> (size, last use in ns)
+        self._heap: list[tuple[int, str]] = []  # (last use, path); stale entries skipped
         self._unscanned = 0  # bytes this process added since its last rescan
         self._scanned_at: float | None = None
         self._lock = threading.Lock()
@@ -84,13 +92,12 @@ class CacheUsage:
 
     def added(self, path: str) -> None:
         """``path`` was just downloaded into the cache by this process."""
-        try:
-            stat = os.stat(path)
-        except FileNotFoundError:  # another process evicted it already
+        stamp = use_stamp(path)
+        if stamp is None:  # another process evicted it already
             return
         with self._lock:
-            self._record(path, stat.st_size, stat.st_mtime_ns)
-            self._unscanned += stat.st_size
+            self._record(path, *stamp)
+            self._unscanned += stamp[0]
 
     def trim(self, keep: str) -> None:
         """Remove least recently used files until the total is within the limit, but not
@@ -124,34 +131,36 @@ class CacheUsage:
                 if name.endswith(LOCK_SUFFIX):
                     continue
                 path = os.path.join(folder, name)
-                try:
-                    stat = os.stat(path)
-                except FileNotFoundError:
-                    continue
                 if name.endswith(PARTIAL_SUFFIX):
-                    if now - stat.st_mtime > STALE_PARTIAL_S:
-                        remove_unless_held(path)
+                    try:
+                        stale = now - os.stat(path).st_mtime > STALE_PARTIAL_S
+                    except FileNotFoundError:
+                        continue
+                    if stale:
+                        _remove_abandoned(path)
                     continue
-                files[path] = (stat.st_size, stat.st_mtime_ns)
+                stamp = use_stamp(path)
+                if stamp is not None:
+                    files[path] = stamp
         self._files = files
-        self._heap = [(mtime, path) for path, (_, mtime) in files.items()]
+        self._heap = [(used, path) for path, (_, used) in files.items()]
         heapq.heapify(self._heap)
         self.total = sum(size for size, _ in files.values())
         self._unscanned = 0
         self._scanned_at = started
         self.rescans += 1
 
-    def _record(self, path: str, size: int, mtime_ns: int) -> None:
+    def _record(self, path: str, size: int, used_ns: int) -> None:
         previous = self._files.get(path)
         if previous is not None:
             self.total -= previous[0]
-        self._files[path] = (size, mtime_ns)
+        self._files[path] = (size, used_ns)
         self.total += size
-        if previous is not None and previous[1] == mtime_ns:
+        if previous is not None and previous[1] == used_ns:
             return  # its heap entry stands
-        heapq.heappush(self._heap, (mtime_ns, path))
+        heapq.heappush(self._heap, (used_ns, path))
         if len(self._heap) > 2 * len(self._files) + 64:  # drop stale entries
-            self._heap = [(mtime, p) for p, (_, mtime) in self._files.items()]
+            self._heap = [(used, p) for p, (_, used) in self._files.items()]
             heapq.heapify(self._heap)
 
     def _forget(self, path: str) -> None:
@@ -162,17 +171,16 @@ class CacheUsage:
         held: list[tuple[int, str]] = []
         while self.total > self.limit_bytes and self._heap:
             entry = heapq.heappop(self._heap)
-            mtime_ns, path = entry
+            used_ns, path = entry
             known = self._files.get(path)
-            if known is None or known[1] != mtime_ns:
+            if known is None or known[1] != used_ns:
                 continue  # superseded by a later entry of the same path
-            try:
-                stat = os.stat(path)
-            except FileNotFoundError:  # another process removed it
+            stamp = use_stamp(path)
+            if stamp is None:  # another process removed it
                 self._forget(path)
                 continue
-            if (stat.st_size, stat.st_mtime_ns) != known:  # used or replaced since
-                self._record(path, stat.st_size, stat.st_mtime_ns)
+            if stamp != known:  # used or replaced since
+                self._record(path, *stamp)
                 continue
             if path == keep or not remove_unless_held(path):
                 held.append(entry)
@@ -187,6 +195,60 @@ class CacheUsage:
                 self.total,
                 self.limit_bytes,
             )
+
+
+def use_stamp(path: str) -> tuple[int, int] | None:
+    """Size and last use (ns) of the cached file ``path``, None when it is gone.
+
+    The last use is the later of the lock file's mtime (``mark_used``) and the file's own
+    (its download: a file fetched again after an eviction may be newer than its lock)."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    try:
+        used = os.stat(path + LOCK_SUFFIX).st_mtime_ns
+    except FileNotFoundError:  # a cache written before uses were kept there
+        used = 0
+    return stat.st_size, max(stat.st_mtime_ns, used)
+
+
+def mark_used(path: str) -> None:
+    """Record a use of the cached file ``path`` for eviction order, on its lock file.
+
+    The file itself is never touched: a new mtime on the inode another process has mapped
+    reads to that process as the file rewritten under it. A use that cannot be recorded
+    (a cache folder another user owns) only leaves the file older in the eviction order.
+    """
+    lock = path + LOCK_SUFFIX
+    try:
+        try:
+            os.utime(lock)
+        except FileNotFoundError:
+            with open(lock, "a"):
+                pass
+    except OSError as err:
+        logger.debug("could not record a use of %s: %s", path, err)
+
+
+def _remove_abandoned(partial: str) -> None:
+    """Remove a stale partial download unless its download still runs (holds the lock
+    file): a download stalled in retries must not lose the file it writes to."""
+    try:
+        fd = os.open(partial_target(partial) + LOCK_SUFFIX, os.O_RDONLY)
+    except FileNotFoundError:  # no lock: nothing downloads it
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)
+    finally:
+        os.close(fd)
 
 
 def remove_unless_held(path: str) -> bool:

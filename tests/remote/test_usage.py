@@ -1,6 +1,8 @@
 """The cache's running total (``fmsdata.remote.usage``): it agrees with the folder itself,
-a download no longer walks the cache, and the limit holds when other processes fill it."""
+a download no longer walks the cache, and the limit holds when other processes fill it.
+Processes sharing the folder fetch each file once and never change a file another maps."""
 
+import collections
 import fcntl
 import multiprocessing
 import os
@@ -10,28 +12,46 @@ import fsspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fmsdata.handlers.mapping import MappedFile
 from fmsdata.remote import usage as usage_module
 from fmsdata.remote.cache import RemoteFiles
 from fmsdata.remote.retry import RetryPolicy
 from fmsdata.remote.storage import Storage
-from fmsdata.remote.transfer import PARTIAL_SUFFIX
-from fmsdata.remote.usage import LOCK_SUFFIX, remove_unless_held
+from fmsdata.remote.transfer import PARTIAL_SUFFIX, ObjectInfo, partial_path
+from fmsdata.remote.usage import (
+    LOCK_SUFFIX,
+    CacheUsage,
+    mark_used,
+    remove_unless_held,
+    use_stamp,
+)
 
 FAST = Storage(retry=RetryPolicy(tries=4, backoff=0.0))
 
 
-def on_disk(folder, mtimes=None):
+def on_disk(folder, uses=None):
     """path -> (size, inode) of every complete file under ``folder``, walked here (and
-    their mtimes into ``mtimes``)."""
+    their last uses into ``uses``: the later mtime of the file and of its lock file)."""
     found = {}
     for parent, _, names in os.walk(folder):
         for name in names:
             if not name.endswith((LOCK_SUFFIX, PARTIAL_SUFFIX)):
-                stat = os.stat(os.path.join(parent, name))
-                found[os.path.join(parent, name)] = (stat.st_size, stat.st_ino)
-                if mtimes is not None:
-                    mtimes[os.path.join(parent, name)] = stat.st_mtime_ns
+                path = os.path.join(parent, name)
+                stat = os.stat(path)
+                found[path] = (stat.st_size, stat.st_ino)
+                if uses is not None:
+                    lock = path + LOCK_SUFFIX
+                    locked = os.stat(lock).st_mtime_ns if os.path.exists(lock) else 0
+                    uses[path] = max(stat.st_mtime_ns, locked)
     return found
+
+
+def used_at(path, seconds):
+    """Make ``path``'s last use ``seconds`` (its mtime and its lock file's)."""
+    with open(path + LOCK_SUFFIX, "a"):
+        pass
+    os.utime(path, (seconds, seconds))
+    os.utime(path + LOCK_SUFFIX, (seconds, seconds))
 
 
 def total(found):
@@ -133,8 +153,10 @@ def test_the_running_total_agrees_with_a_rescan_of_the_folder(sizes, limit, ops)
                     write_as_another_process(os.path.join(cache, "x", f"o{extra}.bin"), arg)
                 elif op in ("other remove", "other touch") and before:
                     path = sorted(before)[arg % len(before)]
-                    if op == "other touch":
-                        os.utime(path, ns=(0, os.stat(path).st_mtime_ns + 10**9))
+                    if op == "other touch":  # a use, recorded as another process does
+                        with open(path + LOCK_SUFFIX, "a"):
+                            pass
+                        os.utime(path + LOCK_SUFFIX, ns=(0, used[path] + 10**9))
                     else:
                         with open(path, "rb") as probe:  # as another process's trim
                             try:
@@ -223,7 +245,7 @@ def test_the_limit_holds_when_another_process_fills_the_cache(tmp_path):
         source.usage.clock = clock
         source.local("data/f0.bin")  # the first trim scans: the cache is empty
         source.release("data/f0.bin")
-        os.utime(source._target("data/f0.bin"), (1000, 1000))
+        used_at(source._target("data/f0.bin"), 1000)
         folder = os.path.join(cache, "other-root")
         others = [os.path.join(folder, f"o{i}.bin") for i in range(8)]
         for i, path in enumerate(others):  # 8000 bytes, used at times 1001..1008
@@ -303,9 +325,9 @@ def test_eviction_follows_what_other_processes_did_since_the_rescan(tmp_path):
         source.local(f"data/f{i}.bin")
         source.release(f"data/f{i}.bin")
         paths.append(source._target(f"data/f{i}.bin"))
-        os.utime(paths[-1], (1000 + i, 1000 + i))  # used in the order f0, f1, f2, f3
+        used_at(paths[-1], 1000 + i)  # used in the order f0, f1, f2, f3
     source.usage.rescan()
-    os.utime(paths[0])  # another process reads f0 again
+    mark_used(paths[0])  # another process reads f0 again
     source.local("data/f4.bin")
     source.release("data/f4.bin")
     assert sorted(os.path.basename(p) for p in on_disk(cache)) == [
@@ -360,3 +382,111 @@ def test_a_file_replaced_while_evicting_it_stays(tmp_path, monkeypatch):
     monkeypatch.setattr(usage_module, "fcntl", Racing)
     assert not remove_unless_held(path)
     assert os.path.getsize(path) == 20
+
+
+def test_a_use_never_changes_a_cached_file_another_process_maps(tmp_path):
+    """Issue 44: a pin (and its release) by one process recorded the use on the file's own
+    mtime, and a reader in another process mapping the same inode read that as the shard
+    rewritten under it. Uses go to the lock file now; the file keeps its stamp."""
+    root = remote_root("mapped", [1000] * 2)
+    cache = str(tmp_path)
+    mine = RemoteFiles(root, FAST, cache, 1 << 20)
+    other = RemoteFiles(root, FAST, cache, 1 << 20)
+    path = mine.local("data/f0.bin")
+    os.utime(path, (1000, 1000))  # fetched long ago: a warm cache
+    stamp = os.stat(path)
+    mapped = MappedFile(path)
+    for _ in range(3):
+        other.local("data/f0.bin")
+        other.local("data/f1.bin")  # a download, and the trim after it
+        other.release("data/f0.bin")
+        other.release("data/f1.bin")
+    mine.local("data/f0.bin")
+    mine.release("data/f0.bin")
+    mapped.check_unchanged()
+    now = os.stat(path)
+    assert (now.st_ino, now.st_size, now.st_mtime_ns) == (
+        stamp.st_ino,
+        stamp.st_size,
+        stamp.st_mtime_ns,
+    )
+    assert use_stamp(path)[1] > 1000 * 10**9  # the uses were recorded, on the lock file
+    mapped.close()
+    mine.close()
+    other.close()
+    fsspec.filesystem("memory").rm(root, recursive=True)
+
+
+class CountingFiles(RemoteFiles):
+    """A cache that appends each file it downloads to ``log`` (shared by processes)."""
+
+    log = ""
+
+    def _download(self, relative, target):
+        super()._download(relative, target)
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, (relative + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def _fetch_all(root, cache, log, worker, files, start, results):
+    """One process of several reading every file of a root in its own order, with every
+    file hinted to its prefetch threads first."""
+    CountingFiles.log = log
+    source = CountingFiles(root, FAST, cache, 1 << 30)
+    order = [(i * (2 * worker + 1)) % files for i in range(files)]
+    start.wait()
+    for i in order:
+        source.prefetch(f"data/f{i}.bin")
+    good = True
+    for i in order:
+        with open(source.local(f"data/f{i}.bin"), "rb") as handle:
+            good &= handle.read() == bytes([i]) * 300
+        source.release(f"data/f{i}.bin")
+    source.close()
+    results.put(good)
+
+
+def test_each_file_is_fetched_once_per_cache_folder(tmp_path):
+    """Four processes, each with its prefetch threads, read the same 16 files at once into
+    one cache folder (room for all): every file is downloaded exactly once."""
+    files = 16
+    root = remote_root("once", [300] * files)
+    log = str(tmp_path / "downloads.log")
+    cache = str(tmp_path / "cache")
+    context = multiprocessing.get_context("fork")
+    results, start = context.Queue(), context.Barrier(4)
+    readers = [
+        context.Process(target=_fetch_all, args=(root, cache, log, w, files, start, results))
+        for w in range(4)
+    ]
+    for process in readers:
+        process.start()
+    outcomes = [results.get(timeout=120) for _ in readers]
+    for process in readers:
+        process.join(timeout=60)
+    fsspec.filesystem("memory").rm(root, recursive=True)
+    assert outcomes == [True] * 4
+    with open(log) as lines:
+        downloads = collections.Counter(line.strip() for line in lines)
+    assert downloads == {f"data/f{i}.bin": 1 for i in range(files)}
+
+
+def test_a_stale_partial_stays_while_its_download_runs(tmp_path):
+    """A partial left an hour is removed by a rescan, but not while a download holds the
+    file's lock (one stalled in retries, which goes on writing to it)."""
+    target = str(tmp_path / "root" / "f.bin")
+    partial = partial_path(target, ObjectInfo(100))
+    os.makedirs(os.path.dirname(target))
+    with open(partial, "wb") as out:
+        out.write(b"x" * 40)
+    os.utime(partial, (1000, 1000))
+    usage = CacheUsage(str(tmp_path), 1 << 20, 1 << 20)
+    with open(target + LOCK_SUFFIX, "a") as download:
+        fcntl.flock(download, fcntl.LOCK_EX)
+        usage.rescan()
+        assert os.path.exists(partial)
+    usage.rescan()
+    assert not os.path.exists(partial)
