@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,6 @@ from fmsdata.handlers import ArrowDocHandler
 from fmsdata.loaderstate import stage_state
 from fmsdata.report import stage_types
 from fmsdata.stages.savedlines import unpack_lines
-from fmsdata.stages.shuffle import PUSH
 from fmsdata.statefile import load_state, save_state, state_from_bytes, state_to_bytes
 from fmsdata.synthetic import CorpusInfo, write_corpus
 
@@ -398,15 +397,3 @@ def run_torchrun(script: str, ranks: int, args: Sequence[str], cwd: str, timeout
     return done.stdout
 
 
-def apply_journal(buffer: list[Any], ops: Iterable[int], pushed: Iterator[np.ndarray]) -> None:
-    """The one-line-at-a-time model of ``ShuffleBuffer``'s journal: replay its recorded
-    changes onto a copy of its buffer (whose lines may be anything: the replay only moves
-    them). ``fmsdata.bufferreplica`` is checked against it."""
-    append, pop = buffer.append, buffer.pop
-    for op in ops:
-        if op == PUSH:
-            append(next(pushed))
-        else:  # take the slot's line, the last line fills the slot
-            last = pop()
-            if op < len(buffer):
-                buffer[op] = last

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.compiled import compiled
 from fmsdata.errors import StateMismatchError
 from fmsdata.stages.base import (
     BASE,
@@ -40,15 +39,12 @@ from fmsdata.stages.base import (
     restore_spans,
 )
 from fmsdata.stages.docfacts import document_facts
-from fmsdata.stages.lineblock import LineBlock, as_block, chained_offsets
 from fmsdata.statecheck import fail, need_keys
 
 __all__ = [
     "SavedLines",
     "DocumentLengths",
     "pack_lines",
-    "journal_spans",
-    "join_journal",
     "unpack_lines",
     "resolve",
     "COLUMNS",
@@ -120,8 +116,7 @@ def pack_lines(
         lines: Each a span array, or an int: that line of ``saved`` (a buffer read back and
             not yet measured, whose lengths and token counts are carried over). A span
             array has the runtime columns (a span whose ``dlen`` is ``start + length`` runs
-            to the end) or the saved ones as the journal carries them (``journal_spans``:
-            a negative length runs to the end).
+            to the end) or the saved ones (a length of 0 runs to the end).
         saved: The lines the ints refer to.
         to_end: Leave out the lengths of spans known to run to the end of their document.
             Off for a buffer that could not find them again.
@@ -148,15 +143,14 @@ def pack_lines(
     # Column by column from here (one transposing copy: the rest reads memory in order).
     columns = list(np.ascontiguousarray(spans[:, : DLEN + 1].T))
     start, length, ds = columns[START], columns[LENGTH], columns[DS]
-    # A span to the end: read back as such (length 0), marked so by the journal (negative)
-    # or known to end where its document does (an unknown dlen, -1, never equals
-    # start + length).
-    known_end = length <= 0
+    # A span to the end: read back as such (length 0) or known to end where its document
+    # does (an unknown dlen, -1, never equals start + length).
+    known_end = length == 0
     if to_end and len(columns) > DLEN:
         known_end |= start + length == columns[DLEN]
     width = max([int(ds.max()) + 1 if len(spans) else 0, *(len(c) for c in carried)])
     line = np.repeat(np.arange(n_lines), counts)
-    tokens = np.bincount(line * width + ds, weights=np.abs(length), minlength=n_lines * width)
+    tokens = np.bincount(line * width + ds, weights=length, minlength=n_lines * width)
     tokens = tokens.astype(np.int64).reshape(n_lines, width)
     for row, counted in zip(restored, carried):
         tokens[row] = 0
@@ -167,55 +161,6 @@ def pack_lines(
         packed[key] = _narrow(values)
     packed["tokens"] = np.asfortranarray(_narrow(tokens))
     return packed
-
-
-def journal_spans(
-    lines: Sequence[np.ndarray] | LineBlock, marked: Sequence[bool] | np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Lines pushed into journaled buffers as a worker item carries them to the main
-    process, which keeps their saved columns only: ``(spans, offsets)``, the lines
-    concatenated (int32 where they fit, a third of the runtime bytes) and their bounds.
-    In a line that is ``marked`` (its buffer can find document lengths again), a span known
-    by its ``dlen`` to run to the end of its document has its length negated, so the main
-    process saves it without it (``pack_lines``). One compiled pass; the lines themselves,
-    still held by the buffers, are not changed."""
-    block = as_block(lines)
-    if not len(block):
-        return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int32), block.offsets.copy()
-    out = np.empty((len(block.spans), SAVED_SPAN_WIDTH), dtype=np.int64)
-    marks = np.asarray(marked, dtype=np.bool_)
-    low, high = _saved_columns(block.spans, block.offsets, marks, out)
-    wide = low < -_INT32_MAX or high > _INT32_MAX
-    return (out if wide else out.astype(np.int32)), block.offsets
-
-
-def join_journal(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Pushed lines in the journal's form (``journal_spans``: ``(spans, offsets)`` each)
-    one after another, in the same form."""
-    if len(parts) == 1:
-        return parts[0]
-    if not parts:
-        return journal_spans(LineBlock.empty(), [])
-    offsets = chained_offsets([o for _, o in parts])
-    return np.concatenate([spans for spans, _ in parts]), offsets
-
-
-@compiled
-def _saved_columns(spans, offsets, marked, out):  # type: ignore[no-untyped-def]
-    """The saved columns of ``spans`` into ``out``, the length negated where the span's
-    line (bounds ``offsets``) is ``marked`` and the span ends its document. Returns the
-    smallest and largest value written."""
-    low = high = np.int64(0)
-    for line in range(len(marked)):
-        for i in range(offsets[line], offsets[line + 1]):
-            for c in range(out.shape[1]):
-                out[i, c] = spans[i, c]
-            if marked[line] and spans[i, START] + spans[i, LENGTH] == spans[i, DLEN]:
-                out[i, LENGTH] = -spans[i, LENGTH]
-            for c in range(out.shape[1]):
-                low = min(low, out[i, c])
-                high = max(high, out[i, c])
-    return low, high
 
 
 def _int_array(value: Any, path: str, ndim: int) -> np.ndarray:
