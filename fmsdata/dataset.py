@@ -178,7 +178,7 @@ class RankLineDataset(IterableDataset):
         self.drain_datasets: tuple[str, ...] = ()
         self.data_fingerprint: dict[str, str] | None = None
         self._catalog: Catalog | None = None
-        self._layout: list[dict[str, Any]] | None = None
+        self._layout: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -201,10 +201,10 @@ class RankLineDataset(IterableDataset):
             self._layout = None
             self.data_fingerprint = self.catalog().fingerprint()
 
-    def layout(self) -> list[dict[str, Any]]:
+    def layout(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The chain every shard runs, as state fingerprints record it (stages with their
-        paths, roles and settings, then the line writer's). Built once, in this process,
-        without reading any document."""
+        paths, roles and settings), and the line writer's settings. Built once, in this
+        process, without reading any document."""
         if self._layout is None:
             context = self.shard_context(1)
             try:
@@ -214,9 +214,7 @@ class RankLineDataset(IterableDataset):
                     context.accesses,
                     self.stages,
                 )
-                stages = pipeline.layout()
-                stages.append(self._writer(context).fingerprint())
-                self._layout = stages
+                self._layout = (pipeline.layout(), self._writer(context).settings())
             finally:
                 context.close()
         return self._layout

@@ -68,8 +68,6 @@ _PIN_AHEAD = 2
 _RUNNING: dict[int, Any] = {}
 
 
-
-
 class _Feed:
     """The workers' items and their batches, assembled when asked for, in order; the
     ring's bookkeeping (``fmsdata.batchring``) is done here, on the thread that assembles."""
@@ -436,7 +434,8 @@ class FmsDataLoader(DataLoader):
             for name, digest in dataset.catalog().fingerprint().items()
             if name in names
         }
-        return stream_fingerprint(self.config, dataset.handler, names, data, dataset.layout())
+        stages, writer = dataset.layout()
+        return stream_fingerprint(self.config, dataset.handler, names, data, stages, writer)
 
     @property
     def steps(self) -> int:

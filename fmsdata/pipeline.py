@@ -26,13 +26,14 @@ from fmsdata.errors import ConfigError
 from fmsdata.permute import derive_key
 from fmsdata.schedule import WeightSchedule
 from fmsdata.spancheck import check_saved_spans
-from fmsdata.stages.base import SpanStage, Stage, TokenStage, held_spans, layout, walk
+from fmsdata.stages.base import SpanStage, Stage, TokenStage, layout, walk
 from fmsdata.stages.documents import Decoration, DocumentStream, stream_class
 from fmsdata.stages.fim import FillInMiddle
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.outputs import TokenLine
 from fmsdata.stages.packing import LinePacker
+from fmsdata.stages.savedchain import held_spans, saved_stages
 from fmsdata.stages.savedlines import DocumentLengths
 from fmsdata.stages.shuffle import ShuffleBuffer
 from fmsdata.stages.source import DocumentSource
@@ -324,7 +325,7 @@ class ShardPipeline:
                     with within(".".join(["stages", *path])):
                         restored()
             check_saved_spans(
-                held_spans(self.top, state["stages"]),
+                held_spans(saved_stages(self.layout(), state["stages"])),
                 "",
                 [access.name for access in accesses],
                 {access.name: access for access in accesses},

@@ -10,7 +10,7 @@ from support import assert_same_batches, base_config, corpus, roundtrip, take
 
 from fmsdata import build_dataloader
 from fmsdata.errors import StateMismatchError
-from fmsdata.loaderstate import stage_state
+from fmsdata.stages.savedchain import stage_state
 from fmsdata.statefile import load_state, save_state, state_to_bytes
 from fmsdata.synthetic import write_corpus
 

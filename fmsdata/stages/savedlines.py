@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from fmsdata.compiled import compiled
 from fmsdata.errors import StateMismatchError
 from fmsdata.stages.base import (
     BASE,
@@ -39,12 +40,14 @@ from fmsdata.stages.base import (
     restore_spans,
 )
 from fmsdata.stages.docfacts import document_facts
+from fmsdata.stages.linestore import RESTORED
 from fmsdata.statecheck import fail, need_keys
 
 __all__ = [
     "SavedLines",
     "DocumentLengths",
     "pack_lines",
+    "pack_rows",
     "unpack_lines",
     "resolve",
     "COLUMNS",
@@ -121,46 +124,88 @@ def pack_lines(
         to_end: Leave out the lengths of spans known to run to the end of their document.
             Off for a buffer that could not find them again.
     """
-    parts: list[np.ndarray] = []
-    restored: list[int] = []  # lines carried over from ``saved``
-    carried: list[np.ndarray] = []  # their token counts
+    arrays = [line for line in lines if isinstance(line, np.ndarray)]
+    rows = np.full((sum(map(len, arrays)), SPAN_WIDTH), -1, dtype=np.int64)
+    start = np.empty(len(lines), dtype=np.int64)
+    count = np.empty(len(lines), dtype=np.int64)
+    at = 0
+    for k, line in enumerate(lines):
+        if isinstance(line, np.ndarray):
+            rows[at : at + len(line), : line.shape[1]] = line[:, :SPAN_WIDTH]
+            start[k], count[k] = at, len(line)
+            at += len(line)
+        else:
+            start[k], count[k] = int(line), RESTORED
+    return pack_rows(rows, start, count, len(lines), saved, to_end)
+
+
+def pack_rows(
+    rows: np.ndarray,
+    start: np.ndarray,
+    count: np.ndarray,
+    n_lines: int,
+    saved: SavedLines | None = None,
+    to_end: bool = True,
+) -> dict[str, np.ndarray]:
+    """``pack_lines`` of lines held as runs of span rows: line ``k`` is
+    ``rows[start[k]:start[k] + count[k]]`` (runtime columns), or, where ``count[k]`` is -1,
+    line ``start[k]`` of ``saved``. How a shuffle buffer saves its store
+    (``fmsdata.stages.linestore``): one compiled pass, no array per line. A worker saves
+    every shard it visits once a round, so this runs for every buffered span a round."""
     if saved is None:
-        parts = list(lines)  # type: ignore[arg-type]
-    else:
-        for line in lines:
-            if not isinstance(line, np.ndarray):
-                restored.append(len(parts))
-                carried.append(saved.tokens[line])
-                line = saved.line(line)
-            parts.append(line)
-    if len({part.shape[1] for part in parts}) > 1:
-        parts = [part[:, :SAVED_SPAN_WIDTH] for part in parts]
-    n_lines = len(parts)
-    counts = np.fromiter(map(len, parts), dtype=np.int64, count=n_lines)
-    offsets = np.zeros(n_lines + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    spans = np.concatenate(parts) if n_lines else np.zeros((0, SPAN_WIDTH), dtype=np.int64)
-    # Column by column from here (one transposing copy: the rest reads memory in order).
-    columns = list(np.ascontiguousarray(spans[:, : DLEN + 1].T))
-    start, length, ds = columns[START], columns[LENGTH], columns[DS]
-    # A span to the end: read back as such (length 0) or known to end where its document
-    # does (an unknown dlen, -1, never equals start + length).
-    known_end = length == 0
-    if to_end and len(columns) > DLEN:
-        known_end |= start + length == columns[DLEN]
-    width = max([int(ds.max()) + 1 if len(spans) else 0, *(len(c) for c in carried)])
-    line = np.repeat(np.arange(n_lines), counts)
-    tokens = np.bincount(line * width + ds, weights=length, minlength=n_lines * width)
-    tokens = tokens.astype(np.int64).reshape(n_lines, width)
-    for row, counted in zip(restored, carried):
-        tokens[row] = 0
-        tokens[row, : len(counted)] = counted
-    columns[LENGTH] = np.where(known_end, 0, length)
+        saved = SavedLines(
+            np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int64),
+            np.zeros(1, dtype=np.int64),
+            np.zeros((0, 0), dtype=np.int64),
+        )
+    spans, offsets, tokens = _saved_form(
+        rows, start, count, n_lines, RESTORED, saved.spans, saved.offsets, saved.tokens, to_end
+    )
     packed = {"offsets": _narrow(offsets)}
-    for key, values in zip(COLUMNS, columns):
-        packed[key] = _narrow(values)
+    for c, key in enumerate(COLUMNS):
+        packed[key] = _narrow(spans[:, c])
     packed["tokens"] = np.asfortranarray(_narrow(tokens))
     return packed
+
+
+@compiled
+def _saved_form(rows, start, count, n, restored, s_spans, s_offsets, s_tokens, to_end):  # type: ignore[no-untyped-def]
+    """The saved columns ``[spans, SAVED_SPAN_WIDTH]``, line bounds and tokens per line and
+    dataset of lines ``k < n`` (``pack_rows``): a span known by its ``dlen`` to run to the
+    end of its document saved with length 0; a restored line copied with its counts."""
+    total = 0
+    width = s_tokens.shape[1]
+    for k in range(n):
+        if count[k] == restored:
+            total += s_offsets[start[k] + 1] - s_offsets[start[k]]
+        else:
+            total += count[k]
+            for r in range(start[k], start[k] + count[k]):
+                width = max(width, rows[r, DS] + 1)
+    spans = np.empty((total, SAVED_SPAN_WIDTH), dtype=np.int64)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    tokens = np.zeros((n, width), dtype=np.int64)
+    at = 0
+    for k in range(n):
+        if count[k] == restored:
+            line = start[k]
+            for r in range(s_offsets[line], s_offsets[line + 1]):
+                for c in range(SAVED_SPAN_WIDTH):
+                    spans[at, c] = s_spans[r, c]
+                at += 1
+            for d in range(s_tokens.shape[1]):
+                tokens[k, d] = s_tokens[line, d]
+        else:
+            for r in range(start[k], start[k] + count[k]):
+                for c in range(SAVED_SPAN_WIDTH):
+                    spans[at, c] = rows[r, c]
+                length = rows[r, LENGTH]
+                tokens[k, rows[r, DS]] += length
+                if to_end and rows[r, START] + length == rows[r, DLEN]:
+                    spans[at, LENGTH] = 0
+                at += 1
+        offsets[k + 1] = at
+    return spans, offsets, tokens
 
 
 def _int_array(value: Any, path: str, ndim: int) -> np.ndarray:

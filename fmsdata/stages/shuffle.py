@@ -24,6 +24,7 @@ from fmsdata.stages.savedlines import (
     DocumentLengths,
     SavedLines,
     pack_lines,
+    pack_rows,
     resolve,
     unpack_lines,
 )
@@ -130,7 +131,15 @@ class ShuffleBuffer(SpanStage):
     def own_state(self) -> dict[str, Any]:
         if self._open:
             raise self._unmeasured()
-        packed = pack_lines(self.buffer, self._restored, to_end=self.documents is not None)
+        store = self._store
+        packed = pack_rows(
+            store.rows,
+            store.start,
+            store.count,
+            store.size,
+            self._restored,
+            self.documents is not None,
+        )
         return {"emitted": self.emitted, BUFFER_KEY: packed}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
@@ -184,16 +193,21 @@ class ShuffleBuffer(SpanStage):
     def settings(self) -> dict[str, Any]:
         return {"window": self.window}
 
-    def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
+    @classmethod
+    def carry_over(
+        cls, own: dict[str, Any], inputs: dict[str, Any], change: DatasetRenumbering
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         saved = unpack_lines(own[BUFFER_KEY])
         moved = saved.renumbered(change.spans(saved.held(), "shuffle buffer"), change.number)
-        return {**own, BUFFER_KEY: pack_lines(range(len(moved)), moved)}
+        return {**own, BUFFER_KEY: pack_lines(range(len(moved)), moved)}, inputs
 
-    def held_spans(self, own: dict[str, Any]) -> np.ndarray:
+    @classmethod
+    def held_spans(cls, own: dict[str, Any]) -> np.ndarray:
         with within(BUFFER_KEY):
             return unpack_lines(own[BUFFER_KEY]).held()
 
-    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+    @classmethod
+    def report(cls, own: dict[str, Any]) -> dict[str, Any]:
         """The buffered lines (their spans, and their tokens per dataset from the saved
         counts: most spans run to their document's end without a length) and the lines
         this buffer handed out."""
