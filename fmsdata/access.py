@@ -20,12 +20,12 @@ import numpy as np
 
 from fmsdata import filecounts
 from fmsdata.catalog import Catalog, DatasetFiles
+from fmsdata.config import Decoration
 from fmsdata.delimiters import check_stored_delimiters
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.mapping import MappedFile, recording
 from fmsdata.remote.cache import FileSource
-from fmsdata.stages.documents import Decoration
 
 __all__ = ["ReaderCache", "DatasetAccess", "count_mismatch", "make_accesses"]
 

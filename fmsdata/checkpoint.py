@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # handed out by __getattr__ below
     from fmsdata.dcpplan import LoadPlanner
     from fmsdata.dcpread import SafeFileSystemReader
 
+from fmsdata.config import CheckpointConfig
 from fmsdata.errors import StateMismatchError
 from fmsdata.exits import finish_at_exit, release
 from fmsdata.statefile import load_state, peek_state, save_state
@@ -259,6 +260,15 @@ class AutoCheckpointer:
         self.keep = keep
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+
+    @classmethod
+    def from_config(cls, checkpoint: CheckpointConfig) -> AutoCheckpointer | None:
+        """The checkpointer a config's ``checkpoint`` section asks for (None: off)."""
+        if not (checkpoint.checkpoint_dir and checkpoint.checkpoint_every):
+            return None
+        return cls(
+            checkpoint.checkpoint_dir, checkpoint.checkpoint_every, checkpoint.checkpoint_keep
+        )
 
     def after_step(self, loader: Any) -> None:
         steps = loader.steps

@@ -167,7 +167,7 @@ class RankLineDataset(IterableDataset):
         self.config = config
         self.topology = topology
         self.handler = handler
-        self.storage = Storage.from_config(config)
+        self.storage = Storage.from_config(config.remote)
         self.preprocess = preprocess
         self.stages = stages
         self.shard_ids = list(

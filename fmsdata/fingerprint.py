@@ -12,51 +12,38 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fmsdata.config import LoaderConfig, as_plain
+from fmsdata.config import (
+    DocumentsConfig,
+    FimConfig,
+    LinesConfig,
+    LoaderConfig,
+    MixConfig,
+    ShardsConfig,
+    as_plain,
+    field_names_of,
+)
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.statecheck import need_keys, need_mapping
 
 __all__ = ["MIX_FIELDS", "LINE_FIELDS", "stream_fingerprint", "check_fingerprint", "mix_changed"]
 
-# Config fields of the mix (what ``allow_mix_change`` lets differ; a resume replays the
-# lines drawn with the old ones). Every other setting that shapes the lines is a stage's
-# (``Stage.settings``), recorded per stage under ``stages``; batch size, workers and world
-# size shape no line and may change between save and load.
-MIX_FIELDS = (
-    "datasets",
-    "weights",
-    "weight_schedule",
-    "schedule_unit",
-    "schedule_interpolation",
-    "schedule_resolution",
-    "global_batch_size",
-)
-# What every shard's walk is keyed by, outside any one stage.
-_SHARD_FIELDS = ("logical_shards", "seed")
-# Config fields that shape a shard's lines. Stages record them under their own names and
-# as derived values (the packer's capacity is seq_length + 1 less the line delimiters), and
-# their settings decide what must match; the fingerprint keeps these as configured too
-# (under CONFIG_KEY), only so that a refused state is explained in the config's terms.
+# Config fields of the mix: the mix section's (what ``allow_mix_change`` lets differ; a
+# resume replays the lines drawn with the old ones). Every other setting that shapes the
+# lines is a stage's (``Stage.settings``), recorded per stage under ``stages``; batch size,
+# workers and world size shape no line and may change between save and load.
+MIX_FIELDS = field_names_of(MixConfig)
+# What every shard's walk is keyed by, outside any one stage: the shards section.
+_SHARD_FIELDS = field_names_of(ShardsConfig)
+# Config fields that shape a shard's lines: the documents, lines and fim sections. Stages
+# record them under their own names and as derived values (the packer's capacity is
+# seq_length + 1 less the line delimiters), and their settings decide what must match; the
+# fingerprint keeps these as configured too (under CONFIG_KEY), only so that a refused
+# state is explained in the config's terms.
 LINE_FIELDS = (
-    "seq_length",
-    "bos_token",
-    "eos_token",
-    "bol_token",
-    "eol_token",
-    "pad_token",
-    "strip_tokens",
-    "min_length",
-    "packing",
-    "shuffle_window",
-    "document_order",
-    "fim_training",
-    "psm_rate",
-    "spm_rate",
-    "fim_pre",
-    "fim_mid",
-    "fim_suf",
-    "fim_min_length",
+    *field_names_of(DocumentsConfig),
+    *field_names_of(LinesConfig),
+    *field_names_of(FimConfig),
 )
 CONFIG_KEY = "config"
 # The line writer's settings (``LineWriter.settings``): what rows depend on besides spans.

@@ -23,11 +23,12 @@ from fmsdata.checkpoint import (
     step_folders,
 )
 from fmsdata.config import LoaderConfig, as_config
+from fmsdata.dataformat import handler_for
 from fmsdata.dataset import Preprocess, RankLineDataset, Start
 from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.exits import finish_at_exit
 from fmsdata.fingerprint import MIX_FIELDS, stream_fingerprint
-from fmsdata.handlers import fault_note, handler_from_config
+from fmsdata.handlers import fault_note
 from fmsdata.handlers.mapping import changed_in_dead_workers
 from fmsdata.loaderstate import LoaderState, ShardEntry
 from fmsdata.pipeline import StageFactory
@@ -211,11 +212,7 @@ class FmsDataLoader(DataLoader):
         self._max_item_batches = item_batch_counts(
             config.batch_size, config.line_length, max(1, workers)
         )[-1]
-        self.checkpointer = (
-            AutoCheckpointer(config.checkpoint_dir, config.checkpoint_every, config.checkpoint_keep)
-            if config.checkpoint_dir and config.checkpoint_every
-            else None
-        )
+        self.checkpointer = AutoCheckpointer.from_config(config.checkpoint)
         self._iterations: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
         # At exit, while every module is still whole: finish its pending checkpoint save
         # and close the files and workers of iterations still running.
@@ -658,7 +655,7 @@ def build_dataloader(
             f"ignore_first_labels={config.ignore_first_labels} with a preprocess"
         )
     topology = Topology.resolve(rank, world_size)
-    handler = handler_from_config(config)
+    handler = handler_for(config.data, config.documents.eos_token)
     dataset = RankLineDataset(config, topology, handler, preprocess, stages)
     catalog = dataset.catalog()
     dataset.data_fingerprint = catalog.fingerprint()

@@ -21,13 +21,21 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.config import LoaderConfig
+from fmsdata.config import (
+    Decoration,
+    DocumentsConfig,
+    FimConfig,
+    LinesConfig,
+    LoaderConfig,
+    MixConfig,
+    ShardsConfig,
+)
 from fmsdata.errors import ConfigError
 from fmsdata.permute import derive_key
 from fmsdata.schedule import WeightSchedule
 from fmsdata.spancheck import check_saved_spans
 from fmsdata.stages.base import SpanStage, Stage, TokenStage, layout, walk
-from fmsdata.stages.documents import Decoration, DocumentStream, stream_class
+from fmsdata.stages.documents import DocumentStream, stream_class
 from fmsdata.stages.fim import FillInMiddle
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.mixing import TokenShareMixer
@@ -42,7 +50,6 @@ from fmsdata.statecheck import need_count, need_keys, within
 __all__ = [
     "Shard",
     "ShardRecipe",
-    "FimSettings",
     "ShardPipeline",
     "StageFactory",
     "default_stages",
@@ -53,82 +60,98 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class ShardRecipe:
-    """Everything a shard pipeline is built from, taken from the config once."""
+    """Everything a shard pipeline is built from: the dataset names and their weight
+    schedule, and the config sections that shape a shard's lines, taken whole.
+
+    Attributes:
+        names: The mixed datasets, in the mix's order.
+        schedule: Their weights over a logical shard's clock (``weight_schedule``).
+        shards: Logical shards and seed (every order is keyed by them).
+        documents: Document delimiters, stripping, length floor and order.
+        lines: Line length, delimiters, packing mode and shuffle window.
+        fim: Fill-in-the-middle settings, None when ``fim_training`` is off.
+    """
 
     names: tuple[str, ...]
     schedule: WeightSchedule
-    seed: int
-    n_shards: int
-    decoration: Decoration
-    capacity: int
-    packing: str
-    window: int
-    document_order: str = "random"
-    fim: FimSettings | None = None
+    shards: ShardsConfig
+    documents: DocumentsConfig
+    lines: LinesConfig
+    fim: FimConfig | None = None
 
     @staticmethod
     def from_config(config: LoaderConfig, names: Sequence[str]) -> ShardRecipe:
         return ShardRecipe(
             names=tuple(names),
-            schedule=weight_schedule(config, len(names)),
-            seed=config.seed,
-            n_shards=config.logical_shards,
-            decoration=Decoration(
-                bos=config.bos_token,
-                eos=config.eos_token,
-                strip=frozenset(config.strip_tokens),
-                min_length=config.min_length,
-            ),
-            capacity=config.content_capacity,
-            packing=config.packing,
-            window=0 if config.document_order == "sequential" else config.shuffle_window,
-            document_order=config.document_order,
-            fim=FimSettings.from_config(config) if config.fim_training else None,
+            schedule=weight_schedule(config.mix, len(names), config.shards, config.lines),
+            shards=config.shards,
+            documents=config.documents,
+            lines=config.lines,
+            fim=config.fim if config.fim.fim_training else None,
         )
 
+    @property
+    def seed(self) -> int:
+        return self.shards.seed
 
-@dataclasses.dataclass(frozen=True)
-class FimSettings:
-    """The config's fill-in-the-middle fields (``fim_training`` on), as the stage takes them."""
+    @property
+    def n_shards(self) -> int:
+        return self.shards.logical_shards
 
-    psm_rate: float
-    spm_rate: float
-    pre: int | None
-    mid: int | None
-    suf: int | None
-    min_length: int
-    frame: tuple[int, ...]
+    @property
+    def decoration(self) -> Decoration:
+        """What the documents section does to each document's tokens."""
+        return self.documents.decoration
 
-    @staticmethod
-    def from_config(config: LoaderConfig) -> FimSettings:
-        delimiters = (config.bol_token, config.bos_token, config.eos_token, config.eol_token)
-        return FimSettings(
-            psm_rate=config.psm_rate,
-            spm_rate=config.spm_rate,
-            pre=config.fim_pre,
-            mid=config.fim_mid,
-            suf=config.fim_suf,
-            min_length=config.fim_min_length,
-            frame=tuple(t for t in delimiters if t is not None),
+    @property
+    def capacity(self) -> int:
+        """Document tokens a line holds (``LinesConfig.content_capacity``)."""
+        return self.lines.content_capacity
+
+    @property
+    def packing(self) -> str:
+        return self.lines.packing
+
+    @property
+    def window(self) -> int:
+        """Lines of the shuffle buffer: none with stored document order."""
+        return 0 if self.document_order == "sequential" else self.lines.shuffle_window
+
+    @property
+    def document_order(self) -> str:
+        return self.documents.document_order
+
+    @property
+    def frame(self) -> tuple[int, ...]:
+        """The line and document delimiters (BOL, BOS, EOS, EOL) that fill-in-the-middle
+        keeps at a piece's edges."""
+        delimiters = (
+            self.lines.bol_token,
+            self.documents.bos_token,
+            self.documents.eos_token,
+            self.lines.eol_token,
         )
+        return tuple(t for t in delimiters if t is not None)
 
 
-def weight_schedule(config: LoaderConfig, n_datasets: int) -> WeightSchedule:
-    """The config's weights as a function of a logical shard's clock."""
-    if config.weight_schedule is None:
-        return WeightSchedule.constant(config.weights or (1.0,) * n_datasets)
-    fraction = 1.0 / config.logical_shards
-    if config.schedule_unit == "steps":
+def weight_schedule(
+    mix: MixConfig, n_datasets: int, shards: ShardsConfig, lines: LinesConfig
+) -> WeightSchedule:
+    """The mix's weights as a function of a logical shard's clock."""
+    if mix.weight_schedule is None:
+        return WeightSchedule.constant(mix.weights or (1.0,) * n_datasets)
+    fraction = 1.0 / shards.logical_shards
+    if mix.schedule_unit == "steps":
         # A step is global_batch_size lines, each holding content_capacity document tokens
         # (seq_length + 1 for the causal shift, less the line delimiters). With pad packing
         # lines hold fewer: a step point then takes effect later by the padding's share.
-        assert config.global_batch_size is not None, "validated by the config"
-        fraction *= config.global_batch_size * config.content_capacity
+        assert mix.global_batch_size is not None, "validated by the config"
+        fraction *= mix.global_batch_size * lines.content_capacity
     return WeightSchedule.from_points(
-        config.weight_schedule,
+        mix.weight_schedule,
         fraction,
-        linear=config.schedule_interpolation == "linear",
-        resolution=config.schedule_resolution,
+        linear=mix.schedule_interpolation == "linear",
+        resolution=mix.schedule_resolution,
     )
 
 
@@ -138,8 +161,10 @@ class Shard:
 
     Attributes:
         id: The logical shard.
-        recipe: Settings taken from the config (``capacity``, ``packing``, ``window``,
-            ``seed``, ``decoration``, the dataset ``names`` and weight ``schedule``).
+        recipe: What the config says about lines (its ``shards``, ``documents``,
+            ``lines`` and ``fim`` sections, and what follows from them: ``capacity``,
+            ``packing``, ``window``, ``seed``, ``decoration``), the dataset ``names`` and
+            weight ``schedule``.
         accesses: The datasets' files in this process, mixed ones first in recipe order.
     """
 
@@ -191,9 +216,10 @@ class Shard:
         """Lines shuffled in a window of ``shuffle_window`` lines."""
         return ShuffleBuffer(source, self.recipe.window, self.key("shuffle"))
 
-    def fim(self, source: Stage, settings: FimSettings | None = None) -> FillInMiddle:
-        """Fill-in-the-middle on every line (the config's ``fim_*`` fields unless given),
-        its randomness keyed by (seed, this shard, line)."""
+    def fim(self, source: Stage, settings: FimConfig | None = None) -> FillInMiddle:
+        """Fill-in-the-middle on every line (the config's ``fim`` section unless given),
+        its randomness keyed by (seed, this shard, line); the line's delimiters stay at
+        the pieces' edges."""
         s = settings or self.recipe.fim
         if s is None:
             raise ConfigError("Shard.fim needs FIM settings: set fim_training or pass them")
@@ -202,11 +228,11 @@ class Shard:
             self.key("fim"),
             s.psm_rate,
             s.spm_rate,
-            s.pre,
-            s.mid,
-            s.suf,
-            s.min_length,
-            s.frame,
+            s.fim_pre,
+            s.fim_mid,
+            s.fim_suf,
+            s.fim_min_length,
+            self.recipe.frame,
         )
 
 

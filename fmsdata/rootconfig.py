@@ -52,18 +52,21 @@ def resolve_config(config: LoaderConfig) -> LoaderConfig:
         ConfigError: A set field contradicts the metadata (the message names the field,
             both values and the file), or the metadata is unreadable.
     """
-    metadata = read_metadata(config.data_path, Storage.from_config(config))
-    path = f"{config.data_path.rstrip('/')}/{METADATA_FILE}"
-    facts = root_facts(metadata, path, config.datasets) if metadata else RootFacts(path)
-    changes: dict[str, Any] = {}
-    file_type = check_file_type(config.file_type, facts) or DEFAULT_FILE_TYPE
-    eos = agree("eos_token", config.eos_token, facts.eos_token, path, "its end-of-document token")
-    if config.bos_token is not None:
-        agree("bos_token", config.bos_token, facts.bos_token, path, "the tokenizer's BOS")
+    data, documents = config.data, config.documents
+    metadata = read_metadata(data.data_path, Storage.from_config(config.remote))
+    path = f"{data.data_path.rstrip('/')}/{METADATA_FILE}"
+    facts = root_facts(metadata, path, config.mix.datasets) if metadata else RootFacts(path)
+    file_type = check_file_type(data.file_type, facts) or DEFAULT_FILE_TYPE
+    eos = agree(
+        "eos_token", documents.eos_token, facts.eos_token, path, "its end-of-document token"
+    )
+    if documents.bos_token is not None:
+        agree("bos_token", documents.bos_token, facts.bos_token, path, "the tokenizer's BOS")
     if facts.documents_end_with_eos:
         # A flat stream is split on this token: another separator cuts other documents.
-        agree("doc_separator", config.doc_separator, facts.eos_token, path, "it ends documents")
-    vocab = check_vocab_size(config.vocab_size, facts)
+        agree("doc_separator", data.doc_separator, facts.eos_token, path, "it ends documents")
+    vocab = check_vocab_size(config.output.vocab_size, facts)
+    changes: dict[str, Any] = {}
     for name, value in (("file_type", file_type), ("eos_token", eos), ("vocab_size", vocab)):
         if value != getattr(config, name):
             changes[name] = value
@@ -72,8 +75,8 @@ def resolve_config(config: LoaderConfig) -> LoaderConfig:
         facts.documents_end_with_eos or handler_class(file_type).documents_end_with_eos
     ):
         carried.add(eos)
-    if config.bos_token is not None and facts.documents_start_with_bos:
-        carried.add(config.bos_token)
-    if carried - set(config.strip_tokens):
-        changes["strip_tokens"] = tuple(sorted({*config.strip_tokens, *carried}))
+    if documents.bos_token is not None and facts.documents_start_with_bos:
+        carried.add(documents.bos_token)
+    if carried - set(documents.strip_tokens):
+        changes["strip_tokens"] = tuple(sorted({*documents.strip_tokens, *carried}))
     return config.replace(**changes) if changes else config

@@ -47,7 +47,6 @@ __all__ = [
     "make_handler",
     "handler_class",
     "handler_names",
-    "handler_from_config",
 ]
 
 _REGISTRY: dict[str, type[FileHandler]] = {}
@@ -93,25 +92,6 @@ def make_handler(file_type: str, **options: Any) -> FileHandler:
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     accepted = {k: v for k, v in options.items() if (takes_all or k in params) and v is not None}
     return cls(**accepted)
-
-
-def handler_from_config(config: Any) -> FileHandler:
-    """The handler a ``LoaderConfig`` asks for, with its format options (an unset
-    ``file_type`` is the default one: ``build_dataloader`` fills it from the root's
-    ``metadata.json`` first, see ``fmsdata.rootconfig``)."""
-    from fmsdata.config import DEFAULT_FILE_TYPE
-
-    separator = config.doc_separator if config.doc_separator is not None else config.eos_token
-    return make_handler(
-        config.file_type if config.file_type is not None else DEFAULT_FILE_TYPE,
-        col_name=config.col_name,
-        text_field=config.text_field,
-        tokenizer=config.tokenizer,
-        token_dtype=config.token_dtype,
-        separator=separator,
-        strict=config.strict,
-        cache_dir=config.cache_dir,
-    )
 
 
 class _AutoReader:

@@ -22,6 +22,7 @@ import fsspec
 from fsspec.registry import known_implementations
 from fsspec.utils import get_protocol
 
+from fmsdata.config import RemoteConfig
 from fmsdata.errors import ConfigError
 from fmsdata.extras import PROTOCOL_PACKAGES, missing
 from fmsdata.remote.retry import RetryPolicy
@@ -86,14 +87,14 @@ class Storage:
     retry: RetryPolicy = RetryPolicy()
 
     @classmethod
-    def from_config(cls, config: Any) -> Storage:
-        """The storage a ``LoaderConfig`` asks for."""
+    def from_config(cls, remote: RemoteConfig) -> Storage:
+        """The storage a config's ``remote`` section asks for."""
         return cls(
-            endpoint_url=config.endpoint_url,
-            profile=config.aws_profile,
-            anonymous=config.anonymous,
-            options=dict(config.storage_options or {}),
-            retry=RetryPolicy(tries=config.remote_retries, backoff=config.remote_backoff),
+            endpoint_url=remote.endpoint_url,
+            profile=remote.aws_profile,
+            anonymous=remote.anonymous,
+            options=dict(remote.storage_options or {}),
+            retry=RetryPolicy(tries=remote.remote_retries, backoff=remote.remote_backoff),
         )
 
     def filesystem(self, url: str) -> tuple[fsspec.AbstractFileSystem, str]:

@@ -75,9 +75,9 @@ chain and checks resume and rescale; ``tests/stagecheck.py`` is the resume/resca
 checker every stage's tests run.
 """
 
+from fmsdata.config import Decoration
 from fmsdata.stages.base import DatasetRenumbering, SpanStage, Stage, TokenStage, layout, walk
 from fmsdata.stages.documents import (
-    Decoration,
     DocumentStream,
     RandomWalk,
     StoredOrder,

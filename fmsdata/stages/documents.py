@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.config import DOCUMENT_ORDERS
+from fmsdata.config import DOCUMENT_ORDERS, Decoration
 from fmsdata.errors import ConfigError, EmptyDatasetError, StateMismatchError
 from fmsdata.permute import Permutations, derive_key, hash_values, permute
 from fmsdata.stages.source import Documents, DocumentSource
@@ -76,37 +76,6 @@ _MAX_FRAGMENTS = 8
 _BYTES_PER_TOKEN = 16
 # Files of a dataset that an error about it holding too few documents checks for damage.
 _DAMAGE_CHECK_FILES = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class Decoration:
-    """How a stored document becomes the token sequence the packer sees.
-
-    Up to one leading and one trailing token found in ``strip`` is removed, then ``bos``
-    and ``eos`` are added when set. Documents with fewer than ``min_length`` tokens left
-    (and always empty ones) are skipped and counted.
-    """
-
-    bos: int | None = None
-    eos: int | None = None
-    strip: frozenset[int] = frozenset()
-    min_length: int = 1
-
-    @property
-    def extra(self) -> int:
-        return (self.bos is not None) + (self.eos is not None)
-
-    def strip_amounts(
-        self, lengths: np.ndarray, first: np.ndarray, last: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens removed at the start and at the end of each document (0 or 1 each)."""
-        if not self.strip:
-            zeros = np.zeros(len(lengths), dtype=np.int64)
-            return zeros, zeros
-        strip = np.fromiter(self.strip, dtype=np.int64)
-        lead = ((lengths > 0) & np.isin(first, strip)).astype(np.int64)
-        trail = ((lengths - lead > 0) & np.isin(last, strip)).astype(np.int64)
-        return lead, trail
 
 
 def shard_fragments(counts: np.ndarray, n_shards: int, shard: int) -> np.ndarray:

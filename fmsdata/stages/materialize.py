@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from fmsdata.batchwrite import TOKEN_OUT_OF_RANGE, PendingCopy, source_kind
+from fmsdata.config import Decoration
 from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.stages.base import BASE, DLEN, DOC, DS, FILE
-from fmsdata.stages.documents import Decoration
 from fmsdata.stages.kernels import lay_out_lines
 from fmsdata.stages.lineblock import LineBlock, as_block
 

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from fmsdata import LoaderConfig
-from fmsdata.config import as_config
+from fmsdata.config import SECTIONS, as_config
 from fmsdata.errors import ConfigError
 
 
@@ -69,7 +69,8 @@ def test_invalid_values_name_field_and_value(changes, message):
 def test_type_errors_are_grammatical_for_every_numeric_field():
     numeric = [
         f.name
-        for f in dataclasses.fields(LoaderConfig)
+        for section in SECTIONS.values()
+        for f in dataclasses.fields(section)
         if f.type in ("int", "float", "int | None", "float | None")
     ]
     assert "seq_length" in numeric and "remote_backoff" in numeric

@@ -1,0 +1,38 @@
+"""The ``steering`` section: changes to a run's data that the loader applies as it goes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fmsdata.config.values import flag, set_field, to_number
+from fmsdata.errors import ConfigError
+
+__all__ = ["SteeringConfig"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SteeringConfig:
+    """Interventions in a run (README "Steering a run"): a mix changed on resume, batches
+    passed over. Neither shapes a line, so neither is part of a state's fingerprint.
+
+    Attributes:
+        allow_mix_change: Accept a resumed state saved with other ``datasets`` / weights /
+            schedule: each dataset continues from its own position, new ones start.
+        skip_steps: ``[[step, n], ...]``: when the run reaches ``step``, pass over the next
+            ``n`` batches (applied once; the state records it).
+    """
+
+    allow_mix_change: bool = False
+    skip_steps: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        flag("allow_mix_change", self.allow_mix_change)
+        skips = []
+        for item in self.skip_steps or ():
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise ConfigError(f"skip_steps entries are [step, n], got {item!r}")
+            at, n = (to_number("skip_steps", v, int) for v in item)
+            if at < 0 or n < 1:
+                raise ConfigError(f"skip_steps needs step >= 0 and n >= 1, got {list(item)!r}")
+            skips.append((at, n))
+        set_field(self, "skip_steps", tuple(skips))

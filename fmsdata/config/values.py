@@ -1,0 +1,146 @@
+"""How config values are read: the coercions and checks every section shares.
+
+Each reader takes the field's name and the value as given (from YAML, a CLI override, a
+dict or Python) and returns the normalized value, or raises ``ConfigError`` naming the
+field and quoting the value. Sections call them from ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fmsdata.errors import ConfigError
+
+__all__ = [
+    "split_csv",
+    "to_number",
+    "positive_int",
+    "non_negative_int",
+    "optional_token",
+    "optional_path",
+    "optional_name",
+    "flag",
+    "choice",
+    "weight_list",
+    "as_plain",
+    "set_field",
+]
+
+
+def set_field(obj: Any, name: str, value: Any) -> None:
+    """Store a normalized value on a frozen section (only from its ``__post_init__``)."""
+    object.__setattr__(obj, name, value)
+
+
+def split_csv(field: str, value: Any) -> tuple[str, ...] | None:
+    """Accept ``"a,b"``, ``["a", "b"]`` or None; return a tuple of stripped strings."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items = [item.strip() for item in value.split(",")]
+        return tuple(item for item in items if item)
+    if isinstance(value, (list, tuple)):
+        return tuple(str(item).strip() for item in value)
+    raise ConfigError(f"{field} must be a comma string or a list, got {value!r}")
+
+
+_KIND_NAMES = {int: "an integer", float: "a number"}
+
+
+def to_number(field: str, value: Any, kind: type) -> Any:
+    """``value`` as an ``int`` or ``float`` (numeric strings accepted, bools refused)."""
+    expected = _KIND_NAMES.get(kind, f"a {kind.__name__}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{field} must be {expected}, got {value!r}")
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{field} must be {expected}, got {value!r}") from None
+    if kind is int and isinstance(value, float) and value != number:
+        raise ConfigError(f"{field} must be an integer, got {value!r}")
+    return number
+
+
+def positive_int(field: str, value: Any) -> int:
+    number = to_number(field, value, int)
+    if number < 1:
+        raise ConfigError(f"{field} must be a positive integer, got {value!r}")
+    return int(number)
+
+
+def non_negative_int(field: str, value: Any) -> int:
+    number = to_number(field, value, int)
+    if number < 0:
+        raise ConfigError(f"{field} must be a non-negative integer, got {number!r}")
+    return int(number)
+
+
+def optional_token(field: str, value: Any) -> int | None:
+    """A token id (a non-negative integer) or None."""
+    if value is None:
+        return None
+    token = to_number(field, value, int)
+    if token < 0:
+        raise ConfigError(f"{field} must be a non-negative token id or None, got {value!r}")
+    return int(token)
+
+
+def optional_path(field: str, value: Any) -> str | None:
+    """A path-like field: None, or a non-empty ``str`` / ``os.PathLike`` (as ``str``)."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise ConfigError(f"{field} must be a path (a non-empty string) or None, got {value!r}")
+    return str(os.fspath(value))
+
+
+def optional_name(field: str, value: Any) -> str | None:
+    """None or a non-empty string (an endpoint, a profile name)."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{field} must be a non-empty string or None, got {value!r}")
+    return value
+
+
+def flag(field: str, value: Any) -> bool:
+    """A true/false field: only a real ``bool`` (``"yes"`` or 1 is a mistake to name)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{field} must be true or false, got {value!r}")
+    return value
+
+
+def choice(field: str, value: Any, allowed: Sequence[Any]) -> Any:
+    """``value`` if it is one of ``allowed`` (a ``Literal``'s arguments)."""
+    if value not in allowed:
+        raise ConfigError(f"{field} must be one of {tuple(allowed)}, got {value!r}")
+    return value
+
+
+def weight_list(
+    field: str, values: Sequence[Any], datasets: tuple[str, ...] | None
+) -> tuple[float, ...]:
+    """Weights of ``datasets``: non-negative, finite, one positive, one per dataset."""
+    numbers = tuple(to_number(field, w, float) for w in values)
+    if any(not (0 <= w < float("inf")) for w in numbers) or not any(w > 0 for w in numbers):
+        raise ConfigError(
+            f"{field} must be non-negative and finite with one positive, got {list(values)!r}"
+        )
+    if datasets is None:
+        raise ConfigError(f"{field} needs datasets: name the folders the weights belong to")
+    if len(numbers) != len(datasets):
+        raise ConfigError(
+            f"{field} has {len(numbers)} entries but datasets has {len(datasets)}: "
+            f"{list(values)!r} for {list(datasets)!r}"
+        )
+    return numbers
+
+
+def as_plain(value: Any) -> Any:
+    """``value`` with every tuple made a list and every mapping a dict, nested, as it
+    comes back from JSON: how config values and saved state fields are compared."""
+    if isinstance(value, (list, tuple)):
+        return [as_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: as_plain(v) for k, v in value.items()}
+    return value
