@@ -56,7 +56,7 @@ from fmsdata import build_dataloader
 from fmsdata.checkpoint import save_loader_state
 from fmsdata.handlers import ArrowDocHandler
 from fmsdata.indexing import index_root
-from fmsdata.loaderstate import stage_state
+from fmsdata.stages.savedchain import stage_state
 from fmsdata.synthetic import write_corpus
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -3,15 +3,14 @@
 Each DataLoader worker runs the shards it owns (``worker_shards``), deals every batch's
 rows over *all* the rank's shards with the same rule, fills the rows that fall to its own
 shards, and yields them (several batches per item, see ``fmsdata.transport``) with their
-row positions and, at the end of each round of items, the state updates of the shards the
-round advanced. The loader puts each batch back together in canonical order.
+row positions and, at the end of each round of items, the states of the shards the round
+advanced. The loader puts each batch back together in canonical order.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,8 +29,6 @@ from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.derived import default_cache_dir
 from fmsdata.handlers.mapping import resident_file_bytes
-from fmsdata.journalarena import ArenaBlob, JournalArena
-from fmsdata.narrowrows import NarrowRows
 from fmsdata.pipeline import (
     ShardPipeline,
     ShardRecipe,
@@ -49,10 +46,9 @@ from fmsdata.stages.outputs import (
     piece_segment_lengths,
     span_pieces,
 )
-from fmsdata.stages.savedlines import join_journal
 from fmsdata.topology import RowDealer, Topology, owned_shards, worker_shards
 from fmsdata.transport import (
-    ShardLights,
+    ShardStates,
     WorkerItem,
     carry_errors,
     item_batch_counts,
@@ -90,8 +86,9 @@ class Start:
             it; without workers, only the first iteration in this process started after
             ``start_at`` (the loader's own: it hands out what is written).
         first_batch: Ring number of the first batch.
-        journal: Where DataLoader workers leave the spans their shuffle buffers pushed
-            (``fmsdata.journalarena``; None: in the items).
+        pids: Where each DataLoader worker writes its process id as it starts (a shared
+            int64 tensor, one entry per worker; None without workers): the main process
+            names a worker that died or stalled by it.
         paths: Per logical shard, where its state sat in the loaded state (what a refusal
             of it names).
     """
@@ -101,8 +98,8 @@ class Start:
     emitted: Sequence[int] | None = None
     ring: BatchRing | None = None
     first_batch: int = 0
+    pids: torch.Tensor | None = None
     paths: Mapping[int, str] = dataclasses.field(default_factory=dict)
-    journal: JournalArena | None = None
 
 
 @dataclasses.dataclass
@@ -181,7 +178,7 @@ class RankLineDataset(IterableDataset):
         self.drain_datasets: tuple[str, ...] = ()
         self.data_fingerprint: dict[str, str] | None = None
         self._catalog: Catalog | None = None
-        self._layout: list[dict[str, Any]] | None = None
+        self._layout: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -204,10 +201,10 @@ class RankLineDataset(IterableDataset):
             self._layout = None
             self.data_fingerprint = self.catalog().fingerprint()
 
-    def layout(self) -> list[dict[str, Any]]:
+    def layout(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The chain every shard runs, as state fingerprints record it (stages with their
-        paths, roles and settings, then the line writer's). Built once, in this process,
-        without reading any document."""
+        paths, roles and settings), and the line writer's settings. Built once, in this
+        process, without reading any document."""
         if self._layout is None:
             context = self.shard_context(1)
             try:
@@ -217,9 +214,7 @@ class RankLineDataset(IterableDataset):
                     context.accesses,
                     self.stages,
                 )
-                stages = pipeline.layout()
-                stages.append(self._writer(context).fingerprint())
-                self._layout = stages
+                self._layout = (pipeline.layout(), self._writer(context).settings())
             finally:
                 context.close()
         return self._layout
@@ -298,6 +293,8 @@ class RankLineDataset(IterableDataset):
         info = get_worker_info()
         if info is None:
             return self._items(ring)
+        if self.start.pids is not None:
+            self.start.pids[info.id] = os.getpid()
         # In a worker, an fmsdata error travels as an item: the main process raises it
         # as it was made, not as PyTorch's rebuilt copy with the worker's traceback inside.
         return carry_errors(self._items(self.start.ring), info.id)
@@ -348,17 +345,12 @@ class RankLineDataset(IterableDataset):
         if self.preprocess is not None:
             ring = None
         buffer = _LineBuffer(config.line_length)
-        keep = None
-        if info is not None and start.journal is not None:
-            keep = functools.partial(start.journal.store, worker)
         # File-backed memory before any shard is read (libraries, the ring): not ours to give back.
         baseline = resident_file_bytes() or 0
         try:
             first = start.first_batch
             for sizes in item_rounds(counts, lambda: buffer.spans_per_batch):
-                round_items = self._round(
-                    sizes, dealer, mine, shard, writer, buffer, ring, first, keep
-                )
+                round_items = self._round(sizes, dealer, mine, shard, writer, buffer, ring, first)
                 for item in round_items:
                     yield item
                     first += len(item.offsets) - 1
@@ -380,7 +372,6 @@ class RankLineDataset(IterableDataset):
         buffer: _LineBuffer,
         ring: BatchRing | None,
         first: int,
-        keep: Callable[[np.ndarray], ArenaBlob | None] | None,
     ) -> Iterator[WorkerItem]:
         """The items of one round (``sizes``: batches per item), made one at a time.
 
@@ -388,8 +379,8 @@ class RankLineDataset(IterableDataset):
         taken once, after the round's last item (and its token stages): the fixed cost of
         visiting a shard is paid once a round. The other items carry no shard state; the
         main process counts their lines as an advance past the shards' last state
-        (``fmsdata.replica``), as it does for a state saved inside an item. The spans
-        pulled per batch size the next round (``buffer.spans_per_batch``).
+        (``fmsdata.replica``). The spans pulled per batch size the next round
+        (``buffer.spans_per_batch``).
         """
         deals = [self._deal(n_batches, dealer, mine) for n_batches in sizes]
         round_locals = [local for deal in deals for local in deal[1]]
@@ -426,7 +417,6 @@ class RankLineDataset(IterableDataset):
                 {self.shard_ids[local]: (p, wanted[local]) for local, p in opened.items()}
                 if last
                 else {},
-                keep,
             )
             first += len(offsets) - 1
 
@@ -459,12 +449,10 @@ class RankLineDataset(IterableDataset):
         ring: BatchRing | None,
         first: int,
         touched: dict[int, tuple[ShardPipeline, int]],
-        keep: Callable[[np.ndarray], ArenaBlob | None] | None,
     ) -> WorkerItem:
         """One item of ``lines`` (in row order) written as its batches; where ``touched``
         (``{shard id: (pipeline, lines of the round)}``, given to the round's last item),
-        with the state of those shards at the round's end, and the spans the round pushed
-        (left where ``keep`` puts them, if given)."""
+        with the state of those shards at the round's end."""
         config = self.config
         n_batches = len(offsets) - 1
         tokens = buffer.rows(len(lines))
@@ -487,18 +475,7 @@ class RankLineDataset(IterableDataset):
                 if pipeline.token_stages:
                     content[i] = pipeline.apply_tokens(tokens[i], int(content[i]), token_lines[i])
         # Taken after the token-level stages saw the round's lines.
-        lights = {}
-        op_shards: list[int] = []
-        op_counts: list[int] = []
-        ops: list[int] = []
-        pushed: list[tuple[np.ndarray, np.ndarray]] = []
-        for sid, (pipeline, _) in touched.items():
-            lights[sid] = pipeline.light_state()
-            shard_ops, shard_spans, shard_offsets = pipeline.drain_journal()
-            op_shards.append(sid)
-            op_counts.append(len(shard_ops))
-            ops.extend(shard_ops)
-            pushed.append((shard_spans, shard_offsets))
+        states = {sid: pipeline.state_dict() for sid, (pipeline, _) in touched.items()}
         segments = segment_counts = segment_ids = None
         want_ids = config.return_document_ids
         if config.return_position_ids or config.return_cu_seqlens or want_ids:
@@ -534,10 +511,6 @@ class RankLineDataset(IterableDataset):
         if not config.return_cu_seqlens:  # the rest of the structure is written already
             segments = segment_counts = segment_ids = None
         segment_ids = None  # the ids are written; cu_seqlens needs the lengths only
-        pushed_spans, pushed_offsets = join_journal(pushed)
-        pushed_rows = NarrowRows(pushed_spans)
-        if keep is not None and len(pushed_spans):
-            pushed_rows.keep_in(keep)
         return WorkerItem(
             offsets=offsets_np,
             rows=rows_np,
@@ -549,17 +522,8 @@ class RankLineDataset(IterableDataset):
             segment_counts=segment_counts,
             segment_ids=segment_ids,
             samples=samples,
-            lights=ShardLights(lights),
+            states=ShardStates(states),
             state_lines=np.array([n for _, n in touched.values()], dtype=np.int64),
-            ops=np.stack(
-                [
-                    np.repeat(np.asarray(op_shards, dtype=np.int64), op_counts),
-                    np.asarray(ops, dtype=np.int64),
-                ],
-                axis=1,
-            ),
-            pushed=pushed_rows,
-            pushed_offsets=pushed_offsets,
         )
 
     @staticmethod

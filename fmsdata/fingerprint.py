@@ -46,6 +46,8 @@ LINE_FIELDS = (
     *field_names_of(FimConfig),
 )
 CONFIG_KEY = "config"
+# The line writer's settings (``LineWriter.settings``): what rows depend on besides spans.
+WRITER_KEY = "writer"
 
 
 def stream_fingerprint(
@@ -54,10 +56,12 @@ def stream_fingerprint(
     names: Sequence[str],
     data: Mapping[str, str],
     stages: Sequence[Mapping[str, Any]],
+    writer: Mapping[str, Any],
 ) -> dict[str, Any]:
     """What a saved state must agree with to be loaded: data hash, mix, shard keys, the
-    handler's options and the chain's stages (``fmsdata.stages.base.layout``), as plain
-    data (lists, dicts: as a state file gives it back), so fingerprints compare with ``==``."""
+    handler's options, the chain's stages (``fmsdata.stages.base.layout``) and the line
+    writer's settings, as plain data (lists, dicts: as a state file gives it back), so
+    fingerprints compare with ``==``."""
     values = config.to_dict()
     fingerprint: dict[str, Any] = {"data": dict(data)}
     for field in (*MIX_FIELDS, *_SHARD_FIELDS):
@@ -65,6 +69,7 @@ def stream_fingerprint(
     fingerprint["datasets"] = list(names)
     fingerprint.update(handler.describe())
     fingerprint["stages"] = [dict(stage) for stage in stages]
+    fingerprint[WRITER_KEY] = dict(writer)
     fingerprint[CONFIG_KEY] = {field: values[field] for field in LINE_FIELDS}
     return as_plain(fingerprint)
 
@@ -95,8 +100,9 @@ def check_fingerprint(
                 )
         allowed.add("data")
     _check_stages(saved, current, allowed, mix_change)
+    _check_writer(saved, current, allowed)
     for field in sorted(set(saved) | set(current)):
-        if field in allowed or field in ("stages", CONFIG_KEY):
+        if field in allowed or field in ("stages", WRITER_KEY, CONFIG_KEY):
             continue
         if saved.get(field) != current.get(field):
             raise StateMismatchError(
@@ -246,11 +252,28 @@ def _chain_text(stages: list[Mapping[str, Any]], other: list[Mapping[str, Any]])
         min(len(stages), len(other)),
     )
     names = [str(s.get("stage", "?")) if _short(s) in full else _short(s) for s in stages]
-    return " <- ".join(
-        f"[{name}]" if k == differs else name
-        for k, (name, s) in enumerate(zip(names, stages))
-        if s.get("path") is not None
-    )
+    return " <- ".join(f"[{name}]" if k == differs else name for k, name in enumerate(names))
+
+
+def _check_writer(
+    fingerprint: Mapping[str, Any], now: Mapping[str, Any], allowed: set[str]
+) -> None:
+    """The line writer's settings (line length, line delimiters, padding) as saved, but
+    those in ``allowed``; a differing one is named, after the config fields that differ."""
+    before = need_mapping(fingerprint.get(WRITER_KEY, {}), f"fingerprint.{WRITER_KEY}")
+    after = now.get(WRITER_KEY) or {}
+    for key in sorted(set(before) | set(after)):
+        if key in allowed or before.get(key) == after.get(key):
+            continue
+        changed = _changed_config(fingerprint.get(CONFIG_KEY), now.get(CONFIG_KEY))
+        setting = (
+            f"the line writer with {key}={before.get(key)!r} but this loader has "
+            f"{key}={after.get(key)!r}; if the change is intended, load with "
+            f"allow_changes=[{key!r}]"
+        )
+        raise StateMismatchError(
+            f"{changed} (saved {setting})" if changed else f"saved loader state has {setting}"
+        )
 
 
 def mix_changed(saved: Mapping[str, Any], current: Mapping[str, Any]) -> bool:

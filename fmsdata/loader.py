@@ -30,7 +30,6 @@ from fmsdata.exits import finish_at_exit
 from fmsdata.fingerprint import MIX_FIELDS, stream_fingerprint
 from fmsdata.handlers import fault_note
 from fmsdata.handlers.mapping import changed_in_dead_workers
-from fmsdata.journalarena import JournalArena
 from fmsdata.loaderstate import LoaderState, ShardEntry
 from fmsdata.pipeline import StageFactory
 from fmsdata.remix import remix
@@ -70,32 +69,6 @@ _PIN_AHEAD = 2
 _RUNNING: dict[int, Any] = {}
 
 
-def _end_workers(parts: Any) -> None:
-    """Stop the workers of a DataLoader iterator whose iteration ended (sending each the
-    stop message and joining it, as its ``__del__`` would), then let it go."""
-    try:
-        shutdown = getattr(parts, "_shutdown_workers", None)  # none without workers
-        if shutdown is not None:
-            shutdown()
-    finally:
-        _RUNNING.pop(id(parts), None)
-
-
-def _receiver(parts: Iterator[WorkerItem]) -> Callable[[], WorkerItem]:
-    """The next item of a DataLoader iterator. Its ``__next__`` wraps each item in a
-    profiler range (``record_function``) whose cost in the main process was measured at
-    150-200 us per item, about 3 us per batch; the range is kept while a profiler runs."""
-    next_data = getattr(parts, "_next_data", None)
-    if next_data is None:  # not a DataLoader iterator (or one without the method)
-        return lambda: next(parts)
-    profiling = torch.autograd._profiler_enabled
-
-    def receive() -> WorkerItem:
-        return next(parts) if profiling() else next_data()
-
-    return receive
-
-
 class _Feed:
     """The workers' items and their batches, assembled when asked for, in order; the
     ring's bookkeeping (``fmsdata.batchring``) is done here, on the thread that assembles."""
@@ -108,7 +81,6 @@ class _Feed:
         assemble: Callable[[list[WorkerItem], BatchRing | None, int], Any],
     ):
         self.parts, self.ring, self.n_parts, self.assemble = parts, ring, n_parts, assemble
-        self._receive = _receiver(parts)
         self._current: list[WorkerItem] | None = None
         self._upto = 0  # the next batch of the current items to assemble
         self._received: int | None = None  # end of the batch numbers of items received
@@ -123,7 +95,7 @@ class _Feed:
             self.ring.collect()  # slots freed since: the workers may write them again
         items = []
         for _ in range(self.n_parts):
-            item = self._receive()
+            item = next(self.parts)
             if isinstance(item, WorkerError):
                 item.reraise()
             items.append(item)
@@ -226,17 +198,16 @@ class FmsDataLoader(DataLoader):
             multiprocessing_context=config.multiprocessing_context if workers > 0 else None,
         )
         self.config: LoaderConfig = config
-        self._consumed = ConsumedState(dataset.shard_ids, dataset.layout())
+        self._consumed = ConsumedState(dataset.shard_ids)
         # A loaded state's mix change, applied at the next iteration (``_settle``).
         self._mix_change: _MixChange | None = None
         self._parts: Any = None
         self._generation = 0  # bumped by load_state_dict(): a running iteration restarts
         self._pending_skip = 0  # skipped batches the running iteration has yet to pass over
+        # Where the workers of the running iteration write their process ids.
+        self._pids: torch.Tensor | None = None
         # Final batches written by the workers, made at the first iteration and kept.
         self._ring: BatchRing | None = None
-        # Where the workers leave their journals' spans (``fmsdata.journalarena``).
-        self._journal: JournalArena | None = None
-        self._arena_ok = True  # False once shared memory was too short for one
         self._fields = token_fields(config.return_position_ids, config.return_document_ids)
         self._max_item_batches = item_batch_counts(
             config.batch_size, config.line_length, max(1, workers)
@@ -276,7 +247,7 @@ class FmsDataLoader(DataLoader):
         while True:
             generation = self._generation
             self._pending_skip = 0  # the workers start after every skip recorded so far
-            parts, ring, journal = self._start_workers()
+            parts, ring = self._start_workers()
             feed: _Feed = _Feed(parts, ring, max(1, self.num_workers), self._assemble)
             if self.config.pin_memory and self.num_workers > 0:
                 # Batches are assembled straight into pinned memory on a side thread, a few
@@ -312,9 +283,10 @@ class FmsDataLoader(DataLoader):
                     # see ``_RUNNING``.
                     if self._parts is parts:
                         self._parts = None
-                    _end_workers(parts)
-                    if journal is not None:
-                        journal.in_use = False
+                        self._pids = None
+                    # The last reference but the local one: torch's ``__del__`` of the
+                    # DataLoader iterator stops the workers when it goes, below.
+                    _RUNNING.pop(id(parts), None)
             # Workers restart from the consumed state (they fast-forward the skipped lines).
             del parts, feed
 
@@ -371,7 +343,7 @@ class FmsDataLoader(DataLoader):
                 ) from err
             raise
 
-    def _start_workers(self) -> tuple[Iterator[Any], BatchRing | None, JournalArena | None]:
+    def _start_workers(self) -> tuple[Iterator[Any], BatchRing | None]:
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         config = self.config
         # One ring per live iteration: a second iteration started while another still
@@ -388,17 +360,10 @@ class FmsDataLoader(DataLoader):
                 self.num_workers > 0,
                 getattr(torch, config.output_dtype),
             )
-        journal = None
-        if self.num_workers > 0 and self._consumed.buffer_path is not None and self._arena_ok:
-            # Like the ring: one arena per live iteration, kept for the next one, whose
-            # workers start after the last ones stopped (the blocks of their items never
-            # received are free again).
-            if self._journal is None or self._journal.in_use:
-                self._journal = self._new_journal()
-            else:
-                self._journal.reclaim()
-            journal = self._journal
         self._settle()
+        self._pids = None
+        if self.num_workers > 0:
+            self._pids = torch.zeros(self.num_workers, dtype=torch.int64).share_memory_()
         dataset.start_at(
             Start(
                 paths=self._consumed.paths,
@@ -407,23 +372,11 @@ class FmsDataLoader(DataLoader):
                 emitted=self._consumed.emitted(),
                 ring=self._ring,
                 first_batch=self._ring.position if self._ring is not None else 0,
-                journal=journal,
+                pids=self._pids,
             )
         )
         self._parts = super().__iter__()
-        if journal is not None:
-            journal.in_use = True
-        return self._parts, self._ring, journal
-
-    def _new_journal(self) -> JournalArena | None:
-        """A journal arena for the workers, or None (said once) where shared memory is too
-        short for it: the spans then travel in the items, at a cost to the main process."""
-        try:
-            return JournalArena(self.num_workers)
-        except ConfigError as err:
-            self._arena_ok = False
-            logger.warning("%s; the spans travel in the workers' items instead", err)
-            return None
+        return self._parts, self._ring
 
     def skip(self, n_steps: int) -> None:
         """Pass over the next ``n_steps`` batches of this rank without reading their tokens.
@@ -462,8 +415,9 @@ class FmsDataLoader(DataLoader):
                 self.skip(n)
 
     def worker_pids(self) -> list[int]:
-        """Process ids of the workers of the current iteration (empty without workers)."""
-        return [w.pid for w in getattr(self._parts, "_workers", [])]
+        """Process ids of the workers of the current iteration (empty without workers; a
+        worker not started yet is left out)."""
+        return [pid for pid in self._pids.tolist() if pid] if self._pids is not None else []
 
     # -- state ---------------------------------------------------------------------------
 
@@ -477,7 +431,8 @@ class FmsDataLoader(DataLoader):
             for name, digest in dataset.catalog().fingerprint().items()
             if name in names
         }
-        return stream_fingerprint(self.config, dataset.handler, names, data, dataset.layout())
+        stages, writer = dataset.layout()
+        return stream_fingerprint(self.config, dataset.handler, names, data, stages, writer)
 
     @property
     def steps(self) -> int:
@@ -568,9 +523,7 @@ class FmsDataLoader(DataLoader):
         saved = LoaderState.read(state, self.config.logical_shards)
         entries = saved.for_shards(dataset.shard_ids, dataset.topology.rank)
         rebase = saved.check(current, allow_changes, self.config.allow_mix_change)
-        self._consumed = ConsumedState(
-            dataset.shard_ids, current["stages"], entries, saved.steps, saved.skips
-        )
+        self._consumed = ConsumedState(dataset.shard_ids, entries, saved.steps, saved.skips)
         dropped = sorted(set(saved.fingerprint["datasets"]) - set(dataset.mix_names))
         if dropped:
             logger.warning(
@@ -606,9 +559,7 @@ class FmsDataLoader(DataLoader):
             )
             for sid, entry in entries.items()
         }
-        self._consumed = ConsumedState(
-            dataset.shard_ids, dataset.layout(), entries, consumed.steps, consumed.skips
-        )
+        self._consumed = ConsumedState(dataset.shard_ids, entries, consumed.steps, consumed.skips)
 
     def _saved_mix(self, saved: LoaderState) -> RankLineDataset:
         """This rank's dataset as configured when ``saved`` was taken (its dataset list,
@@ -708,6 +659,7 @@ def build_dataloader(
     dataset = RankLineDataset(config, topology, handler, preprocess, stages)
     catalog = dataset.catalog()
     dataset.data_fingerprint = catalog.fingerprint()
+    dataset.layout()  # the chain a stage factory builds is refused now, not in a worker
     loader = FmsDataLoader(dataset)
     if config.checkpoint_dir:
         latest = latest_checkpoint(config.checkpoint_dir)

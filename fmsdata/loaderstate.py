@@ -3,8 +3,9 @@
 A rank's state, as plain nested data (``LoaderState.to_plain``, what
 ``FmsDataLoader.snapshot()`` gives)::
 
-    {"version": 4,
-     "fingerprint": {"data": ..., "seed": ..., "stages": [...], ...} (fmsdata.fingerprint),
+    {"version": 5,
+     "fingerprint": {"data": ..., "seed": ..., "stages": [...], "writer": {...}, ...}
+                    (fmsdata.fingerprint),
      "rank": r, "world_size": W, "steps": batches consumed,
      "skips": [[step, n], ...] (batches skipped over, and where),
      "span_datasets": [name, ...] (what the dataset field of saved spans refers to),
@@ -14,8 +15,9 @@ A rank's state, as plain nested data (``LoaderState.to_plain``, what
 
 A shard pipeline state is ``{"emitted": lines, "stages": the chain's state}``, each stage's
 nested under its input's key (``fmsdata.stages``). Only the stages read their own parts
-(``load_own_state``, where the shard's chain runs); the fingerprint records each stage's
-path, type and role, so code that needs a stage's part finds it there (``stage_state``).
+(``load_own_state``, where the shard's chain runs, or their class's saved-state hooks);
+the fingerprint records each stage's path, type and role, so the one walk over a saved
+chain (``fmsdata.stages.savedchain``) finds each stage's part there.
 
 Shard states depend only on the shard, never on the rank, so a rescale is a regrouping of
 the ``shards`` lists of all ranks (``LoaderState.read`` then ``for_shards``). ``pack``
@@ -27,9 +29,11 @@ Versions: 2 made shard states ``{"emitted", "stages"}`` with the fingerprint rec
 the chain; 3 saves shuffle buffers in narrow columns, spans to a document's end without
 their length (``fmsdata.stages.savedlines``); 4 records each dataset's document stream as
 a stage of the chain (under the mixer's ``sources``, with the decoration settings the
-mixer recorded before). Shard states are the same in 3 and 4: a version-3 state is read by
-rewriting its fingerprint's chain record as 4 has it (``_chain_of_v3``). Older versions
-are refused.
+mixer recorded before); 5 keeps the line writer's settings under the fingerprint's
+``writer`` (before, a record in ``stages`` without a path). Shard states are the same in
+3, 4 and 5: a version-3 state is read by rewriting its fingerprint's chain record as 4
+has it (``_chain_of_v3``), a 3 or 4 by moving the writer's record (``_writer_of_v4``).
+Older versions are refused.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import torch
 
 from fmsdata.config import as_plain
 from fmsdata.errors import StateMismatchError
-from fmsdata.fingerprint import check_fingerprint
+from fmsdata.fingerprint import WRITER_KEY, check_fingerprint
 from fmsdata.statecheck import (
     fail,
     join,
@@ -62,12 +66,12 @@ __all__ = [
     "SHARD_PREFIX",
     "ShardEntry",
     "LoaderState",
-    "stage_state",
 ]
 
-STATE_VERSION = 4
-# Versions read: 3 by rewriting its chain record (``_chain_of_v3``).
-_READ_VERSIONS = (3, 4)
+STATE_VERSION = 5
+# Versions read: 3 by rewriting its chain record (``_chain_of_v3``), 3 and 4 by moving the
+# line writer's record out of the chain (``_writer_of_v4``).
+_READ_VERSIONS = (3, 4, 5)
 TOP_KEYS = (
     "version",
     "fingerprint",
@@ -153,6 +157,8 @@ class LoaderState:
         fingerprint = as_plain(need_mapping(value["fingerprint"], join(path, "fingerprint")))
         if value["version"] == 3:
             fingerprint = _chain_of_v3(fingerprint, join(path, "fingerprint.stages"))
+        if value["version"] in (3, 4):
+            fingerprint = _writer_of_v4(fingerprint, join(path, "fingerprint.stages"))
         skips = []
         for i, skip in enumerate(need_list(value["skips"], join(path, "skips"))):
             at, n = need_list(skip, join(path, f"skips[{i}]"), 2)
@@ -300,25 +306,23 @@ class LoaderState:
         return {sid: entries[sid] for sid in shard_ids}
 
 
-def stage_state(shard_state: Any, fingerprint: Mapping[str, Any], role: str) -> Any:
-    """The saved state of the stage with ``role`` inside a shard state (None when the
-    shard has not started), found through the fingerprint's record of the chain."""
-    if shard_state is None:
-        return None
-    for stage in fingerprint.get("stages") or []:
-        if stage.get("role") == role and stage.get("path") is not None:
-            node = shard_state["stages"]
-            for key in stage["path"]:
-                node = node[key]
-            return node
-    raise StateMismatchError(f"the saved chain has no stage with role {role!r}")
-
-
 _V3_DECORATION = ("bos", "eos", "strip", "min_length")
 _V3_ORDERS = {
     "random": "fmsdata.stages.documents.RandomWalk",
     "sequential": "fmsdata.stages.documents.StoredOrder",
 }
+
+
+def _writer_of_v4(fingerprint: dict[str, Any], where: str) -> dict[str, Any]:
+    """A version-3 or 4 fingerprint with the line writer's record (the one ``stages``
+    entry without a path) moved to ``writer``, as 5 keeps it."""
+    stages = need_list(fingerprint.get("stages"), where)
+    writer = [s for s in stages if isinstance(s, Mapping) and s.get("path") is None]
+    if len(writer) != 1:
+        raise fail(where, f"expected one record of the line writer (no path), got {len(writer)}")
+    settings = need_mapping(writer[0].get("settings"), where + ".settings")
+    chain = [s for s in stages if not (isinstance(s, Mapping) and s.get("path") is None)]
+    return {**fingerprint, "stages": chain, WRITER_KEY: dict(settings)}
 
 
 def _chain_of_v3(fingerprint: dict[str, Any], where: str) -> dict[str, Any]:
@@ -375,8 +379,8 @@ def _shard_states_of_v3(stages: Sequence[Any], shards: Sequence[ShardEntry]) -> 
     ``tokens`` (the mixer counted them, and still does), and the per-dataset tables of a
     ``DocumentTransform`` (or subclass) added empty: its drops before the resume count in
     its totals only, not per dataset (what ``state show`` says); the lines are the same."""
-    from fmsdata.report import stage_types
     from fmsdata.stages.filter import DocumentTransform
+    from fmsdata.stages.savedchain import stage_types
 
     types = stage_types()
     mixers, filters = [], []

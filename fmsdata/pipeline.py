@@ -34,14 +34,15 @@ from fmsdata.errors import ConfigError
 from fmsdata.permute import derive_key
 from fmsdata.schedule import WeightSchedule
 from fmsdata.spancheck import check_saved_spans
-from fmsdata.stages.base import SpanStage, Stage, TokenStage, held_spans, layout, walk
+from fmsdata.stages.base import SpanStage, Stage, TokenStage, layout, walk
 from fmsdata.stages.documents import DocumentStream, stream_class
 from fmsdata.stages.fim import FillInMiddle
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.outputs import TokenLine
 from fmsdata.stages.packing import LinePacker
-from fmsdata.stages.savedlines import DocumentLengths, journal_spans
+from fmsdata.stages.savedchain import held_spans, saved_stages
+from fmsdata.stages.savedlines import DocumentLengths
 from fmsdata.stages.shuffle import ShuffleBuffer
 from fmsdata.stages.source import DocumentSource
 from fmsdata.statecheck import need_count, need_keys, within
@@ -251,10 +252,7 @@ class ShardPipeline:
     """One logical shard's chain as a worker runs it: lines from the span-level part, the
     token-level stages on top (applied after materialization), and the lines emitted.
 
-    State: ``{"emitted": lines handed out, "stages": the chain's state}``. The first
-    shuffle buffer of the chain is *journaled*: its buffer changes travel with each worker
-    item instead of the whole buffer (``light_state`` leaves it out; ``fmsdata.replica``
-    puts it back, at ``journal_path``).
+    State: ``{"emitted": lines handed out, "stages": the chain's state}``.
     """
 
     def __init__(self, top: Stage):
@@ -274,13 +272,6 @@ class ShardPipeline:
         self.lines = lines
         self.token_stages = token_stages[::-1]  # in the order they apply
         self.emitted = 0
-        # The first stage with role "shuffle"; it keeps ShuffleBuffer's journal protocol.
-        self.journaled: Any = None
-        for _, stage in walk(top):
-            if stage.role == "shuffle":  # found by role, as ``fmsdata.replica`` finds it
-                stage.journaled = True
-                self.journaled = stage
-                break
 
     def __iter__(self) -> ShardPipeline:
         return self
@@ -332,16 +323,6 @@ class ShardPipeline:
     def state_dict(self) -> dict[str, Any]:
         return {"emitted": self.emitted, "stages": self.top.state_dict()}
 
-    def light_state(self) -> dict[str, Any]:
-        """The state without the journaled buffer: what travels with every worker item."""
-        if self.journaled is None:
-            return self.state_dict()
-        self.journaled.light = True
-        try:
-            return self.state_dict()
-        finally:
-            self.journaled.light = False
-
     def load_state_dict(self, state: Any, where: str = "shard state") -> None:
         """Load a ``state_dict()`` strictly: each stage reads its own part; a
         StateMismatchError names the path inside the state under ``where``."""
@@ -370,27 +351,13 @@ class ShardPipeline:
                     with within(".".join(["stages", *path])):
                         restored()
             check_saved_spans(
-                held_spans(self.top, state["stages"]),
+                held_spans(saved_stages(self.layout(), state["stages"])),
                 "",
                 [access.name for access in accesses],
                 {access.name: access for access in accesses},
                 decoration,
                 measure,
             )
-
-    def drain_journal(self) -> tuple[list[int], np.ndarray, np.ndarray]:
-        """``(ops, spans, offsets)`` of the journaled buffer since the last call
-        (``ShuffleBuffer.drain_journal``)."""
-        if self.journaled is None:
-            return [], *journal_spans(LineBlock.empty(), [])
-        drained = self.journaled.drain_journal()
-        if not (isinstance(drained, tuple) and len(drained) == 3):
-            raise ConfigError(
-                f"{self.journaled.name} has role 'shuffle', so its drain_journal() must give "
-                "(ops, spans, offsets) as ShuffleBuffer's does; it gave "
-                f"{type(drained).__name__} of {len(drained) if isinstance(drained, tuple) else '?'}"
-            )
-        return drained
 
     def layout(self) -> list[dict[str, Any]]:
         return layout(self.top)
@@ -430,9 +397,7 @@ def open_shard(
     token-level stages must see them: then ``writer`` materializes them).
 
     A loaded state is checked against the data (``ShardPipeline.check_restored``, with
-    ``measure``); errors name the path ``where`` (default: the logical shard). The replayed
-    lines stay in the shuffle buffer's journal, so a replica that still holds ``state``
-    learns about them with the shard's next update.
+    ``measure``); errors name the path ``where`` (default: the logical shard).
     """
     pipeline = build_pipeline(shard, recipe, accesses, factory)
     if state is not None:

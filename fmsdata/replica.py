@@ -1,10 +1,13 @@
-"""The main process's replica of what was consumed: each shard's state as of the last
-batch handed to the caller.
+"""What the main process knows was consumed: each shard's state as of the last batch
+handed to the caller.
 
-Workers run ahead of the training loop; the main process keeps a ``ConsumedState`` that
-it advances with what the workers send (round-end shard states and the shuffle-buffer
-journal, plus the lines consumed since), so a saved state describes exactly the batches
-handed to the caller (``fmsdata.loaderstate`` writes it).
+Workers run ahead of the training loop. Each sends, with the last item of a round
+(``fmsdata.transport.item_rounds``), the whole state of every shard the round advanced,
+as one opaque blob (``ShardStates``, unpickled only when a state is read). The main
+process keeps, per shard, the latest such state whose lines are all consumed, plus the
+number of lines consumed since (``advance``). A saved state is exactly that pair; a resume
+replays the ``advance`` lines at span level (``fmsdata.pipeline.open_shard``). The main
+process never runs a stage's logic to mirror its state.
 """
 
 from __future__ import annotations
@@ -15,54 +18,31 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.bufferreplica import BufferReplica
 from fmsdata.loaderstate import ShardEntry
-from fmsdata.stages.savedlines import SavedLines, pack_lines, unpack_lines
-from fmsdata.stages.shuffle import BUFFER_KEY
-from fmsdata.statecheck import fail, within
-from fmsdata.transport import ShardLights, WorkerItem
+from fmsdata.transport import ShardStates, WorkerItem
 
-__all__ = ["ConsumedState", "journal_path"]
-
-
-def journal_path(stages: Sequence[Mapping[str, Any]]) -> tuple[str, ...] | None:
-    """Where the journaled shuffle buffer's own state sits in a shard state: the first
-    stage of the recorded chain (``fmsdata.stages.base.layout``) whose role is
-    ``"shuffle"``, as ``ShardPipeline`` journals it; None when the chain has none."""
-    for stage in stages:
-        if stage.get("role") == "shuffle" and stage.get("path") is not None:
-            return ("stages", *stage["path"])
-    return None
+__all__ = ["ConsumedState"]
 
 
 class ConsumedState:
     """Per-shard pipeline state as of the last batch handed to the caller.
 
-    Each shard is described by a state it passed through (``light`` + the journaled
-    shuffle buffer, kept here as line numbers: ``fmsdata.bufferreplica``) and the number
-    of lines it emitted since (``advance``); a shard's state moves forward when a worker
-    item that advanced it has been consumed completely. The light states stay as the
-    items brought them (``ShardLights``), unpickled only when a state is read, and the
-    per-item work is a few array operations and one compiled journal replay: what the
-    main process spends per batch does not grow with the lines or shards of an item.
+    Each shard is described by a state it passed through and the number of lines it
+    emitted since (``advance``); a shard's state moves forward when a worker item that
+    carries its round-end state has been consumed completely. The per-batch work is one
+    array addition per run of consecutive batches, whatever the lines or shards of an
+    item.
 
     Args:
         shard_ids: This rank's logical shards.
-        stages: The chain as the state fingerprint records it (``stages`` there): where
-            the journaled shuffle buffer's state sits (``journal_path``).
         entries: Saved ``{shard id: ShardEntry}`` (absent: not started).
         steps: Batches consumed before (skipped ones included).
         skips: ``[step, batches]`` of every skip so far.
-
-    Raises:
-        StateMismatchError: A saved shard state has no readable shuffle buffer where the
-            chain journals one (named by the entry's path).
     """
 
     def __init__(
         self,
         shard_ids: Sequence[int],
-        stages: Sequence[Mapping[str, Any]],
         entries: Mapping[int, ShardEntry] | None = None,
         steps: int = 0,
         skips: Sequence[Sequence[int]] = (),
@@ -70,10 +50,8 @@ class ConsumedState:
         self.shard_ids = list(shard_ids)
         self.steps = steps
         self.skips = [[int(at), int(n)] for at, n in skips]
-        self.buffer_path = journal_path(stages)
-        # A loaded state's light part, or the item whose lights hold the shard's.
-        self._light: dict[int, dict[str, Any] | ShardLights | None] = {}
-        self._saved: dict[int, SavedLines] = {}  # the buffer each shard resumed with
+        # A loaded state, or the blob of the round-end states that holds the shard's.
+        self._state: dict[int, dict[str, Any] | ShardStates | None] = {}
         # Per shard id (arrays: an item's counts are added in one operation).
         size = max(self.shard_ids) + 1 if self.shard_ids else 0
         self._advance = np.zeros(size, dtype=np.int64)
@@ -85,41 +63,13 @@ class ConsumedState:
         for sid in self.shard_ids:
             entry = (entries or {}).get(sid) or ShardEntry(sid, None)
             self._advance[sid] = entry.advance
-            if entry.state is None:
-                self._light[sid] = None
-                continue
-            state = entry.state
-            if self.buffer_path is not None:
-                with within(entry.path or f"logical shard {sid}"):
-                    state, saved = self._split_buffer(state)
-                self._saved[sid] = saved
-            self._light[sid] = copy.deepcopy(state)
-        self._buffers = BufferReplica(
-            self.shard_ids, {sid: len(saved) for sid, saved in self._saved.items()}
-        )
-
-    def _split_buffer(self, state: Mapping[str, Any]) -> tuple[dict[str, Any], SavedLines]:
-        """A shard state less its journaled buffer, and the buffer's lines. Shallow copies
-        down to the buffer: the deep copy of the rest never copies the buffered spans."""
-        assert self.buffer_path is not None
-        out = dict(state)
-        node = out
-        for i, key in enumerate(self.buffer_path):
-            inner = node.get(key)
-            if not isinstance(inner, Mapping):
-                raise fail(".".join(self.buffer_path[:i]), f"keys missing [{key!r}]")
-            node[key] = dict(inner)
-            node = node[key]
-        if BUFFER_KEY not in node:
-            raise fail(".".join(self.buffer_path), f"shuffle state: keys missing [{BUFFER_KEY!r}]")
-        with within(".".join((*self.buffer_path, BUFFER_KEY))):
-            return out, unpack_lines(node.pop(BUFFER_KEY))
+            self._state[sid] = copy.deepcopy(entry.state)
 
     def consume_batch(self, items: Sequence[WorkerItem], batch: int) -> None:
         """Count the lines of batch ``batch`` of ``items`` (the current items, one per
         worker, consumed together) as consumed. Consecutive batches are counted together
         when the counts are next read (once for a run of batches, not per batch or per
-        worker: the main process's cost per batch stays constant)."""
+        worker)."""
         run = self._run
         if run is not None and run[0] is items and run[2] == batch:
             run[2] = batch + 1
@@ -141,7 +91,7 @@ class ConsumedState:
 
     def workers_start(self) -> dict[int, int]:
         """Lines past each shard's state that workers starting now replay before their
-        first line; the state they send with the shard's next item includes them."""
+        first line; the state they send with the shard's next round includes them."""
         self._count_all()
         self._run = None  # the items of the last workers: counted, never finished
         self._replayed = self._advance.copy()
@@ -157,15 +107,14 @@ class ConsumedState:
             self.finish_item(item)
 
     def finish_item(self, item: WorkerItem) -> None:
-        """Where ``item`` (its batches counted) ends a round
-        (``fmsdata.transport.item_rounds``), move the shards the round advanced to their
-        state at its end. Lines skipped past the item's end stay counted."""
-        lights = item.lights
-        self._light.update(dict.fromkeys(lights.shards, lights))
-        self._buffers.apply(item.ops, item.pushed, item.pushed_offsets)
-        if not lights.shards:  # an item inside a round: its lines stay an advance
+        """Where ``item`` (its batches counted) ends a round, move the shards the round
+        advanced to their state at its end. Lines skipped past the item's end stay
+        counted."""
+        states = item.states
+        if not states.shards:  # an item inside a round: its lines stay an advance
             return
-        shards = np.fromiter(lights.shards, dtype=np.int64, count=len(lights.shards))
+        self._state.update(dict.fromkeys(states.shards, states))
+        shards = np.fromiter(states.shards, dtype=np.int64, count=len(states.shards))
         self._advance[shards] -= self._replayed[shards] + item.state_lines
         self._replayed[shards] = 0
 
@@ -179,29 +128,15 @@ class ConsumedState:
         self._count_all()
         counts = []
         for sid in self.shard_ids:
-            light = self._light_state(sid)
+            state = self.shard_state(sid)
             emitted = int(self._advance[sid])
-            counts.append(emitted + (0 if light is None else int(light["emitted"])))
+            counts.append(emitted + (0 if state is None else int(state["emitted"])))
         return counts
 
-    def _light_state(self, sid: int) -> dict[str, Any] | None:
-        light = self._light[sid]
-        return light.get(sid) if isinstance(light, ShardLights) else light
-
     def shard_state(self, sid: int) -> dict[str, Any] | None:
-        light = self._light_state(sid)
-        if light is None:
-            return None
-        if self.buffer_path is None:
-            return light
-        # Copy the dicts on the way to the buffer only: the rest is shared, read-only.
-        state = dict(light)
-        node = state
-        for key in self.buffer_path:
-            node[key] = dict(node[key])
-            node = node[key]
-        node[BUFFER_KEY] = pack_lines(self._buffers.lines(sid), self._saved.get(sid))
-        return state
+        """Shard ``sid``'s state (shared: read it, do not change it), or None: not started."""
+        state = self._state[sid]
+        return state.get(sid) if isinstance(state, ShardStates) else state
 
     def shard_states(self) -> dict[int, Any]:
         return {sid: self.shard_state(sid) for sid in self.shard_ids}

@@ -19,25 +19,25 @@ piece of them, then as held). Lines a shard emitted after its recorded state (``
 a worker item in flight) are not in its state: they are counted only once replayed
 (``state show --config``), and left out, and said to be, otherwise.
 
-A stage type is looked up among the ``Stage`` classes this process has imported (never
-imported by the name a state file gives, ``stage_class``); a dataset's stream of a class
-not imported here (a user's document order) is read by ``DocumentStream``, which owns
-every stream's state; a stage of another unknown type is named in ``unknown`` and what
-it holds is not subtracted.
+The chain is walked as the fingerprint records it (``fmsdata.stages.savedchain``): a stage type
+is looked up among the ``Stage`` classes this process has imported; a dataset's stream
+of a class not imported here (a user's document order) is read by ``DocumentStream``,
+which owns every stream's state; a stage of another unknown type is named in ``unknown``
+and what it holds is not subtracted.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from fmsdata.stages.base import LENGTH, SAVED_SPAN_WIDTH, START, Stage
-from fmsdata.stages.documents import DocumentStream
+from fmsdata.stages.savedchain import saved_stages
 
-__all__ = ["DELIVERY_KEYS", "ShardReport", "shard_report", "stage_class", "stage_types"]
+__all__ = ["DELIVERY_KEYS", "ShardReport", "shard_report"]
 
 # Per dataset: taken (by the document source), held (by the stages after it, by kind),
 # dropped (by token stages), delivered = taken - buffered - unsent - held - dropped.
@@ -57,47 +57,6 @@ DELIVERY_KEYS = (
 )
 _HELD_AS = ("buffered", "unsent", "held")
 _TAKEN_OUT = (*_HELD_AS, "dropped")
-
-
-def stage_types() -> dict[str, type[Stage]]:
-    """Every ``Stage`` class this process has imported, by ``module.qualname`` (what the
-    fingerprint records)."""
-    found: dict[str, type[Stage]] = {}
-    pending: list[type[Stage]] = [Stage]
-    while pending:
-        cls = pending.pop()
-        found[f"{cls.__module__}.{cls.__qualname__}"] = cls
-        pending.extend(cls.__subclasses__())
-    return found
-
-
-def stage_class(record: Mapping[str, Any], types: Mapping[str, type[Stage]]) -> type[Stage] | None:
-    """The class that reads a recorded stage's own state: its type, when this process has
-    imported it; else, for a dataset's stream (role ``"dataset"``), ``DocumentStream``: a
-    subclass only orders the documents, the base class owns the state, its checks and its
-    report (so ``fmsdata state show`` reads a state saved with a user's order without
-    importing it). None: a type not imported here."""
-    cls = types.get(str(record.get("stage")))
-    if cls is None and record.get("role") == DocumentStream.role:
-        return DocumentStream
-    return cls
-
-
-def _own_parts(
-    stages: Sequence[Mapping[str, Any]], shard_state: Mapping[str, Any]
-) -> Iterator[tuple[Mapping[str, Any], dict[str, Any]]]:
-    """Each stage of the recorded chain with its own part of the shard's chain state (its
-    node less the keys its inputs' states sit under)."""
-    paths = [tuple(s["path"]) for s in stages if s.get("path") is not None]
-    for stage in stages:
-        if stage.get("path") is None:
-            continue  # the line writer: not in the shard state
-        path = tuple(stage["path"])
-        node = shard_state["stages"]
-        for key in path:
-            node = node[key]
-        inputs = {p[len(path)] for p in paths if len(p) == len(path) + 1 and p[: len(path)] == path}
-        yield stage, {k: v for k, v in node.items() if k not in inputs}
 
 
 class ShardReport:
@@ -137,27 +96,22 @@ def shard_report(
     out = ShardReport(list(fingerprint["datasets"]))
     if shard_state is None:
         return out
-    types = stage_types() if types is None else types
     held: list[tuple[str, np.ndarray, Any]] = []  # (held_as, spans, tokens per dataset index)
     damaged: list[tuple[int, int, int]] = []  # split documents a token stage dropped a piece of
-    for stage, own in _own_parts(fingerprint.get("stages") or [], shard_state):
-        path = list(stage["path"])
-        label = str(stage.get("stage", "?")).rsplit(".", 1)[-1] + (
-            " at " + "/".join(path) if path else ""
-        )
-        cls = stage_class(stage, types)
-        if cls is None:
-            out.unknown.append(label)
+    for stage in saved_stages(fingerprint.get("stages") or [], shard_state["stages"], "", types):
+        if stage.cls is None:
+            out.unknown.append(stage.label)
             continue
-        report = cls.__new__(cls).report(own)
+        report = stage.cls.report(stage.own)
+        record = stage.record
         per_dataset = dict(report.get("datasets") or {})
         if report.get("dataset"):  # one dataset's stream: its settings name the dataset
-            per_dataset[str((stage.get("settings") or {}).get("dataset"))] = report["dataset"]
+            per_dataset[str((record.get("settings") or {}).get("dataset"))] = report["dataset"]
         for name, taken in per_dataset.items():
             if name in out.datasets:
                 out.datasets[name].update({k: int(v) for k, v in taken.items()})
         if report.get("counts"):
-            out.counts[label] = {str(k): int(v) for k, v in report["counts"].items()}
+            out.counts[stage.label] = {str(k): int(v) for k, v in report["counts"].items()}
         for unit in ("tokens", "docs"):
             for ds, n in enumerate(report.get(f"dropped_{unit}") or ()):
                 name = span_datasets[ds] if ds < len(span_datasets) else None

@@ -7,13 +7,12 @@ ring in shared memory that the main process allocated before starting the worker
 (``fmsdata.batchring``, ``fmsdata.batchwrite``); the item itself is small metadata: which
 batches went to their slots, where each row goes and which shard made it. A worker visits
 its shards once for several items (a round, ``item_rounds``): the round's last item also
-carries the state of each shard the round advanced, at its end, and the round's
-shuffle-buffer journal (the spans it pushed are left in shared memory,
-``fmsdata.journalarena``). The main process hands the slots out as they are (views, no
-token read or copied) and computes only what is per piece (``cu_seqlens``). Its replica of the
-consumed state moves to a shard's round-end state once the round's last item is consumed;
-in between it counts the lines consumed past the last state (a resume fast-forwards them,
-see ``fmsdata.replica``).
+carries the whole state of each shard the round advanced, at its end, as one opaque blob
+(``ShardStates``). The main process hands the slots out as they are (views, no token read
+or copied) and computes only what is per piece (``cu_seqlens``). What it consumed moves to
+a shard's round-end state once the round's last item is consumed; in between it counts
+the lines consumed past the last state (a resume replays them at span level, see
+``fmsdata.replica``).
 """
 
 from __future__ import annotations
@@ -29,12 +28,11 @@ import torch
 
 from fmsdata.batchring import BatchRing
 from fmsdata.errors import FmsDataError
-from fmsdata.narrowrows import NarrowRows
 
 __all__ = [
     "WorkerItem",
     "WorkerError",
-    "ShardLights",
+    "ShardStates",
     "carry_errors",
     "item_batch_counts",
     "item_rounds",
@@ -54,13 +52,15 @@ _MAX_BATCHES_PER_ITEM = 64
 _ITEMS_PER_ROUND = 16
 _MIN_ITEMS_PER_ROUND = 1
 _ROUND_SPANS = 5 << 15
+# Blobs of shard states at least this large travel in shared memory (``ShardStates``).
+_SHARED_BLOB = 1 << 16
 # Batches the caller may keep, without workers, before batches go to fresh memory.
 _KEPT_BATCHES = 8
 
 
 @dataclasses.dataclass
 class WorkerItem:
-    """Rows of ``len(lights)`` consecutive batches produced by one worker.
+    """Rows of ``len(offsets) - 1`` consecutive batches produced by one worker.
 
     Attributes:
         offsets: [K + 1] start of each batch's rows in ``rows``.
@@ -74,16 +74,10 @@ class WorkerItem:
         segment_ids: Document id of each piece in ``segments`` (None unless requested).
         samples: Custom preprocess outputs, each [R, ...] (None on the built-in path).
         row_shards: [R] logical shard of each row.
-        lights: The light state of each shard its round advanced, at the round's end
-            (only a round's last item carries them: ``item_rounds``).
-        state_lines: [len(lights.shards)] lines each of those shards emitted in the round
-            (what ``lights`` are past the shard's previous state).
-        ops: [n, 2] shuffle journal ``(shard id, op)`` of the whole round (empty but in
-            its last item).
-        pushed: [P, span width] spans of the lines pushed, in op order (``NarrowRows``:
-            narrow columns on the way to the main process, left in the journal arena
-            where a worker finds room: ``fmsdata.journalarena``).
-        pushed_offsets: [pushes + 1] line boundaries in ``pushed``.
+        states: The state of each shard its round advanced, at the round's end (only a
+            round's last item carries them: ``item_rounds``).
+        state_lines: [len(states.shards)] lines each of those shards emitted in the round
+            (what ``states`` are past the shard's previous state).
     """
 
     offsets: np.ndarray
@@ -96,20 +90,21 @@ class WorkerItem:
     segment_counts: np.ndarray | None
     segment_ids: np.ndarray | None
     samples: dict[str, torch.Tensor] | None
-    lights: ShardLights
+    states: ShardStates
     state_lines: np.ndarray
-    ops: np.ndarray
-    pushed: NarrowRows
-    pushed_offsets: np.ndarray
 
 
-class ShardLights:
-    """``{shard id: light state}`` of the shards an item advanced, pickled as one blob to
-    travel and unpickled only when a state is read (``get``).
+class ShardStates:
+    """``{shard id: shard state}`` of the shards a round advanced, pickled as one opaque
+    blob to travel and unpickled only when a state is read (``get``): the main process
+    holds the latest blob of each shard but reads it only to save a state or to start
+    workers. Without workers nothing is pickled at all.
 
-    The main process moves its replica to these states with every item but reads them
-    only to save a state or to start workers: unpickling every item's nested dicts was
-    most of its cost of receiving one. Without workers nothing is pickled at all.
+    A large blob travels in shared memory (a uint8 tensor: the main process maps it and
+    reads none of it until a state is taken). Through the pipe its bytes would be copied
+    into fresh heap pages of the main process with every round: on 60-token documents
+    (1.3 MiB of buffered spans a rank, a round of 256 batches) that doubled the main
+    process's CPU a batch with one worker on the 2-core box, 14 -> 27 us.
 
     Attributes:
         shards: The shard ids, in the order the states were given.
@@ -120,22 +115,30 @@ class ShardLights:
     def __init__(self, states: dict[int, dict[str, Any]]):
         self.shards = tuple(states)
         self._states: dict[int, dict[str, Any]] | None = states
-        self._blob: bytes | None = None
+        self._blob: bytes | torch.Tensor | None = None
 
-    def __getstate__(self) -> tuple[tuple[int, ...], bytes]:
+    def __getstate__(self) -> tuple[tuple[int, ...], bytes | torch.Tensor]:
         if self._blob is None:
-            self._blob = pickle.dumps(self._states, protocol=pickle.HIGHEST_PROTOCOL)
+            blob = pickle.dumps(self._states, protocol=pickle.HIGHEST_PROTOCOL)
+            if len(blob) >= _SHARED_BLOB:
+                shared = torch.empty(len(blob), dtype=torch.uint8).share_memory_()
+                shared.numpy()[:] = np.frombuffer(blob, dtype=np.uint8)
+                self._blob = shared
+            else:
+                self._blob = blob
         return self.shards, self._blob
 
-    def __setstate__(self, state: tuple[tuple[int, ...], bytes]) -> None:
+    def __setstate__(self, state: tuple[tuple[int, ...], bytes | torch.Tensor]) -> None:
         self.shards, self._blob = state
         self._states = None
 
     def get(self, sid: int) -> dict[str, Any]:
-        """Shard ``sid``'s light state (shared: read it, do not change it)."""
+        """Shard ``sid``'s state (shared: read it, do not change it)."""
         if self._states is None:
-            assert self._blob is not None
-            self._states = pickle.loads(self._blob)
+            blob = self._blob
+            assert blob is not None
+            self._states = pickle.loads(blob.numpy() if isinstance(blob, torch.Tensor) else blob)
+            self._blob = None
         return self._states[sid]
 
 
@@ -222,7 +225,7 @@ def item_rounds(
 
     A worker visits each logical shard once a round: one ``take`` of the shard's lines of
     every item of the round, and one state, taken at the round's end. The visit has a
-    fixed cost (the chain's calls, its state, its journal; about 100 µs on short documents
+    fixed cost (the chain's calls, its state; about 100 µs on short documents
     with 64 shards) that a round of many items pays once, without making items larger (the
     shared ring holds whole items). A round holds its lines' spans until its last item is
     made, so its size follows ``spans_per_batch()`` (the worker's spans per batch in the

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,10 +17,8 @@ import fmsdata.transport
 from fmsdata import build_dataloader
 from fmsdata.catalog import discover
 from fmsdata.handlers import ArrowDocHandler
-from fmsdata.loaderstate import stage_state
-from fmsdata.report import stage_types
+from fmsdata.stages.savedchain import held_spans, saved_stages, stage_state
 from fmsdata.stages.savedlines import unpack_lines
-from fmsdata.stages.shuffle import PUSH
 from fmsdata.statefile import load_state, save_state, state_from_bytes, state_to_bytes
 from fmsdata.synthetic import CorpusInfo, write_corpus
 
@@ -244,20 +242,8 @@ class Ledger:
 
 def _held_by_every_stage(shard_state: dict[str, Any], fingerprint: dict[str, Any]) -> np.ndarray:
     """The spans every stage of the recorded chain holds in a shard state, each asked of its
-    own part (its node less its inputs' keys) on an instance made without ``__init__``."""
-    types = stage_types()
-    records = [s for s in fingerprint["stages"] if s.get("path") is not None]
-    paths = [tuple(s["path"]) for s in records]
-    parts = [np.zeros((0, 5), dtype=np.int64)]
-    for record, path in zip(records, paths):
-        node = shard_state["stages"]
-        for key in path:
-            node = node[key]
-        inputs = {p[len(path)] for p in paths if len(p) == len(path) + 1 and p[: len(path)] == path}
-        cls = types[record["stage"]]
-        own = {k: v for k, v in node.items() if k not in inputs}
-        parts.append(np.asarray(cls.__new__(cls).held_spans(own), dtype=np.int64).reshape(-1, 5))
-    return np.concatenate(parts)
+    own part by its class (``fmsdata.stages.savedchain``)."""
+    return held_spans(saved_stages(fingerprint["stages"], shard_state["stages"]))
 
 
 def rank_loaders(config: dict[str, Any], world_size: int, **overrides: Any) -> list[Any]:
@@ -396,17 +382,3 @@ def run_torchrun(script: str, ranks: int, args: Sequence[str], cwd: str, timeout
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
-
-
-def apply_journal(buffer: list[Any], ops: Iterable[int], pushed: Iterator[np.ndarray]) -> None:
-    """The one-line-at-a-time model of ``ShuffleBuffer``'s journal: replay its recorded
-    changes onto a copy of its buffer (whose lines may be anything: the replay only moves
-    them). ``fmsdata.bufferreplica`` is checked against it."""
-    append, pop = buffer.append, buffer.pop
-    for op in ops:
-        if op == PUSH:
-            append(next(pushed))
-        else:  # take the slot's line, the last line fills the slot
-            last = pop()
-            if op < len(buffer):
-                buffer[op] = last

@@ -72,7 +72,7 @@ def _set_span(state, column, row, value):
 
 
 def _mixer(state):
-    return _find(_shard(state), "tokens")
+    return _find(_shard(state), "sources")
 
 
 def _carry(state):

@@ -7,7 +7,7 @@ from support import base_config, corpus
 
 from fmsdata.cli.main import main
 from fmsdata.errors import ShardFormatError
-from fmsdata.loaderstate import stage_state
+from fmsdata.stages.savedchain import stage_state
 
 
 def test_every_command_has_help():

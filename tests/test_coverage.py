@@ -16,7 +16,7 @@ from support import (
 )
 
 from fmsdata import build_dataloader
-from fmsdata.loaderstate import stage_state
+from fmsdata.stages.savedchain import stage_state
 
 
 def run_ranks(loaders, steps, ledger):

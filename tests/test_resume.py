@@ -16,7 +16,7 @@ from support import (
 )
 
 from fmsdata import build_dataloader
-from fmsdata.loaderstate import stage_state
+from fmsdata.stages.savedchain import stage_state
 from fmsdata.statefile import save_state
 
 
@@ -115,8 +115,8 @@ def test_batches_made_whole_by_one_worker_are_the_same_batches(tmp_path, workers
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_the_main_process_saves_document_ends_as_a_shard_would(tmp_path, workers):
-    """The journal marks spans that run to their document's end for a whole worker item at
-    once; the main process's saved buffers equal each shard's own, saved where it stands."""
+    """The saved buffers equal each shard's own, rebuilt from them and saved where it
+    stands: spans that run to their document's end are saved without their length."""
 
     info = corpus(tmp_path)
     config = every_stage(info, logical_shards=4, batch_size=4, num_workers=workers)

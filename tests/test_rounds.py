@@ -129,7 +129,7 @@ def test_the_check_catches_a_replica_that_counts_only_the_last_item(data, monkey
 
     def last_item_only(self, item):
         item.state_lines = item.state_lines * 0 + [
-            int((item.row_shards == sid).sum()) for sid in item.lights.shards
+            int((item.row_shards == sid).sum()) for sid in item.states.shards
         ]
         real(self, item)
 

@@ -10,7 +10,7 @@ from support import assert_same_batches, base_config, corpus, roundtrip, take
 
 from fmsdata import build_dataloader
 from fmsdata.errors import StateMismatchError
-from fmsdata.loaderstate import stage_state
+from fmsdata.stages.savedchain import stage_state
 from fmsdata.statefile import load_state, save_state, state_to_bytes
 from fmsdata.synthetic import write_corpus
 
@@ -109,8 +109,8 @@ def test_dataset_pickles_small_before_iteration(tmp_path):
 
 @pytest.mark.slow
 def test_spawn_workers_give_the_same_batches(tmp_path):
-    """Spawned workers get the ring and the journal arena by pickling: the same batches,
-    and a state (its buffers read from the arena) that resumes exactly."""
+    """Spawned workers get the ring by pickling: the same batches, and a state (the
+    shards' states they sent) that resumes exactly."""
     info = corpus(tmp_path)
     reference = take(build_dataloader(base_config(info)), 18)
     spawned = build_dataloader(base_config(info, num_workers=2, multiprocessing_context="spawn"))

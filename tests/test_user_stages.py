@@ -51,11 +51,13 @@ class SwapPairs(SpanStage):
         held = np.asarray(state["held"], dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
         self.held = restore_spans(held) if len(held) else None
 
-    def held_spans(self, own):
+    @classmethod
+    def held_spans(cls, own):
         return np.asarray(own["held"], dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
 
-    def renumber(self, own, change):
-        return {"held": change.spans(self.held_spans(own), "SwapPairs").tolist()}
+    @classmethod
+    def carry_over(cls, own, inputs, change):
+        return {"held": change.spans(cls.held_spans(own), "SwapPairs").tolist()}, inputs
 
 
 class Rotate(TokenStage):

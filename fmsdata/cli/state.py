@@ -129,7 +129,8 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     (``fmsdata.report``). ``left_out`` says what the counts leave out (lines emitted after
     a shard's recorded state, stages this process cannot ask), None when they are exact."""
     from fmsdata.loaderstate import LoaderState
-    from fmsdata.report import DELIVERY_KEYS, shard_report, stage_types
+    from fmsdata.report import DELIVERY_KEYS, shard_report
+    from fmsdata.stages.savedchain import stage_types
 
     # Through the one reader of the format: checked, and an older version read as today's.
     states = [LoaderState.from_plain(state).to_plain() for state in states]

@@ -38,8 +38,8 @@ and ``load_state_dict()`` reads it strictly (exactly those keys, else a
 saved in the state's fingerprint, a changed setting refuses an old state, naming the
 stage and the setting. ``role`` names what the loader's code looks for (``"mixer"``,
 ``"dataset"``, ``"packer"``, ``"shuffle"``), never the class; a stage whose own state
-holds spans also writes ``held_spans`` and ``renumber`` (datasets renumbered on a mix
-change).
+holds spans also writes the class methods ``held_spans`` and ``carry_over`` (its spans'
+datasets renumbered on a mix change), which read only the saved state they are given.
 
 A stage keeping every 4th line only, inserted between packer and shuffle buffer::
 

@@ -35,7 +35,6 @@ __all__ = [
     "DatasetRenumbering",
     "walk",
     "layout",
-    "held_spans",
     "SPAN_WIDTH",
     "SAVED_SPAN_WIDTH",
     "DS",
@@ -101,14 +100,21 @@ class Stage(IterableDataset):
     describes exactly the items already handed out, so loading it into a fresh chain built
     the same way continues with the very next item.
 
-    A stage declares itself to the tools that work on saved states without knowing the
-    chain: ``role`` (what the loader's state code looks for: ``"mixer"``, ``"packer"``,
-    ``"shuffle"``; None for anything else), ``settings()`` (what its output depends on:
-    a changed setting refuses an old state, naming the stage and the setting), and, when
-    its own state holds spans, ``held_spans`` and ``renumber``.
+    What a stage writes (the built-in stages and yours alike):
 
-    Subclasses write ``own_state``/``load_own_state`` and ``settings``; the generic
-    ``state_dict``/``load_state_dict`` nest the children.
+    - ``__next__`` (a ``SpanStage``) or ``apply`` (a ``TokenStage``): its work;
+    - ``own_state`` / ``load_own_state``: its own fields as plain data, and back;
+    - ``settings``: what its output depends on besides its input (a changed setting
+      refuses an old state, naming the stage and the setting);
+    - ``children``, only when it reads other than one ``source``.
+
+    A stage whose own state holds spans (lines or pieces taken from its input and not
+    handed out) also says so to the tools that read saved states without building a
+    chain (``fmsdata state show``, a mix change on resume, the checks of a loaded state):
+    ``held_spans`` and ``carry_over``, class methods that read only the saved state they
+    are given; ``report`` adds what ``state show`` prints. ``role`` names what the
+    loader's code looks for (``"mixer"``, ``"dataset"``, ``"packer"``, ``"shuffle"``;
+    None for anything else), never the class.
     """
 
     role: ClassVar[str | None] = None
@@ -138,28 +144,32 @@ class Stage(IterableDataset):
         """What this stage's output depends on besides its input (JSON-able values)."""
         return {}
 
-    def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
-        """This stage's own saved state after a change of the dataset list (default: as is;
-        stages whose state holds spans renumber them, the mixer carries positions over)."""
-        return own
+    # -- what a saved state of it holds (class methods: no chain is built to ask) --------
 
-    def renumber_inputs(self, inputs: dict[str, Any], change: DatasetRenumbering) -> dict:
-        """The saved states of this stage's inputs, by key, after a change of the dataset
-        list (default: as they are). A stage with one input per dataset keeps the kept
-        datasets' inputs, starts new ones and drops removed ones (``DatasetStreams``)."""
-        return inputs
-
-    def held_spans(self, own: dict[str, Any]) -> np.ndarray:
+    @classmethod
+    def held_spans(cls, own: dict[str, Any]) -> np.ndarray:
         """The spans this stage's own saved state holds (``[n, SAVED_SPAN_WIDTH]``): lines
         or pieces it took from its input and has not handed out. A length of 0 stands for
         "to the end of the document" (how a shuffle buffer saves most spans)."""
         return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int64)
 
-    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+    @classmethod
+    def carry_over(
+        cls, own: dict[str, Any], inputs: dict[str, Any], change: DatasetRenumbering
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """This stage's saved state after a change of the dataset list (``allow_mix_change``):
+        its own part and its inputs' saved states by key, the inputs already carried over
+        (default: as they are). A stage whose own state holds spans renumbers their
+        datasets (``change.spans``); the mixer carries its counts over; a stage with one
+        input per dataset keeps the kept datasets' inputs, starts new ones and drops
+        removed ones (``DatasetStreams``)."""
+        return own, inputs
+
+    @classmethod
+    def report(cls, own: dict[str, Any]) -> dict[str, Any]:
         """What this stage's own saved state holds and counts, for ``fmsdata state show``
         (``fmsdata.report``), which asks every stage of the chain and never reads a stage's
-        keys itself. Reads ``own`` only, never ``self``'s fields: with no config to build the
-        chain from, ``state show`` calls it on a stage made without ``__init__``.
+        keys itself.
 
         Returns plain data, any of: ``held`` (``[n, SAVED_SPAN_WIDTH]`` spans taken from the
         input and not handed out; default ``held_spans(own)``), ``held_tokens`` (tokens
@@ -171,7 +181,7 @@ class Stage(IterableDataset):
         fields for the dataset its ``settings()["dataset"]`` names: ``"taken_docs"``,
         ``"taken_tokens"``, ``"epoch"``, ``"pos"``, ``"size"``, ``"skipped"``).
         """
-        return {"held": self.held_spans(own)}
+        return {"held": cls.held_spans(own)}
 
     # -- generic -------------------------------------------------------------------------
 
@@ -179,15 +189,6 @@ class Stage(IterableDataset):
     def name(self) -> str:
         """How messages name this stage."""
         return self.role or type(self).__name__
-
-    def fingerprint(self) -> dict[str, Any]:
-        """Type, role and settings: what a saved state of this stage must agree with."""
-        cls = type(self)
-        return {
-            "stage": f"{cls.__module__}.{cls.__qualname__}",
-            "role": self.role,
-            "settings": self.settings(),
-        }
 
     def state_dict(self) -> dict[str, Any]:
         """Own fields plus each child's state under its key.
@@ -297,7 +298,8 @@ def walk(top: Stage, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ..
 
 
 def layout(top: Stage) -> list[dict[str, Any]]:
-    """The chain as the state fingerprint records it: each stage's path and fingerprint.
+    """The chain as the state fingerprint records it: each stage's path in the chain's
+    state, type (``module.qualname``), role and settings.
 
     Raises:
         ConfigError: A stage's ``settings()`` holds a value a state file cannot keep (said
@@ -305,9 +307,17 @@ def layout(top: Stage) -> list[dict[str, Any]]:
     """
     out = []
     for path, stage in walk(top):
-        record = stage.fingerprint()
-        _check_plain(record["settings"], stage, "settings()")
-        out.append({"path": list(path), **record})
+        cls = type(stage)
+        settings = stage.settings()
+        _check_plain(settings, stage, "settings()")
+        out.append(
+            {
+                "path": list(path),
+                "stage": f"{cls.__module__}.{cls.__qualname__}",
+                "role": stage.role,
+                "settings": settings,
+            }
+        )
     return out
 
 
@@ -329,14 +339,3 @@ def _check_plain(value: Any, stage: Stage, where: str) -> None:
         "settings are saved in every state's fingerprint: give plain values (bool, int, "
         "float, str, None, lists, dicts with str keys), e.g. bool(x) or int(x)"
     )
-
-
-def held_spans(stage: Stage, state: dict[str, Any]) -> np.ndarray:
-    """Every span saved anywhere in a chain state (``[n, SAVED_SPAN_WIDTH]``; length 0:
-    to the end of the document)."""
-    children = stage.children()
-    own = np.asarray(stage.held_spans({k: v for k, v in state.items() if k not in children}))
-    parts = [own.reshape(-1, SAVED_SPAN_WIDTH).astype(np.int64)]
-    for key, child in children.items():
-        parts.append(held_spans(child, state[key]))
-    return np.concatenate(parts)

@@ -551,7 +551,8 @@ class DocumentStream(DocumentSource):
         self.rewind()
         self._setup()
 
-    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+    @classmethod
+    def report(cls, own: dict[str, Any]) -> dict[str, Any]:
         """Where the stream is: documents and tokens taken, epoch, position of ``size`` documents,
         documents skipped as shorter than ``min_length`` (``fmsdata.report`` files it
         under the dataset its settings name)."""

@@ -112,20 +112,24 @@ class DocumentTransform(TokenStage):
         for row in rows.tolist():
             self.open.setdefault((row[0], row[1], row[2]), []).append(row[3:])
 
-    def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
+    @classmethod
+    def carry_over(
+        cls, own: dict[str, Any], inputs: dict[str, Any], change: DatasetRenumbering
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The per-dataset rows and open pieces in the new dataset numbering (a dataset no
         longer listed loses its rows)."""
-        per_dataset = _table(own["datasets"], DATASET_COLUMNS, f"{self.name}: datasets")
+        per_dataset = _table(own["datasets"], DATASET_COLUMNS, f"{cls.__name__}: datasets")
         number = np.asarray(change.number, dtype=np.int64)[: len(per_dataset)]
         moved = np.zeros(
             (max(len(change.mix), int(number.max(initial=-1)) + 1), len(DATASET_COLUMNS)), np.int64
         )
         moved[number[number >= 0]] = per_dataset[number >= 0]
-        rows = _table(own["open"], OPEN_COLUMNS, f"{self.name}: open").copy()
+        rows = _table(own["open"], OPEN_COLUMNS, f"{cls.__name__}: open").copy()
         rows[:, 0] = np.asarray(change.number, dtype=np.int64)[rows[:, 0]]
-        return {**own, "datasets": moved, "open": rows[rows[:, 0] >= 0]}
+        return {**own, "datasets": moved, "open": rows[rows[:, 0] >= 0]}, inputs
 
-    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+    @classmethod
+    def report(cls, own: dict[str, Any]) -> dict[str, Any]:
         """Its ``counts`` (lines, pieces seen, pieces and tokens dropped, trimmed, added),
         and per dataset index the document tokens it took out (``dropped_tokens``: dropped
         plus trimmed less added), the documents it damaged whose pieces it has all seen

@@ -99,7 +99,8 @@ class FillInMiddle(TokenStage):
         self.psm, self.spm = int(counts["psm"]), int(counts["spm"])
         self.overflow = int(counts["overflow"])
 
-    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+    @classmethod
+    def report(cls, own: dict[str, Any]) -> dict[str, Any]:
         """Lines seen and the pieces rewritten as PSM and SPM, and those that overflowed."""
         return {"counts": {"lines": int(own["lines"]), **own["counts"]}}
 

@@ -79,11 +79,11 @@ class LineStore:
         self.size = len(lines)
 
     def steps(
-        self, pushed: LineBlock, hashes: np.ndarray, window: int, ops: np.ndarray, push_op: int
+        self, pushed: LineBlock, hashes: np.ndarray, window: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Make one buffer step per hash (``ShuffleBuffer``'s docstring), the lines pushed
-        taken from ``pushed`` in order, the journal written to ``ops``; returns the
-        ``(start, count)`` of each line handed out, in order (until the next ``steps``)."""
+        taken from ``pushed`` in order; returns the ``(start, count)`` of each line handed
+        out, in order (until the next ``steps``)."""
         self._room(len(pushed.spans))
         base = self.end
         self.rows[base : base + len(pushed.spans)] = pushed.spans
@@ -92,7 +92,7 @@ class LineStore:
         taken_count = np.empty(len(hashes), dtype=np.int64)
         self.size, taken_rows = _steps(
             self.size, window, hashes, self.start, self.count, pushed.offsets, base,
-            taken_start, taken_count, ops, push_op,
+            taken_start, taken_count,
         )  # fmt: skip
         self.held += len(pushed.spans) - taken_rows
         return taken_start, taken_count
@@ -119,14 +119,13 @@ class LineStore:
 
 @compiled
 def _steps(  # type: ignore[no-untyped-def]
-    size, window, hashes, start, count, offsets, base, taken_start, taken_count, ops, push
+    size, window, hashes, start, count, offsets, base, taken_start, taken_count
 ):
     """Step ``k`` pushes the next lines of ``offsets`` (rows from ``base``; up to two,
     while below ``window``), then hands out the line at slot ``hashes[k] % size``, the last
     slot's line taking its place. Returns the slots held after the last step and the rows
     of the measured lines handed out."""
     incoming = 0
-    at = 0
     taken_rows = 0
     for k in range(len(hashes)):
         for _ in range(min(2, max(window - size, 0))):
@@ -134,11 +133,7 @@ def _steps(  # type: ignore[no-untyped-def]
             count[size] = offsets[incoming + 1] - offsets[incoming]
             incoming += 1
             size += 1
-            ops[at] = push
-            at += 1
         slot = np.int64(hashes[k] % np.uint64(size))
-        ops[at] = slot
-        at += 1
         taken_start[k] = start[slot]
         taken_count[k] = count[slot]
         taken_rows += max(count[slot], 0)

@@ -80,20 +80,10 @@ class LineWriter:
         self._limit = _INT32_MAX if vocab_size is None else min(_INT32_MAX, vocab_size - 1)
         self._first_file: np.ndarray | None = None  # each dataset's first dense file number
 
-    def fingerprint(self) -> dict[str, Any]:
-        """What the rows depend on besides the spans, as stage fingerprints give it (the
-        vocabulary is a check and changes no row)."""
-        return {
-            "path": None,
-            "stage": f"{type(self).__module__}.{type(self).__qualname__}",
-            "role": "materialize",
-            "settings": {
-                "line_length": self.line_length,
-                "bol": self.bol,
-                "eol": self.eol,
-                "pad": self.pad,
-            },
-        }
+    def settings(self) -> dict[str, Any]:
+        """What the rows depend on besides the spans (the state fingerprint's ``writer``;
+        the vocabulary is a check and changes no row)."""
+        return {"line_length": self.line_length, "bol": self.bol, "eol": self.eol, "pad": self.pad}
 
     def write(self, lines: Sequence[np.ndarray] | LineBlock, out: np.ndarray) -> np.ndarray:
         """Fill row ``k`` of ``out`` from ``lines[k]``; return the non-pad token count per row.

@@ -57,9 +57,9 @@ def _range_totals(ds, dlen, begin, end, documents, tokens):  # type: ignore[no-u
 
 class DatasetStreams(Stage):
     """The mixer's input: one document source per dataset, each under its dataset's name
-    (so ``walk``, ``settings``, ``renumber`` and ``held_spans`` reach every stream). Holds
-    no state of its own; on a change of the dataset list (``renumber_inputs``) the kept
-    datasets' streams go on, new ones start, removed ones are dropped."""
+    (so ``walk``, ``settings`` and the saved-state hooks reach every stream). Holds no
+    state of its own; on a change of the dataset list (``carry_over``) the kept datasets'
+    streams go on, new ones start, removed ones are dropped."""
 
     def __init__(self, streams: Sequence[DocumentSource], names: Sequence[str]):
         self.streams = dict(zip(names, streams))
@@ -70,10 +70,13 @@ class DatasetStreams(Stage):
     def children(self) -> dict[str, Stage]:
         return dict(self.streams)
 
-    def renumber_inputs(self, inputs: dict[str, Any], change: DatasetRenumbering) -> dict:
+    @classmethod
+    def carry_over(
+        cls, own: dict[str, Any], inputs: dict[str, Any], change: DatasetRenumbering
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """A new dataset's stream starts fresh (``not_started``: its stream, of whatever
         class, loads that as its ``fresh_state``)."""
-        return {name: inputs.get(name, not_started()) for name in change.mix}
+        return own, {name: inputs.get(name, not_started()) for name in change.mix}
 
 
 class TokenShareMixer(DocumentSource):
@@ -222,12 +225,16 @@ class TokenShareMixer(DocumentSource):
     def settings(self) -> dict[str, Any]:
         return {"datasets": list(self.names)}
 
-    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+    @classmethod
+    def report(cls, own: dict[str, Any]) -> dict[str, Any]:
         """Nothing of its own: each dataset's stream reports what was taken from it. Holds
         no spans: what is taken and not handed out is held below."""
         return {}
 
-    def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
+    @classmethod
+    def carry_over(
+        cls, own: dict[str, Any], inputs: dict[str, Any], change: DatasetRenumbering
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Datasets kept continue from their own counts, new ones start at zero, removed
         ones are dropped; with ``change.rebase`` every share is measured afresh from here
         (``base`` moves to the tokens taken), so new weights hold now."""
@@ -237,4 +244,4 @@ class TokenShareMixer(DocumentSource):
             if change.rebase
             else {name: int(own["base"].get(name, 0)) for name in change.mix}
         )
-        return {"tokens": tokens, "base": base}
+        return {"tokens": tokens, "base": base}, inputs

@@ -180,18 +180,24 @@ class LinePacker(SpanStage):
     def settings(self) -> dict[str, Any]:
         return {"capacity": self.capacity, "mode": self.mode}
 
-    def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
+    @classmethod
+    def carry_over(
+        cls, own: dict[str, Any], inputs: dict[str, Any], change: DatasetRenumbering
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         carry = own["carry"]
-        if not carry:
-            return own
-        return {"carry": [int(v) for v in change.spans(np.asarray([carry]), "packer carry")[0]]}
+        if carry:
+            spans = change.spans(np.asarray([carry]), "packer carry")
+            own = {"carry": [int(v) for v in spans[0]]}
+        return own, inputs
 
-    def held_spans(self, own: dict[str, Any]) -> np.ndarray:
+    @classmethod
+    def held_spans(cls, own: dict[str, Any]) -> np.ndarray:
         return np.asarray(own["carry"], dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
 
-    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+    @classmethod
+    def report(cls, own: dict[str, Any]) -> dict[str, Any]:
         """The carry: the unsent rest of a split document (its length is saved)."""
-        return {"held": self.held_spans(own), "held_as": "unsent"}
+        return {"held": cls.held_spans(own), "held_as": "unsent"}
 
 
 def _pieces(docs: Documents, carry: np.ndarray | None) -> tuple[np.ndarray, int]:

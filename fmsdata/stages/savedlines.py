@@ -40,15 +40,14 @@ from fmsdata.stages.base import (
     restore_spans,
 )
 from fmsdata.stages.docfacts import document_facts
-from fmsdata.stages.lineblock import LineBlock, as_block, chained_offsets
+from fmsdata.stages.linestore import RESTORED
 from fmsdata.statecheck import fail, need_keys
 
 __all__ = [
     "SavedLines",
     "DocumentLengths",
     "pack_lines",
-    "journal_spans",
-    "join_journal",
+    "pack_rows",
     "unpack_lines",
     "resolve",
     "COLUMNS",
@@ -120,102 +119,93 @@ def pack_lines(
         lines: Each a span array, or an int: that line of ``saved`` (a buffer read back and
             not yet measured, whose lengths and token counts are carried over). A span
             array has the runtime columns (a span whose ``dlen`` is ``start + length`` runs
-            to the end) or the saved ones as the journal carries them (``journal_spans``:
-            a negative length runs to the end).
+            to the end) or the saved ones (a length of 0 runs to the end).
         saved: The lines the ints refer to.
         to_end: Leave out the lengths of spans known to run to the end of their document.
             Off for a buffer that could not find them again.
     """
-    parts: list[np.ndarray] = []
-    restored: list[int] = []  # lines carried over from ``saved``
-    carried: list[np.ndarray] = []  # their token counts
+    arrays = [line for line in lines if isinstance(line, np.ndarray)]
+    rows = np.full((sum(map(len, arrays)), SPAN_WIDTH), -1, dtype=np.int64)
+    start = np.empty(len(lines), dtype=np.int64)
+    count = np.empty(len(lines), dtype=np.int64)
+    at = 0
+    for k, line in enumerate(lines):
+        if isinstance(line, np.ndarray):
+            rows[at : at + len(line), : line.shape[1]] = line[:, :SPAN_WIDTH]
+            start[k], count[k] = at, len(line)
+            at += len(line)
+        else:
+            start[k], count[k] = int(line), RESTORED
+    return pack_rows(rows, start, count, len(lines), saved, to_end)
+
+
+def pack_rows(
+    rows: np.ndarray,
+    start: np.ndarray,
+    count: np.ndarray,
+    n_lines: int,
+    saved: SavedLines | None = None,
+    to_end: bool = True,
+) -> dict[str, np.ndarray]:
+    """``pack_lines`` of lines held as runs of span rows: line ``k`` is
+    ``rows[start[k]:start[k] + count[k]]`` (runtime columns), or, where ``count[k]`` is -1,
+    line ``start[k]`` of ``saved``. How a shuffle buffer saves its store
+    (``fmsdata.stages.linestore``): one compiled pass, no array per line. A worker saves
+    every shard it visits once a round, so this runs for every buffered span a round."""
     if saved is None:
-        parts = list(lines)  # type: ignore[arg-type]
-    else:
-        for line in lines:
-            if not isinstance(line, np.ndarray):
-                restored.append(len(parts))
-                carried.append(saved.tokens[line])
-                line = saved.line(line)
-            parts.append(line)
-    if len({part.shape[1] for part in parts}) > 1:
-        parts = [part[:, :SAVED_SPAN_WIDTH] for part in parts]
-    n_lines = len(parts)
-    counts = np.fromiter(map(len, parts), dtype=np.int64, count=n_lines)
-    offsets = np.zeros(n_lines + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    spans = np.concatenate(parts) if n_lines else np.zeros((0, SPAN_WIDTH), dtype=np.int64)
-    # Column by column from here (one transposing copy: the rest reads memory in order).
-    columns = list(np.ascontiguousarray(spans[:, : DLEN + 1].T))
-    start, length, ds = columns[START], columns[LENGTH], columns[DS]
-    # A span to the end: read back as such (length 0), marked so by the journal (negative)
-    # or known to end where its document does (an unknown dlen, -1, never equals
-    # start + length).
-    known_end = length <= 0
-    if to_end and len(columns) > DLEN:
-        known_end |= start + length == columns[DLEN]
-    width = max([int(ds.max()) + 1 if len(spans) else 0, *(len(c) for c in carried)])
-    line = np.repeat(np.arange(n_lines), counts)
-    tokens = np.bincount(line * width + ds, weights=np.abs(length), minlength=n_lines * width)
-    tokens = tokens.astype(np.int64).reshape(n_lines, width)
-    for row, counted in zip(restored, carried):
-        tokens[row] = 0
-        tokens[row, : len(counted)] = counted
-    columns[LENGTH] = np.where(known_end, 0, length)
+        saved = SavedLines(
+            np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int64),
+            np.zeros(1, dtype=np.int64),
+            np.zeros((0, 0), dtype=np.int64),
+        )
+    spans, offsets, tokens = _saved_form(
+        rows, start, count, n_lines, RESTORED, saved.spans, saved.offsets, saved.tokens, to_end
+    )
     packed = {"offsets": _narrow(offsets)}
-    for key, values in zip(COLUMNS, columns):
-        packed[key] = _narrow(values)
+    for c, key in enumerate(COLUMNS):
+        packed[key] = _narrow(spans[:, c])
     packed["tokens"] = np.asfortranarray(_narrow(tokens))
     return packed
 
 
-def journal_spans(
-    lines: Sequence[np.ndarray] | LineBlock, marked: Sequence[bool] | np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Lines pushed into journaled buffers as a worker item carries them to the main
-    process, which keeps their saved columns only: ``(spans, offsets)``, the lines
-    concatenated (int32 where they fit, a third of the runtime bytes) and their bounds.
-    In a line that is ``marked`` (its buffer can find document lengths again), a span known
-    by its ``dlen`` to run to the end of its document has its length negated, so the main
-    process saves it without it (``pack_lines``). One compiled pass; the lines themselves,
-    still held by the buffers, are not changed."""
-    block = as_block(lines)
-    if not len(block):
-        return np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int32), block.offsets.copy()
-    out = np.empty((len(block.spans), SAVED_SPAN_WIDTH), dtype=np.int64)
-    marks = np.asarray(marked, dtype=np.bool_)
-    low, high = _saved_columns(block.spans, block.offsets, marks, out)
-    wide = low < -_INT32_MAX or high > _INT32_MAX
-    return (out if wide else out.astype(np.int32)), block.offsets
-
-
-def join_journal(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Pushed lines in the journal's form (``journal_spans``: ``(spans, offsets)`` each)
-    one after another, in the same form."""
-    if len(parts) == 1:
-        return parts[0]
-    if not parts:
-        return journal_spans(LineBlock.empty(), [])
-    offsets = chained_offsets([o for _, o in parts])
-    return np.concatenate([spans for spans, _ in parts]), offsets
-
-
 @compiled
-def _saved_columns(spans, offsets, marked, out):  # type: ignore[no-untyped-def]
-    """The saved columns of ``spans`` into ``out``, the length negated where the span's
-    line (bounds ``offsets``) is ``marked`` and the span ends its document. Returns the
-    smallest and largest value written."""
-    low = high = np.int64(0)
-    for line in range(len(marked)):
-        for i in range(offsets[line], offsets[line + 1]):
-            for c in range(out.shape[1]):
-                out[i, c] = spans[i, c]
-            if marked[line] and spans[i, START] + spans[i, LENGTH] == spans[i, DLEN]:
-                out[i, LENGTH] = -spans[i, LENGTH]
-            for c in range(out.shape[1]):
-                low = min(low, out[i, c])
-                high = max(high, out[i, c])
-    return low, high
+def _saved_form(rows, start, count, n, restored, s_spans, s_offsets, s_tokens, to_end):  # type: ignore[no-untyped-def]
+    """The saved columns ``[spans, SAVED_SPAN_WIDTH]``, line bounds and tokens per line and
+    dataset of lines ``k < n`` (``pack_rows``): a span known by its ``dlen`` to run to the
+    end of its document saved with length 0; a restored line copied with its counts."""
+    total = 0
+    width = s_tokens.shape[1]
+    for k in range(n):
+        if count[k] == restored:
+            total += s_offsets[start[k] + 1] - s_offsets[start[k]]
+        else:
+            total += count[k]
+            for r in range(start[k], start[k] + count[k]):
+                width = max(width, rows[r, DS] + 1)
+    spans = np.empty((total, SAVED_SPAN_WIDTH), dtype=np.int64)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    tokens = np.zeros((n, width), dtype=np.int64)
+    at = 0
+    for k in range(n):
+        if count[k] == restored:
+            line = start[k]
+            for r in range(s_offsets[line], s_offsets[line + 1]):
+                for c in range(SAVED_SPAN_WIDTH):
+                    spans[at, c] = s_spans[r, c]
+                at += 1
+            for d in range(s_tokens.shape[1]):
+                tokens[k, d] = s_tokens[line, d]
+        else:
+            for r in range(start[k], start[k] + count[k]):
+                for c in range(SAVED_SPAN_WIDTH):
+                    spans[at, c] = rows[r, c]
+                length = rows[r, LENGTH]
+                tokens[k, rows[r, DS]] += length
+                if to_end and rows[r, START] + length == rows[r, DLEN]:
+                    spans[at, LENGTH] = 0
+                at += 1
+        offsets[k + 1] = at
+    return spans, offsets, tokens
 
 
 def _int_array(value: Any, path: str, ndim: int) -> np.ndarray:

@@ -6,13 +6,6 @@ and the step count), so the only randomness state is the step count. Lines are s
 so the saved buffer is a few integers per line however long the lines are (and fewer
 still in its saved form, ``fmsdata.stages.savedlines``: a resume measures the documents'
 lengths again from the files, ``documents``).
-
-Every change to the buffer of the chain's *journaled* shuffle buffer (the first in the
-chain, see ``fmsdata.pipeline``) is also recorded in a journal — an op list where ``-1`` means
-"push the next recorded line" and ``k >= 0`` "take the line at slot k", plus the pushed
-lines: a DataLoader worker forwards the journal with each batch, and the main process
-replays it on a copy of the buffer to know the state of what was *consumed* without the
-worker sending the whole buffer each time (see ``fmsdata.replica``).
 """
 
 from __future__ import annotations
@@ -30,19 +23,16 @@ from fmsdata.stages.linestore import RESTORED, LineStore
 from fmsdata.stages.savedlines import (
     DocumentLengths,
     SavedLines,
-    join_journal,
-    journal_spans,
     pack_lines,
+    pack_rows,
     resolve,
     unpack_lines,
 )
 from fmsdata.statecheck import need_count, within
 
-__all__ = ["ShuffleBuffer", "PUSH", "BUFFER_KEY"]
+__all__ = ["ShuffleBuffer", "BUFFER_KEY"]
 
 BUFFER_KEY = "buffer"  # where a shuffle buffer's own state keeps its lines
-
-PUSH = -1
 
 
 class ShuffleBuffer(SpanStage):
@@ -73,10 +63,6 @@ class ShuffleBuffer(SpanStage):
         self.window = window
         self.documents = documents
         self._open = False  # some restored span has no length (its dataset is not here)
-        # Set by the shard pipeline on the one buffer whose changes travel as a journal;
-        # ``light`` leaves the buffer out of the state while the pipeline takes a light one.
-        self.journaled = False
-        self.light = False
         self.key = key
         self.emitted = 0
         # The held lines; a restored line (of ``_restored``, a loaded state) is measured
@@ -84,10 +70,6 @@ class ShuffleBuffer(SpanStage):
         # ``measure_restored``).
         self._store = LineStore(window)
         self._restored: SavedLines | None = None
-        self._ops: list[int] = []
-        # Lines pushed since the journal was drained, in the journal's form (they are in
-        # the store too: the journal's narrow copy costs a third of their runtime rows).
-        self._pushed: list[tuple[np.ndarray, np.ndarray]] = []
 
     @property
     def buffer(self) -> list[np.ndarray | int]:
@@ -119,14 +101,7 @@ class ShuffleBuffer(SpanStage):
         # are pulled in one call, then one compiled pass makes the steps on the slots.
         store = self._store
         pushed = _pull(self.source, _pushes(len(store), self.window, n))
-        ops = np.empty(len(pushed) + n, dtype=np.int64)
-        start, count = store.steps(
-            pushed, hash_array(self.key, self.emitted, n), self.window, ops, PUSH
-        )
-        if self.journaled:
-            self._ops.extend(ops.tolist())
-            marks = np.full(len(pushed), self.marks_document_ends)
-            self._pushed.append(journal_spans(pushed, marks))
+        start, count = store.steps(pushed, hash_array(self.key, self.emitted, n), self.window)
         self.emitted += n
         if (count == RESTORED).any():
             out = self._with_restored(start, count)
@@ -153,27 +128,18 @@ class ShuffleBuffer(SpanStage):
             "built by fmsdata.pipeline.build_pipeline)"
         )
 
-    def drain_journal(self) -> tuple[list[int], np.ndarray, np.ndarray]:
-        """Buffer changes since the last call: ``(ops, spans, offsets)``, the lines pushed
-        in the form a worker item carries them (``savedlines.journal_spans``: where
-        ``marks_document_ends``, a span running to its document's end has its length
-        negated)."""
-        ops, (spans, offsets) = self._ops, join_journal(self._pushed)
-        self._ops, self._pushed = [], []
-        return ops, spans, offsets
-
-    @property
-    def marks_document_ends(self) -> bool:
-        """Whether the main process may save this buffer's spans that run to the end of
-        their document without their length (it knows where documents end here)."""
-        return self.documents is not None
-
     def own_state(self) -> dict[str, Any]:
-        if self.light:
-            return {"emitted": self.emitted}
         if self._open:
             raise self._unmeasured()
-        packed = pack_lines(self.buffer, self._restored, to_end=self.documents is not None)
+        store = self._store
+        packed = pack_rows(
+            store.rows,
+            store.start,
+            store.count,
+            store.size,
+            self._restored,
+            self.documents is not None,
+        )
         return {"emitted": self.emitted, BUFFER_KEY: packed}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
@@ -192,7 +158,6 @@ class ShuffleBuffer(SpanStage):
                 f"shuffle_window={self.window}"
             )
         self._store.reset(lines)
-        self._ops, self._pushed = [], []
 
     def measure_restored(self) -> None:
         """Measure every restored line now against its files (which opens them; a remote
@@ -228,16 +193,21 @@ class ShuffleBuffer(SpanStage):
     def settings(self) -> dict[str, Any]:
         return {"window": self.window}
 
-    def renumber(self, own: dict[str, Any], change: DatasetRenumbering) -> dict[str, Any]:
+    @classmethod
+    def carry_over(
+        cls, own: dict[str, Any], inputs: dict[str, Any], change: DatasetRenumbering
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         saved = unpack_lines(own[BUFFER_KEY])
         moved = saved.renumbered(change.spans(saved.held(), "shuffle buffer"), change.number)
-        return {**own, BUFFER_KEY: pack_lines(range(len(moved)), moved)}
+        return {**own, BUFFER_KEY: pack_lines(range(len(moved)), moved)}, inputs
 
-    def held_spans(self, own: dict[str, Any]) -> np.ndarray:
+    @classmethod
+    def held_spans(cls, own: dict[str, Any]) -> np.ndarray:
         with within(BUFFER_KEY):
             return unpack_lines(own[BUFFER_KEY]).held()
 
-    def report(self, own: dict[str, Any]) -> dict[str, Any]:
+    @classmethod
+    def report(cls, own: dict[str, Any]) -> dict[str, Any]:
         """The buffered lines (their spans, and their tokens per dataset from the saved
         counts: most spans run to their document's end without a length) and the lines
         this buffer handed out."""

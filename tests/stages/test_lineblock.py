@@ -12,12 +12,12 @@ from test_shuffle import Counter, numbers
 from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError
 from fmsdata.permute import hash_array
-from fmsdata.pipeline import ShardPipeline, default_stages
+from fmsdata.pipeline import default_stages
 from fmsdata.stages.base import SPAN_WIDTH, SpanStage, TokenStage
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.linestore import RESTORED, LineStore
 from fmsdata.stages.packing import LinePacker
-from fmsdata.stages.shuffle import PUSH, ShuffleBuffer
+from fmsdata.stages.shuffle import ShuffleBuffer
 
 
 def make_lines(sizes, first=0):
@@ -96,9 +96,7 @@ def test_the_store_steps_as_a_list_of_lines_does(window, takes, seed, key):
             push = min(2, max(window - size, 0))
             pushes, size = pushes + push, size + push - 1
         pushed = LineBlock.of([next(source) for _ in range(pushes)])
-        ops = np.empty(pushes + n, dtype=np.int64)
-        start, count = store.steps(pushed, hash_array(key, step, n), window, ops, PUSH)
-        assert (ops == PUSH).sum() == pushes
+        start, count = store.steps(pushed, hash_array(key, step, n), window)
         got += store.gather(start, count).lines()
         step += n
     assert len(got) == len(want)
@@ -117,9 +115,8 @@ def test_restored_slots_come_out_by_number():
     assert listed[1] == 7
     assert np.array_equal(listed[0], lines[0]) and np.array_equal(listed[2], lines[1])
     more = LineBlock.of(make_lines([300], first=10))  # forces a refill
-    ops = np.empty(2, dtype=np.int64)
-    start, count = store.steps(more, np.array([1], dtype=np.uint64), 4, ops, PUSH)
-    assert ops.tolist() == [PUSH, 1] and count.tolist() == [RESTORED] and start.tolist() == [7]
+    start, count = store.steps(more, np.array([1], dtype=np.uint64), 4)
+    assert count.tolist() == [RESTORED] and start.tolist() == [7]
     kept = store.lines()
     assert np.array_equal(kept[0], lines[0]) and np.array_equal(kept[2], lines[1])
     assert np.array_equal(kept[1], more.line(0))
@@ -181,16 +178,14 @@ def test_a_large_take_leaves_no_large_store_behind():
             push = min(2, max(window - size, 0))
             pushes, size = pushes + push, size + push - 1
         block = LineBlock.of([next(lines) for _ in range(pushes)])
-        ops = np.empty(pushes + n, dtype=np.int64)
-        store.steps(block, hash_array(key, step, n), window, ops, PUSH)
+        store.steps(block, hash_array(key, step, n), window)
         step += n
 
     take(4)  # fill the window
     for _ in range(3):
         take(1)
     big = LineBlock.of([next(lines) for _ in range(2000)])  # a huge push, as a replay's
-    ops = np.empty(2000 + 2000, dtype=np.int64)
-    store.steps(big, hash_array(key, step, 2000), window, ops, PUSH)
+    store.steps(big, hash_array(key, step, 2000), window)
     step += 2000
     assert len(store.rows) >= 2000 * 60
     for _ in range(40):
@@ -239,18 +234,3 @@ def test_a_token_stage_may_keep_the_spans_it_was_given(tmp_path, monkeypatch):
     take(build_dataloader(base_config(corpus(tmp_path)), stages=keeping), 30)
     assert len(KEPT) > 100
     assert all(np.array_equal(kept, copy) for kept, copy in KEPT)
-
-
-class OldJournal(ShuffleBuffer):
-    """A shuffle written to the journal protocol before lines travelled as blocks."""
-
-    def drain_journal(self):
-        ops, spans, offsets = super().drain_journal()
-        return ops, [spans[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
-
-
-def test_a_shuffle_role_with_another_journal_is_named(tmp_path):
-    pipeline = ShardPipeline(OldJournal(packer(corpus(tmp_path), 37), 6, 1))
-    pipeline.take_lines(4)
-    with pytest.raises(ConfigError, match=r"must give \(ops, spans, offsets\).*tuple of 2"):
-        pipeline.drain_journal()

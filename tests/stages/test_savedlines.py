@@ -11,7 +11,6 @@ from fmsdata.stages.documents import Decoration
 from fmsdata.stages.savedlines import (
     COLUMNS,
     DocumentLengths,
-    journal_spans,
     pack_lines,
     resolve,
     unpack_lines,
@@ -120,37 +119,6 @@ def test_lines_read_back_are_saved_again_as_they_were(case, data):
     assert not open_
     assert all(np.array_equal(g, w) for g, w in zip(got, want)) and len(got) == len(want)
     assert np.array_equal(mixed.tokens, unpack_lines(pack_lines(want)).tokens)
-
-
-@settings(max_examples=40, deadline=None)
-@given(buffers())
-def test_lines_through_the_journal_are_saved_as_the_buffer_saves_them(case):
-    """The main process keeps pushed lines as the journal brings them (saved columns,
-    int32): it saves them as the worker's buffer would, lengths to the end left out."""
-    _, lines = case
-    before = [line.copy() for line in lines]
-    spans, offsets = journal_spans(lines, [True] * len(lines))
-    journal = [spans[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
-    assert spans.dtype == np.int32 and spans.shape[1] == SAVED_SPAN_WIDTH
-    assert all(np.array_equal(a, b) for a, b in zip(before, lines))  # the buffer's own: as was
-    want, got = pack_lines(lines), pack_lines(journal)
-    for key in want:
-        assert np.array_equal(got[key], want[key]), key
-    # Lines of a buffer that cannot find lengths again travel unmarked, every length kept.
-    plain, _ = journal_spans(lines, [False] * len(lines))
-    assert (plain[:, LENGTH] > 0).all()
-
-
-def test_journal_spans_beyond_int32_travel_as_int64():
-    # A document number past 2**31 (a huge file), and a negated length below -2**31 + 1.
-    big = 2**31 + 5
-    lines = [
-        np.array([[0, 1, big, 0, 3, 3, 9]], dtype=np.int64),
-        np.array([[1, 0, 2, 0, 4, 9, 0], [1, 0, 3, 0, big, big, 4]], dtype=np.int64),
-    ]
-    spans, offsets = journal_spans(lines, [False, True])
-    assert spans.dtype == np.int64 and offsets.tolist() == [0, 1, 3]
-    assert spans.tolist() == [[0, 1, big, 0, 3], [1, 0, 2, 0, 4], [1, 0, 3, 0, -big]]
 
 
 @settings(max_examples=30, deadline=None)
