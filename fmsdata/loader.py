@@ -33,6 +33,7 @@ from fmsdata.journalarena import JournalArena
 from fmsdata.loaderstate import LoaderState, ShardEntry
 from fmsdata.pipeline import StageFactory
 from fmsdata.remix import remix
+from fmsdata.remote.storage import Storage
 from fmsdata.replica import ConsumedState
 from fmsdata.rootconfig import resolve_config
 from fmsdata.threads import AheadThread
@@ -241,7 +242,12 @@ class FmsDataLoader(DataLoader):
             config.batch_size, config.line_length, max(1, workers)
         )[-1]
         self.checkpointer = (
-            AutoCheckpointer(config.checkpoint_dir, config.checkpoint_every, config.checkpoint_keep)
+            AutoCheckpointer(
+                config.checkpoint_dir,
+                config.checkpoint_every,
+                config.checkpoint_keep,
+                Storage.from_config(config),
+            )
             if config.checkpoint_dir and config.checkpoint_every
             else None
         )
@@ -713,11 +719,12 @@ def build_dataloader(
     dataset.data_fingerprint = catalog.fingerprint()
     loader = FmsDataLoader(dataset)
     if config.checkpoint_dir:
-        latest = latest_checkpoint(config.checkpoint_dir)
+        storage = Storage.from_config(config)
+        latest = latest_checkpoint(config.checkpoint_dir, storage=storage)
         if latest is not None:
-            load_loader_state(loader, latest)
+            load_loader_state(loader, latest, storage=storage)
             logger.info("resumed the loader from %s, at step %d", latest, loader.steps)
-        elif step_folders(config.checkpoint_dir):
+        elif step_folders(config.checkpoint_dir, storage=storage):
             logger.warning(
                 "%s holds step_* folders but none is complete (every rank's file of one save): "
                 "the loader starts from the beginning",
