@@ -17,9 +17,12 @@ import numpy as np
 import yaml
 
 from fmsdata.errors import ConfigError
+from fmsdata.textcorpus import TOKENIZER_HINT
+from fmsdata.urls import local_path, location
 
 __all__ = [
     "LoaderConfig",
+    "PATH_FIELDS",
     "BATCH_FORMATS",
     "DEFAULT_FILE_TYPE",
     "PACKING_MODES",
@@ -77,13 +80,33 @@ def _optional_token(field: str, value: Any) -> int | None:
     return token
 
 
+# Every field that holds a path, and where it may be (``fmsdata.urls``): "read" and
+# "write", a local path or a URL of any fsspec filesystem (read from, or written to);
+# "local", a path on this machine (a URL is refused by name, never made a local folder).
+PATH_FIELDS = {
+    "data_path": "read",
+    "checkpoint_dir": "write",
+    "tokenizer": "local",
+    "cache_dir": "local",
+}
+_LOCAL_HINTS = {
+    "tokenizer": TOKENIZER_HINT,
+    "cache_dir": "it holds local copies of remote files; give a local folder",
+}
+
+
 def _optional_path(field: str, value: Any) -> str | None:
-    """A path-like field: None, or a non-empty ``str`` / ``os.PathLike`` (as ``str``)."""
+    """A path field (``PATH_FIELDS``): None, or a non-empty ``str`` / ``os.PathLike`` (as
+    ``str``) that is a URL only where the field may be one."""
     if value is None:
         return None
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         raise ConfigError(f"{field} must be a path (a non-empty string) or None, got {value!r}")
-    return str(os.fspath(value))
+    text = str(os.fspath(value))
+    kind = PATH_FIELDS[field]
+    if kind == "local":
+        return local_path(text, field, _LOCAL_HINTS.get(field, ""))
+    return location(text, field, write=kind == "write")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -263,7 +286,7 @@ class LoaderConfig:
         set_ = object.__setattr__
         if not isinstance(self.data_path, (str, os.PathLike)) or not str(self.data_path):
             raise ConfigError(f"data_path must be a non-empty path or URL, got {self.data_path!r}")
-        set_(self, "data_path", os.fspath(self.data_path))
+        set_(self, "data_path", _optional_path("data_path", self.data_path))
 
         datasets = _split_csv("datasets", self.datasets)
         if datasets is not None:
@@ -394,8 +417,9 @@ class LoaderConfig:
                 raise ConfigError(f"token_dtype must be an integer type, got {self.token_dtype!r}")
             set_(self, "token_dtype", dtype.name)
         set_(self, "doc_separator", _optional_token("doc_separator", self.doc_separator))
-        for name in ("tokenizer", "cache_dir", "checkpoint_dir"):
-            set_(self, name, _optional_path(name, getattr(self, name)))
+        for name in PATH_FIELDS:
+            if name != "data_path":  # checked first, above
+                set_(self, name, _optional_path(name, getattr(self, name)))
         if not isinstance(self.text_field, str) or not self.text_field:
             raise ConfigError(f"text_field must be a non-empty name, got {self.text_field!r}")
         self._check_remote()
@@ -540,10 +564,15 @@ class LoaderConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], overrides: Iterable[str] = ()) -> LoaderConfig:
-        """Read a YAML file (optionally under a top-level ``data:`` key) and apply overrides."""
-        where = os.fspath(path)
+        """Read a YAML file (optionally under a top-level ``data:`` key) and apply overrides.
+
+        Raises:
+            ConfigError: Unreadable, not YAML, not a mapping of fields, or ``path`` is a
+                URL (config files are read from this machine).
+        """
+        where = local_path(path, "config file")
         try:
-            with open(path, encoding="utf-8") as handle:
+            with open(where, encoding="utf-8") as handle:
                 values = yaml.safe_load(handle)
         except OSError as err:
             raise ConfigError(f"cannot read config file {where!r}: {err}") from None
