@@ -138,15 +138,16 @@ class LoaderConfig:
             error comes only from a file that has none. A text column among a Parquet
             file's candidates is tokenized with ``tokenizer``.
         text_field: Text column or JSON field of text shards, tokenized while loading.
-        tokenizer: ``tokenizer.json`` (Hugging Face ``tokenizers``) for text shards.
+        tokenizer: ``tokenizer.json`` (Hugging Face ``tokenizers``) for text shards, a file
+            on this machine.
         token_dtype: Token type of formats that do not record it (flat token files,
             MDS ``bytes`` columns), e.g. ``"uint16"``, ``"uint32"``.
         doc_separator: Token that ends documents in flat token files (default: eos_token).
         strict: Make malformed text records (bad JSON, missing field) an error instead of
             skipping and counting them.
         cache_dir: Where derived data goes (token caches of text shards, document
-            indexes of flat token files, downloads); default ``$FMSDATA_CACHE`` or
-            ``~/.cache/fmsdata``.
+            indexes of flat token files, downloads), a folder on this machine; default
+            ``$FMSDATA_CACHE`` or ``~/.cache/fmsdata``.
         endpoint_url: S3-compatible endpoint of ``s3://`` roots (default: the AWS
             environment, e.g. ``AWS_ENDPOINT_URL``, else AWS itself).
         aws_profile: AWS profile of ``s3://`` roots (default: ``AWS_PROFILE`` / default).
@@ -212,8 +213,10 @@ class LoaderConfig:
             loss (fms-fsdp's ``causal_lm`` ignores the first).
         open_files: Shard files each worker keeps open at most (least recently used closed);
             None sizes it from the streams the worker runs.
-        checkpoint_dir: Folder of automatic loader checkpoints (``step_NNNNNNNNN/``); when
-            set, the loader resumes from the newest complete one it finds there.
+        checkpoint_dir: Folder of automatic loader checkpoints (``step_NNNNNNNNN/``), a
+            local path or any fsspec URL (``s3://bucket/run/loader``, reached with the
+            storage options below); when set, the loader resumes from the newest complete
+            one it finds there.
         checkpoint_every: Save a loader checkpoint every this many batches (0 = never).
         checkpoint_keep: Automatic checkpoints kept (older ones are removed).
     """

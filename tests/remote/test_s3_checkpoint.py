@@ -305,3 +305,32 @@ def test_the_fms_fsdp_entry_point_keeps_its_loader_checkpoints_in_the_bucket(
     assert rows(resumed, 3) == reference[8:11]
     with pytest.raises(ConfigError, match="ckpt_save_path='s3://"):
         get_data_loader(cfg, 0, 1, order="fms-fsdp")
+
+
+def test_a_resume_costs_a_rank_the_same_requests_whatever_the_world_size(
+    tmp_path, here, endpoint, s3, bucket, proxy
+):
+    """Completeness is read off one listing (markers), never off every rank's file: rank 0
+    of 8 ranks resumes with the requests rank 0 of 2 does (reading each header was 8)."""
+    info = corpus(tmp_path / "data")
+    config = base_config(info, logical_shards=8)
+    counted = {}
+    for world in (2, 8):
+        root = f"s3://{bucket}/w{world}"
+        for loader in rank_loaders(config, world, batch_size=16 // world):
+            take(loader, 3)
+            save_loader_state(loader, f"{root}/step_000000003")
+        counting = proxy()
+        fresh = build_dataloader(
+            {**config, "batch_size": 16 // world, "endpoint_url": counting.url},
+            rank=0,
+            world_size=world,
+        )
+        storage = Storage.from_config(fresh.config)
+        latest = latest_checkpoint(root, storage=storage)
+        load_loader_state(fresh, latest)
+        assert fresh.steps == 3
+        counted[world] = counting.requests
+    # Listings of the root and of the step folder (latest_checkpoint), of the step folder
+    # again (the load), and this rank's one state file.
+    assert counted[2] == counted[8] == 4, counted
