@@ -120,7 +120,7 @@ def test_storage_options_of_the_config_reach_the_checkpoints(tmp_path, here, s3,
     assert fresh.steps == 4
 
 
-def test_state_show_reads_a_checkpoint_in_the_bucket(tmp_path, here, endpoint, bucket, capsys):
+def test_state_show_reads_a_checkpoint_in_the_bucket(tmp_path, here, endpoint, s3, bucket, capsys):
     info = corpus(tmp_path / "data")
     root = f"s3://{bucket}/auto"
     loader = build_dataloader(base_config(info, checkpoint_dir=root, checkpoint_every=3))
@@ -143,6 +143,11 @@ def test_state_show_reads_a_checkpoint_in_the_bucket(tmp_path, here, endpoint, b
         assert shown["datasets"].keys() == expected["datasets"].keys()
     assert main(["state", "show", f"s3://{bucket}/nothing"]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+    # A torch.distributed.checkpoint folder is read from local disk only: refused by name.
+    s3.client().put_object(Bucket=bucket, Key="dcp/step_5/.metadata", Body=b"")
+    assert main(["state", "show", f"s3://{bucket}/dcp/step_5"]) == 2
+    err = capsys.readouterr().err
+    assert f"PATH='s3://{bucket}/dcp/step_5': must be a path on this machine" in err
 
 
 def test_a_save_into_a_missing_bucket_fails_naming_it(tmp_path, here, endpoint):
