@@ -15,7 +15,7 @@ one that knows how each kind of storage makes a write all-or-nothing:
 
 Remote calls go through ``fmsdata.remote.retry.retrying`` with the ``Storage``'s policy,
 options and credentials, the same as data roots. Listings always ask the store (fsspec's
-listing cache is bypassed): another rank may have written a file a moment ago.
+listing cache is dropped first): another rank may have written a file a moment ago.
 """
 
 from __future__ import annotations
@@ -88,10 +88,10 @@ class Folder:
                 return sorted(os.listdir(path))
             except (FileNotFoundError, NotADirectoryError):
                 return []
+        # Not ``refresh=True``: not every filesystem's ``ls`` takes it (sftp's does not).
+        fs.invalidate_cache(path)
         try:
-            entries = retrying(
-                self.storage.retry, where, fs.ls, path, detail=True, refresh=True, what="list"
-            )
+            entries = retrying(self.storage.retry, where, fs.ls, path, detail=True, what="list")
         except (FileNotFoundError, NotADirectoryError):
             return []
         prefix = path.rstrip("/") + "/"

@@ -90,3 +90,23 @@ def test_a_write_refused_by_the_store_names_the_url(s3, aws_env):
     folder = Folder("s3://no-such-bucket-anywhere/p", storage)
     with pytest.raises(RemoteIOError, match="s3://no-such-bucket-anywhere/p/a"):
         folder.write("a", b"x")
+
+
+def test_a_listing_sees_what_another_client_wrote_meanwhile(s3, aws_env, bucket):
+    """Two clients (two processes, in a job): the second's write is in the first's next
+    listing, whatever fsspec cached from the first one."""
+    mine = Folder(f"s3://{bucket}/f", Storage(endpoint_url=s3.url))
+    theirs = Folder(
+        f"s3://{bucket}/f", Storage(endpoint_url=s3.url, options={"default_block_size": 1 << 20})
+    )
+    mine.write("a", b"1")
+    assert mine.names() == ["a"]
+    assert mine.storage.filesystem(mine.location)[0] is not theirs.storage.filesystem(
+        theirs.location
+    )[0]
+    theirs.write("b", b"2")
+    assert mine.names() == ["a", "b"]
+    assert mine.is_file("b")
+    theirs.delete("a")
+    assert mine.names() == ["b"]
+    assert not mine.is_file("a")
