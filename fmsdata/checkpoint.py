@@ -80,7 +80,10 @@ def __getattr__(name: str) -> Any:
 _STEP_DIR = re.compile(r"^step_(\d{9})$")
 
 
-def _folder(path: str | os.PathLike[str], storage: Storage | None, what: str, write=False):
+def _folder(
+    path: str | os.PathLike[str], storage: Storage | None, what: str, write: bool = False
+) -> Folder:
+    """The checkpoint folder at ``path``, a URL only of a protocol fmsdata can use there."""
     return Folder(location(path, what, write=write), storage)
 
 
@@ -218,7 +221,7 @@ class AutoCheckpointer:
     The state is captured on the calling thread (it describes exactly the batches handed
     out so far); serializing and writing happen on the thread. ``wait()`` (called before
     the next save, by ``FmsDataLoader.close()`` and at interpreter exit) finishes a save in
-    flight. A save cut short leaves its folder incomplete (see the module docstring).
+    flight. A save cut short leaves its folder incomplete (``fmsdata.checkpointsave``).
 
     Only rank 0 removes old folders, and only complete ones beyond the newest ``keep``
     complete saves (``keep`` 0 keeps all), plus incomplete ones older than those (saves

@@ -101,9 +101,10 @@ def test_a_listing_sees_what_another_client_wrote_meanwhile(s3, aws_env, bucket)
     )
     mine.write("a", b"1")
     assert mine.names() == ["a"]
-    assert mine.storage.filesystem(mine.location)[0] is not theirs.storage.filesystem(
-        theirs.location
-    )[0]
+    assert (
+        mine.storage.filesystem(mine.location)[0]
+        is not theirs.storage.filesystem(theirs.location)[0]
+    )
     theirs.write("b", b"2")
     assert mine.names() == ["a", "b"]
     assert mine.is_file("b")
