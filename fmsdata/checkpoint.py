@@ -1,26 +1,28 @@
-"""Saving and loading the loader state next to a model checkpoint.
+"""Saving and loading the loader state next to a model checkpoint, on local disk or in
+object storage.
 
-On disk, a loader checkpoint is a folder with one file per rank, ``loader_rank_00003.fms``,
-each a state file (``fmsdata.statefile``: a zip of ``state.json`` and ``.npy`` arrays,
-never unpickled) holding that rank's ``snapshot()``: format version, world size, steps,
-the fingerprint of data and config (which includes the number of logical shards), and its
-logical shards' states. Files are written to a temporary name and renamed, so a crash
-mid-save leaves the previous file whole.
+A loader checkpoint is a folder, a local path or any fsspec URL
+(``s3://bucket/run1/step10``), with one state file per rank of the saving run and a
+marker per rank that says its file is written (``fmsdata.checkpointsave`` documents the
+layout and when a save counts as complete: the marker of every rank of one save). A
+save cut short, on local disk or in an object store, leaves the previous complete save
+whole and is never read.
 
 Loading reads only the files holding the logical shards this rank now owns, so it works on
-any world size. For ``torch.distributed.checkpoint``, the loader is a ``Stateful``; load
-with ``LoadPlanner()`` (see ``FmsDataLoader.state_dict``) and
-``storage_reader=SafeFileSystemReader(path)`` (from ``fmsdata.dcpread``), which loads the
-whole checkpoint without running anything its files hold.
+any world size. The storage options, credentials and retries of a URL are the data
+root's (``LoaderConfig``'s ``endpoint_url``, ``aws_profile``, ``storage_options``,
+``remote_retries``, ...), unless a ``Storage`` is given. For
+``torch.distributed.checkpoint``, the loader is a ``Stateful``; load with
+``LoadPlanner()`` (see ``FmsDataLoader.state_dict``) and
+``storage_reader=SafeFileSystemReader(path)`` (from ``fmsdata.dcpread``, local folders),
+which loads the whole checkpoint without running anything its files hold.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import re
-import shutil
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,11 +31,21 @@ if TYPE_CHECKING:  # handed out by __getattr__ below
     from fmsdata.dcpplan import LoadPlanner
     from fmsdata.dcpread import SafeFileSystemReader
 
+from fmsdata.checkpointsave import (
+    complete_save,
+    one_save,
+    rank_name,
+    read_rank,
+    remove_save,
+    state_names,
+    write_save,
+)
 from fmsdata.config import CheckpointConfig
-from fmsdata.errors import StateMismatchError
 from fmsdata.exits import finish_at_exit, release
-from fmsdata.statefile import load_state, peek_state, save_state
+from fmsdata.remote.folder import Folder
+from fmsdata.remote.storage import Storage
 from fmsdata.topology import owned_shards
+from fmsdata.urls import location
 
 __all__ = [
     "save_loader_state",
@@ -41,6 +53,7 @@ __all__ = [
     "rank_file",
     "rank_files",
     "latest_checkpoint",
+    "read_checkpoint",
     "step_folders",
     "LoadPlanner",
     "SafeFileSystemReader",
@@ -65,143 +78,101 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_RANK_FILE = re.compile(r"^loader_rank_(\d{5})\.fms$")
 _STEP_DIR = re.compile(r"^step_(\d{9})$")
 
 
+def _folder(
+    path: str | os.PathLike[str], storage: Storage | None, what: str, write: bool = False
+) -> Folder:
+    """The checkpoint folder at ``path``, a URL only of a protocol fmsdata can use there."""
+    return Folder(location(path, what, write=write), storage)
+
+
+def _storage_of(loader: Any) -> Storage:
+    """The data root's storage options: checkpoints reach object storage the same way."""
+    config = getattr(loader, "config", None)
+    return Storage.from_config(config.remote) if config is not None else Storage()
+
+
 def rank_file(ckpt_dir: str | os.PathLike[str], rank: int) -> str:
-    """Path of a rank's loader state file inside a checkpoint folder."""
-    return os.path.join(os.fspath(ckpt_dir), f"loader_rank_{rank:05d}.fms")
+    """Path (or URL) of a rank's loader state file inside a checkpoint folder."""
+    return Folder(ckpt_dir).join(rank_name(rank))
 
 
-def save_loader_state(loader: Any, ckpt_dir: str | os.PathLike[str]) -> str:
-    """Write this rank's loader state into ``ckpt_dir`` (created if needed); atomic.
+def save_loader_state(
+    loader: Any, ckpt_dir: str | os.PathLike[str], *, storage: Storage | None = None
+) -> str:
+    """Write this rank's loader state into ``ckpt_dir`` (a local folder, created if
+    needed, or a URL such as ``s3://bucket/run1/step10``); all or nothing.
+
+    Args:
+        loader: An ``FmsDataLoader``.
+        ckpt_dir: The checkpoint folder; every rank of the job saves into the same one.
+        storage: How to reach a URL (default: the loader config's storage options).
 
     Returns:
-        The file written.
-    """
-    return _write(loader.snapshot(), ckpt_dir)
-
-
-def _write(snapshot: dict[str, Any], ckpt_dir: str | os.PathLike[str]) -> str:
-    os.makedirs(ckpt_dir, exist_ok=True)
-    path = rank_file(ckpt_dir, int(snapshot["rank"]))
-    save_state(path, snapshot)
-    return path
-
-
-def rank_files(ckpt_dir: str) -> dict[int, str]:
-    """Rank number -> path of the loader state files in a checkpoint folder."""
-    try:
-        names = os.listdir(ckpt_dir)
-    except FileNotFoundError:
-        raise StateMismatchError(f"loader checkpoint {ckpt_dir!r} does not exist") from None
-    found = {}
-    for name in names:
-        match = _RANK_FILE.match(name)
-        if match:
-            found[int(match.group(1))] = os.path.join(ckpt_dir, name)
-    return found
-
-
-@dataclasses.dataclass(frozen=True)
-class _Save:
-    """What one rank file says about the save it belongs to."""
-
-    rank: int
-    world_size: int
-    steps: int
-
-
-def _save_of(path: str) -> _Save:
-    """The rank, world size and step a rank file records (reads only its JSON part).
+        The state file written.
 
     Raises:
-        StateMismatchError: Unreadable, or the fields are missing or not counts.
-        FileNotFoundError: The file is gone (another rank pruned it).
+        ConfigError: ``ckpt_dir`` is a URL fmsdata cannot write (unknown protocol).
+        RemoteIOError: The store refused the write, or it failed through every retry.
     """
-    header = peek_state(path)
-    fields = [header.get(k) if isinstance(header, dict) else None for k in _SAVE_FIELDS]
-    if not all(type(v) is int for v in fields) or fields[0] < 0 or fields[1] < 1 or fields[2] < 0:
-        found = dict(zip(_SAVE_FIELDS, fields))
-        raise StateMismatchError(f"{path}: not a loader state of one rank of a save ({found})")
-    return _Save(*fields)
+    folder = _folder(ckpt_dir, storage or _storage_of(loader), "save_loader_state(ckpt_dir)", True)
+    return write_save(loader.snapshot(), folder)
 
 
-_SAVE_FIELDS = ("rank", "world_size", "steps")
-
-
-def _complete_save(ckpt_dir: str) -> tuple[dict[int, str], _Save] | None:
-    """The rank files of ``ckpt_dir`` and its save when every rank of that save wrote its
-    file, else None. Rank 0's file names the world size; every rank below it must have a
-    file recording the same world size and step. Files vanishing meanwhile (pruned by
-    another rank) make the folder incomplete, never an error."""
-    try:
-        files = rank_files(ckpt_dir)
-        if 0 not in files:
-            return None
-        first = _save_of(files[0])
-        for rank in range(first.world_size):
-            if rank not in files or _save_of(files[rank]) != dataclasses.replace(first, rank=rank):
-                return None
-    except (StateMismatchError, FileNotFoundError):
-        return None
-    return {rank: files[rank] for rank in range(first.world_size)}, first
+def rank_files(
+    ckpt_dir: str | os.PathLike[str], *, storage: Storage | None = None
+) -> dict[int, str]:
+    """Rank number -> path (or URL) of the loader state files in a checkpoint folder
+    (none when it is empty or absent)."""
+    folder = _folder(ckpt_dir, storage, "rank_files(ckpt_dir)")
+    return {rank: folder.join(name) for rank, name in state_names(folder.names()).items()}
 
 
 def load_loader_state(
-    loader: Any, ckpt_dir: str | os.PathLike[str], allow_changes: Sequence[str] = ()
+    loader: Any,
+    ckpt_dir: str | os.PathLike[str],
+    allow_changes: Sequence[str] = (),
+    *,
+    storage: Storage | None = None,
 ) -> None:
     """Resume ``loader`` from a checkpoint folder written by ``save_loader_state``, on this
     world size or any other.
 
-    The folder must hold one file per rank of the saving run, all from the same step
-    (checked from every file, not only the ones this rank reads), so ranks never resume
-    from different saves.
+    The folder must hold one complete save: every rank of the saving run with its file,
+    all of the same step, so ranks never resume from different saves.
 
     Args:
         loader: An ``FmsDataLoader``.
-        ckpt_dir: The folder holding ``loader_rank_*.fms``.
+        ckpt_dir: The folder (or URL) holding ``loader_rank_*.fms``.
         allow_changes: Fingerprint fields allowed to differ (an intended config change).
+        storage: How to reach a URL (default: the loader config's storage options).
 
     Raises:
         StateMismatchError: No files, a rank file missing or unreadable, files from
             different saves, or a state that does not fit this loader. Nothing is written.
     """
-    ckpt_dir = os.fspath(ckpt_dir)
-    files = rank_files(ckpt_dir)
-    if not files:
-        raise StateMismatchError(f"{ckpt_dir}: no loader state files (loader_rank_*.fms)")
-    saves = {}
-    for rank, path in sorted(files.items()):
-        try:
-            saves[rank] = _save_of(path)
-        except FileNotFoundError:
-            raise StateMismatchError(f"{path}: removed while the checkpoint was read") from None
-        if saves[rank].rank != rank:
-            raise StateMismatchError(f"{path}: holds the state of rank {saves[rank].rank}")
-    saved_world = saves[min(files)].world_size
-    missing = [rank_file(ckpt_dir, r) for r in range(saved_world) if r not in files]
-    if missing:
-        raise StateMismatchError(
-            f"{ckpt_dir}: saved by {saved_world} ranks but {len(missing)} rank file(s) are "
-            f"missing: {', '.join(os.path.basename(m) for m in missing)}"
-        )
-    extra = sorted(r for r in files if r >= saved_world)
-    if extra:
-        raise StateMismatchError(
-            f"{ckpt_dir}: holds rank files {extra} beyond the saving world size {saved_world}"
-        )
-    worlds = sorted({save.world_size for save in saves.values()})
-    steps = sorted({save.steps for save in saves.values()})
-    if len(worlds) > 1 or len(steps) > 1:
-        detail = ", ".join(f"rank {r}: step {s.steps} of {s.world_size}" for r, s in saves.items())
-        raise StateMismatchError(
-            f"{ckpt_dir}: rank files come from different steps or world sizes ({detail}); "
-            "a save that did not finish on every rank"
-        )
-    states = [load_state(files[rank]) for rank in sorted(_needed(loader, saved_world))]
+    folder = _folder(ckpt_dir, storage or _storage_of(loader), "load_loader_state(ckpt_dir)")
+    save, files = one_save(folder)
+    states = [
+        read_rank(folder, files, save.of(rank)) for rank in sorted(_needed(loader, save.world_size))
+    ]
     loader.load_state_dict(states, allow_changes=allow_changes)
+
+
+def read_checkpoint(
+    ckpt_dir: str | os.PathLike[str], *, storage: Storage | None = None
+) -> list[dict[str, Any]]:
+    """Every rank's state of the save in a checkpoint folder, in rank order, checked as
+    ``load_loader_state`` checks it (for tools that show a save: ``fmsdata state show``).
+
+    Raises:
+        StateMismatchError: As ``load_loader_state``.
+    """
+    folder = _folder(ckpt_dir, storage, "read_checkpoint(ckpt_dir)")
+    save, files = one_save(folder)
+    return [read_rank(folder, files, save.of(rank)) for rank in range(save.world_size)]
 
 
 def _needed(loader: Any, saved_world: int) -> set[int]:
@@ -213,61 +184,75 @@ def _needed(loader: Any, saved_world: int) -> set[int]:
     }
 
 
-def step_folders(root: str | os.PathLike[str]) -> list[str]:
+def step_folders(root: str | os.PathLike[str], *, storage: Storage | None = None) -> list[str]:
     """Names of the ``step_*`` folders under ``root``, oldest first (none if no root)."""
-    try:
-        names = os.listdir(root)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(name for name in names if _STEP_DIR.match(name))
+    return _step_names(_folder(root, storage, "step_folders(root)"))
 
 
-def latest_checkpoint(root: str | os.PathLike[str]) -> str | None:
-    """The newest ``step_*`` folder under ``root`` that every saving rank finished, or None.
+def _step_names(root: Folder) -> list[str]:
+    return [name for name in root.names() if _STEP_DIR.match(name)]
 
-    A folder is complete when it holds one file per rank of the world size its files
-    record, all of the same step; a save interrupted on some rank leaves an incomplete
-    folder, which is skipped. Folders removed while this looks are skipped too.
+
+def latest_checkpoint(
+    root: str | os.PathLike[str], *, storage: Storage | None = None
+) -> str | None:
+    """The newest ``step_*`` folder under ``root`` (a local folder or a URL) whose save is
+    complete, or None.
+
+    A save interrupted on some rank leaves an incomplete folder, which is skipped; so are
+    folders removed while this looks.
+
+    Args:
+        root: The folder of automatic checkpoints (``checkpoint_dir``).
+        storage: How to reach a URL (default: the AWS environment, 8 tries).
     """
-    root = os.fspath(root)
-    for name in reversed(step_folders(root)):
-        folder = os.path.join(root, name)
-        if _complete_save(folder) is not None:
-            return folder
+    folder = _folder(root, storage, "latest_checkpoint(root)")
+    for name in reversed(_step_names(folder)):
+        step = folder.sub(name)
+        if complete_save(step) is not None:
+            return step.location
     return None
 
 
 class AutoCheckpointer:
-    """Saves the loader state every ``every`` steps into ``root/step_NNNNNNNNN/``, on a
-    background thread so the training loop does not wait on the disk.
+    """Saves the loader state every ``every`` steps into ``root/step_NNNNNNNNN/`` (``root``
+    a local folder or a URL), on a background thread so the training loop does not wait
+    on the disk or the network.
 
     The state is captured on the calling thread (it describes exactly the batches handed
     out so far); serializing and writing happen on the thread. ``wait()`` (called before
     the next save, by ``FmsDataLoader.close()`` and at interpreter exit) finishes a save in
-    flight. Each file is written under a temporary name and renamed, so a save cut short
-    never leaves a half file under the final name.
+    flight. A save cut short leaves its folder incomplete (``fmsdata.checkpointsave``).
 
     Only rank 0 removes old folders, and only complete ones beyond the newest ``keep``
     complete saves (``keep`` 0 keeps all), plus incomplete ones older than those (saves
     abandoned by a crash): the newest complete checkpoint is never removed before the next
-    one is complete on every rank. A folder is removed by renaming it out of the
-    ``step_*`` namespace first, so no reader ever sees it half deleted.
+    one is complete on every rank. A local folder is renamed out of the ``step_*``
+    namespace before it is deleted; on an object store rank 0's marker goes first, so a
+    folder being deleted is incomplete to every reader.
     """
 
-    def __init__(self, root: str, every: int, keep: int = 2):
+    def __init__(self, root: str, every: int, keep: int = 2, storage: Storage | None = None):
         self.root = root
         self.every = every
         self.keep = keep
+        self.folder = _folder(root, storage, "checkpoint_dir", write=True)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
     @classmethod
-    def from_config(cls, checkpoint: CheckpointConfig) -> AutoCheckpointer | None:
-        """The checkpointer a config's ``checkpoint`` section asks for (None: off)."""
+    def from_config(
+        cls, checkpoint: CheckpointConfig, storage: Storage | None = None
+    ) -> AutoCheckpointer | None:
+        """The checkpointer a config's ``checkpoint`` section asks for (None: off), reaching
+        its folder with ``storage`` (the data root's)."""
         if not (checkpoint.checkpoint_dir and checkpoint.checkpoint_every):
             return None
         return cls(
-            checkpoint.checkpoint_dir, checkpoint.checkpoint_every, checkpoint.checkpoint_keep
+            checkpoint.checkpoint_dir,
+            checkpoint.checkpoint_every,
+            checkpoint.checkpoint_keep,
+            storage,
         )
 
     def after_step(self, loader: Any) -> None:
@@ -276,29 +261,31 @@ class AutoCheckpointer:
             return
         self.wait()
         snapshot = loader.snapshot()
-        folder = os.path.join(self.root, f"step_{steps:09d}")
+        folder = self.folder.sub(f"step_{steps:09d}")
         self._thread = threading.Thread(target=self._save, args=(snapshot, folder), daemon=True)
         # Held until waited for: its loader may be gone by exit, the thread is a daemon.
         finish_at_exit(self.wait, "the loader checkpoint being saved", hold=True)
         self._thread.start()
 
-    def _save(self, snapshot: dict[str, Any], folder: str) -> None:
+    def _save(self, snapshot: dict[str, Any], folder: Folder) -> None:
         try:
-            _write(snapshot, folder)
+            write_save(snapshot, folder)
             if int(snapshot["rank"]) == 0:
                 self._prune()
         except BaseException as err:  # reported on the training thread by wait()
             self._error = err
 
     def _prune(self) -> None:
-        names = step_folders(self.root)
-        complete = [n for n in names if _complete_save(os.path.join(self.root, n)) is not None]
-        if not complete or self.keep <= 0:
+        if self.keep <= 0:
+            return
+        names = _step_names(self.folder)
+        complete = [n for n in names if complete_save(self.folder.sub(n)) is not None]
+        if not complete:
             return
         oldest_kept = complete[-self.keep :][0]
         for name in names:
             if name < oldest_kept:
-                _remove_folder(os.path.join(self.root, name))
+                remove_save(self.folder.sub(name))
 
     def wait(self) -> None:
         """Block until the save in flight is written; re-raise its error, if any."""
@@ -309,14 +296,3 @@ class AutoCheckpointer:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-
-
-def _remove_folder(folder: str) -> None:
-    """Take ``folder`` out of view atomically (rename), then delete it; gone already is fine."""
-    parent, name = os.path.split(folder)
-    doomed = os.path.join(parent, f".removing-{name}-{os.getpid()}")
-    try:
-        os.rename(folder, doomed)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(doomed, ignore_errors=True)

@@ -37,10 +37,17 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from fmsdata.errors import StateMismatchError
+from fmsdata.urls import local_path
 
 __all__ = ["SafeFileSystemReader", "read_metadata", "read_tensors", "ALLOWED_GLOBALS"]
 
 METADATA_FILE = ".metadata"
+
+# This reader and fmsdata's own loader checkpoints differ: the latter may be URLs.
+_LOCAL_ONLY = (
+    "this reader reads local folders (fmsdata's own loader checkpoints, save_loader_state, "
+    "may be URLs)"
+)
 
 # (module, name) pairs a DCP ``.metadata`` written by torch 2.x refers to. Each is a plain
 # data class, an enum, or a constructor that only builds a value from plain arguments.
@@ -94,7 +101,7 @@ def read_metadata(folder: str | os.PathLike[str]) -> Metadata:
         StateMismatchError: The file is missing, malformed, or names anything beyond DCP's
             metadata classes (nothing it names outside them is imported or called).
     """
-    path = os.path.join(os.fspath(folder), METADATA_FILE)
+    path = os.path.join(local_path(folder, "read_metadata(folder)", _LOCAL_ONLY), METADATA_FILE)
     try:
         with open(path, "rb") as handle:
             return _unpickle_metadata(handle, path)
@@ -150,11 +157,14 @@ class SafeFileSystemReader(FileSystemReader):
     """
 
     def __init__(self, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
+        path = local_path(path, "SafeFileSystemReader(path)", _LOCAL_ONLY)
         super().__init__(path, *args, **kwargs)
         self._checked: tuple[str, Metadata] | None = None
         self._check()
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id is not None:
+            checkpoint_id = local_path(checkpoint_id, "checkpoint_id", _LOCAL_ONLY)
         super().reset(checkpoint_id)
         self._check()
 

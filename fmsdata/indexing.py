@@ -22,6 +22,7 @@ from fmsdata.metacount import count_files, logged_progress
 from fmsdata.remote.cache import file_source
 from fmsdata.remote.retry import retrying
 from fmsdata.remote.storage import Storage, is_local
+from fmsdata.urls import local_path, location
 
 __all__ = ["index_root", "write_counts"]
 
@@ -60,8 +61,13 @@ def index_root(
     Returns:
         The path written and its rows ``(dataset/relative/path, documents, tokens)``.
     """
+    root = location(root, "index_root(root)", write=True)
     storage = storage or Storage()
-    cache_dir = cache_dir or os.path.join(default_cache_dir(), "remote")
+    cache_dir = (
+        local_path(cache_dir, "index_root(cache_dir)")
+        if cache_dir
+        else os.path.join(default_cache_dir(), "remote")
+    )
     catalog = discover(root, datasets, handler, storage, count=False)
     jobs = [
         (handler, catalog.root, rel, storage, cache_dir)

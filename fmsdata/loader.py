@@ -33,6 +33,7 @@ from fmsdata.handlers.mapping import changed_in_dead_workers
 from fmsdata.loaderstate import LoaderState, ShardEntry
 from fmsdata.pipeline import StageFactory
 from fmsdata.remix import remix
+from fmsdata.remote.storage import Storage
 from fmsdata.replica import ConsumedState
 from fmsdata.rootconfig import resolve_config
 from fmsdata.threads import AheadThread
@@ -212,7 +213,9 @@ class FmsDataLoader(DataLoader):
         self._max_item_batches = item_batch_counts(
             config.batch_size, config.line_length, max(1, workers)
         )[-1]
-        self.checkpointer = AutoCheckpointer.from_config(config.checkpoint)
+        self.checkpointer = AutoCheckpointer.from_config(
+            config.checkpoint, Storage.from_config(config.remote)
+        )
         self._iterations: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
         # At exit, while every module is still whole: finish its pending checkpoint save
         # and close the files and workers of iterations still running.
@@ -662,11 +665,12 @@ def build_dataloader(
     dataset.layout()  # the chain a stage factory builds is refused now, not in a worker
     loader = FmsDataLoader(dataset)
     if config.checkpoint_dir:
-        latest = latest_checkpoint(config.checkpoint_dir)
+        storage = Storage.from_config(config.remote)
+        latest = latest_checkpoint(config.checkpoint_dir, storage=storage)
         if latest is not None:
-            load_loader_state(loader, latest)
+            load_loader_state(loader, latest, storage=storage)
             logger.info("resumed the loader from %s, at step %d", latest, loader.steps)
-        elif step_folders(config.checkpoint_dir):
+        elif step_folders(config.checkpoint_dir, storage=storage):
             logger.warning(
                 "%s holds step_* folders but none is complete (every rank's file of one save): "
                 "the loader starts from the beginning",

@@ -15,6 +15,7 @@ from typing import Any
 
 from fmsdata.errors import ConfigError
 from fmsdata.extras import require
+from fmsdata.urls import local_path
 
 __all__ = ["check_plot_target", "plot_documents", "plot_state"]
 
@@ -24,6 +25,7 @@ _FORMATS = (".png", ".svg", ".pdf")
 def check_plot_target(path: str) -> None:
     """Fail before any work when the picture cannot be written (no matplotlib, no such
     folder, a format matplotlib does not write)."""
+    path = local_path(path, "--plot")
     _pyplot()
     if not path.lower().endswith(_FORMATS):
         raise ConfigError(f"--plot {path!r}: the file name must end in {', '.join(_FORMATS)}")

@@ -10,7 +10,9 @@ member, ``{"__array__": name}``, is read too.) Arrays are deflated run-length on
 (``fmsdata.zipwrite``): as small, in half the time. Reading parses JSON and ``.npy``
 headers with ``allow_pickle=False``: a state file cannot run code. Writes go to a
 temporary file that is renamed into place, so a crash mid-write never leaves a damaged
-state under the final name.
+state under the final name. The path functions here are for files on this machine; a
+loader checkpoint on object storage is read and written as bytes
+(``fmsdata.checkpoint``).
 """
 
 from __future__ import annotations
@@ -25,9 +27,19 @@ import numpy as np
 
 from fmsdata.errors import ShardFormatError, StateMismatchError
 from fmsdata.handlers.npy_header import npy_from_bytes
+from fmsdata.urls import local_path
 from fmsdata.zipwrite import RLE, STRINGS, zip_bytes
 
-__all__ = ["save_state", "load_state", "peek_state", "state_to_bytes", "state_from_bytes"]
+__all__ = [
+    "save_state",
+    "load_state",
+    "peek_state",
+    "state_to_bytes",
+    "state_from_bytes",
+    "header_from_bytes",
+]
+
+_REMOTE_HINT = "loader checkpoint folders may be URLs (fmsdata.checkpoint)"
 
 _JSON = "state.json"
 _ARRAY_KEY = "__array__"
@@ -154,8 +166,12 @@ def state_from_bytes(data: bytes, source: str = "<bytes>") -> Any:
 
 
 def save_state(path: str | os.PathLike[str], state: Any) -> None:
-    """Write a state file atomically (temporary file, fsync, rename)."""
-    path = os.fspath(path)
+    """Write a state file atomically (temporary file, fsync, rename).
+
+    Raises:
+        ConfigError: ``path`` is a URL (this writes local files only).
+    """
+    path = local_path(path, "save_state(path)", _REMOTE_HINT)
     data = state_to_bytes(state)
     partial = f"{path}.tmp"
     with open(partial, "wb") as handle:
@@ -166,8 +182,12 @@ def save_state(path: str | os.PathLike[str], state: Any) -> None:
 
 
 def load_state(path: str | os.PathLike[str]) -> Any:
-    """Read a state file written by ``save_state``."""
-    path = os.fspath(path)
+    """Read a state file written by ``save_state``.
+
+    Raises:
+        ConfigError: ``path`` is a URL (this reads local files only).
+    """
+    path = local_path(path, "load_state(path)", _REMOTE_HINT)
     with open(path, "rb") as handle:
         return state_from_bytes(handle.read(), path)
 
@@ -179,11 +199,21 @@ def peek_state(path: str | os.PathLike[str]) -> Any:
     Raises:
         StateMismatchError: Not a readable state file (names the path).
         OSError: The file cannot be opened (``FileNotFoundError`` when it is gone).
+        ConfigError: ``path`` is a URL (this reads local files only).
     """
-    path = os.fspath(path)
+    path = local_path(path, "peek_state(path)", _REMOTE_HINT)
     with open(path, "rb") as handle:
-        try:
-            with zipfile.ZipFile(handle) as archive:
-                return json.loads(archive.read(_JSON).decode("utf-8"))
-        except (zipfile.BadZipFile, KeyError, ValueError, EOFError, UnicodeDecodeError) as err:
-            raise StateMismatchError(f"{path}: not a readable loader state file ({err})") from None
+        return _header(handle, path)
+
+
+def header_from_bytes(data: bytes, source: str = "<bytes>") -> Any:
+    """``peek_state`` of a state file's bytes (``source`` names it in errors)."""
+    return _header(io.BytesIO(data), source)
+
+
+def _header(handle: Any, source: str) -> Any:
+    try:
+        with zipfile.ZipFile(handle) as archive:
+            return json.loads(archive.read(_JSON).decode("utf-8"))
+    except (zipfile.BadZipFile, KeyError, ValueError, EOFError, UnicodeDecodeError) as err:
+        raise StateMismatchError(f"{source}: not a readable loader state file ({err})") from None

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from fmsdata.handlers.arrow import write_arrow_docs
+from fmsdata.urls import local_path
 
 __all__ = ["CorpusInfo", "write_corpus", "document_lengths"]
 
@@ -80,7 +81,7 @@ def write_corpus(
         col_name, dtype: Token column name and type.
     """
     rng = np.random.default_rng(seed)
-    root = os.fspath(root)
+    root = local_path(root, "write_corpus(root)")
     next_token = first_token
     ranges: dict[str, tuple[int, int]] = {}
     documents: dict[str, int] = {}

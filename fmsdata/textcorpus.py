@@ -19,6 +19,7 @@ __all__ = [
     "stdlib_docstrings",
     "bundled_tokenizer_path",
     "resolve_tokenizer",
+    "TOKENIZER_HINT",
     "BUNDLED_TOKENIZERS",
 ]
 
@@ -102,6 +103,10 @@ def _docstrings(module: object) -> Iterator[str]:
 
 # Tokenizers shipped in fmsdata/data/, usable by name wherever a tokenizer is asked for.
 BUNDLED_TOKENIZERS = ("stdlib-bpe-4k",)
+# What to do with a tokenizer URL: tokenizers are read from this machine.
+TOKENIZER_HINT = (
+    "download the tokenizer.json first (fmsdata download URL DIR) and give the local file"
+)
 
 
 def bundled_tokenizer_path(name: str = "stdlib-bpe-4k") -> str:

@@ -9,14 +9,21 @@ from __future__ import annotations
 import hashlib
 import os
 
+from fmsdata.urls import local_path
+
 __all__ = ["default_cache_dir", "derived_path"]
 
 
 def default_cache_dir() -> str:
-    """``$FMSDATA_CACHE``, else ``~/.cache/fmsdata``."""
-    return os.environ.get("FMSDATA_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "fmsdata"
-    )
+    """``$FMSDATA_CACHE``, else ``~/.cache/fmsdata``.
+
+    Raises:
+        ConfigError: ``$FMSDATA_CACHE`` is a URL (the cache is a folder on this machine).
+    """
+    chosen = os.environ.get("FMSDATA_CACHE")
+    if chosen:
+        return local_path(chosen, "$FMSDATA_CACHE", "the cache is a folder on this machine")
+    return os.path.join(os.path.expanduser("~"), ".cache", "fmsdata")
 
 
 def derived_path(cache_dir: str, kind: str, source: str, *parts: object) -> str:

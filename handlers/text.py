@@ -22,7 +22,8 @@ from fmsdata.handlers.base import FlatBuffer, FlatBufferHandler
 from fmsdata.handlers.derived import derived_path
 from fmsdata.handlers.mapping import MappedFile
 from fmsdata.handlers.npy_header import load_npy
-from fmsdata.textcorpus import BUNDLED_TOKENIZERS, resolve_tokenizer
+from fmsdata.textcorpus import BUNDLED_TOKENIZERS, TOKENIZER_HINT, resolve_tokenizer
+from fmsdata.urls import local_path
 
 __all__ = [
     "TextTokenizer",
@@ -44,7 +45,7 @@ class TextTokenizer:
     def __init__(self, path: str):
         if not isinstance(path, (str, os.PathLike)):
             raise ConfigError(f"tokenizer {path!r} is not a file (a tokenizers tokenizer.json)")
-        path = resolve_tokenizer(os.fspath(path))
+        path = resolve_tokenizer(local_path(path, "tokenizer", TOKENIZER_HINT))
         if not os.path.isfile(path):
             raise ConfigError(
                 f"tokenizer {path!r} is not a file (a tokenizers tokenizer.json, or the name of "

@@ -107,13 +107,21 @@ class FaultProxy:
             a ranged object read: corruption only a checksum catches).
         every: Fail one request in this many (GET and HEAD only; others pass).
         delay: Seconds to wait before answering each GET (a slow link).
+        hold: A PUT whose path contains this is stopped half way: the proxy reads half of
+            its body, sets ``held`` and waits for ``release``, then drops the connection
+            without forwarding anything (a client killed in the middle of an upload).
 
     ``gets`` counts the GET requests by URL path (``/bucket/key``, query left out): how
     often each object was read, as the server sees it.
     """
 
     def __init__(
-        self, target: str, faults: tuple[str, ...] = (), every: int = 3, delay: float = 0.0
+        self,
+        target: str,
+        faults: tuple[str, ...] = (),
+        every: int = 3,
+        delay: float = 0.0,
+        hold: str | None = None,
     ):
         host, port = target.removeprefix("http://").split(":")
         self.target = (host, int(port))
@@ -124,6 +132,9 @@ class FaultProxy:
         self.gets: collections.Counter[str] = collections.Counter()
         self.injected: dict[str, int] = {}
         self.fail_all = False
+        self.hold = hold
+        self.held = threading.Event()
+        self.release = threading.Event()
         self._lock = threading.Lock()
         proxy = self
 
@@ -135,6 +146,13 @@ class FaultProxy:
 
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
+                if proxy.hold and self.command == "PUT" and proxy.hold in self.path:
+                    self.rfile.read(length // 2)
+                    proxy.held.set()
+                    proxy.release.wait(300)
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 body = self.rfile.read(length) if length else None
                 fault = proxy._next_fault(self.command, self.path)
                 if proxy.delay and self.command == "GET":
@@ -211,5 +229,6 @@ class FaultProxy:
             return fault
 
     def stop(self) -> None:
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()

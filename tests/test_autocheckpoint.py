@@ -12,6 +12,7 @@ from fmsdata import build_dataloader
 from fmsdata import checkpoint as ckpt
 from fmsdata.checkpoint import latest_checkpoint, load_loader_state, save_loader_state
 from fmsdata.errors import StateMismatchError
+from fmsdata.remote.folder import Folder
 
 
 def auto_config(info, root, every=1, keep=1, **overrides):
@@ -118,14 +119,14 @@ def test_listing_tolerates_folders_removed_meanwhile(tmp_path, monkeypatch):
     lockstep(loaders, 4)
     for loader in loaders:
         loader.close()
-    real = ckpt.rank_files
+    real = Folder.names
 
     def pruned_meanwhile(folder):  # another rank removes the folder between the two listings
-        if folder.endswith("step_000000004"):
-            shutil.rmtree(folder)
+        if folder.location.endswith("step_000000004"):
+            shutil.rmtree(folder.location)
         return real(folder)
 
-    monkeypatch.setattr(ckpt, "rank_files", pruned_meanwhile)
+    monkeypatch.setattr(Folder, "names", pruned_meanwhile)
     assert latest_checkpoint(root) == str(root / "step_000000002")
 
 

@@ -50,7 +50,12 @@ def test_rank_files_are_plain_state_files(two_rank_checkpoint):
     from fmsdata.statefile import load_state
 
     _, config, _, ckpt = two_rank_checkpoint
-    assert sorted(os.listdir(ckpt)) == ["loader_rank_00000.fms", "loader_rank_00001.fms"]
+    assert sorted(os.listdir(ckpt)) == [
+        "loader_rank_00000.fms",
+        "loader_rank_00000.world_2.step_6.done",
+        "loader_rank_00001.fms",
+        "loader_rank_00001.world_2.step_6.done",
+    ]
     state = load_state(rank_file(ckpt, 1))
     assert state["rank"] == 1 and state["world_size"] == 2 and state["steps"] == 6
     assert state["fingerprint"]["logical_shards"] == 8 and state["fingerprint"]["data"]
@@ -168,3 +173,72 @@ def test_automatic_checkpoints_resume_from_the_newest(tmp_path):
     resumed = build_dataloader(config)
     assert resumed.steps == 20
     assert_same_batches(reference[20:40], take(resumed, 20))
+
+
+def test_a_folder_saved_before_markers_existed_still_loads(two_rank_checkpoint, tmp_path):
+    """No ``.done`` markers: the files' own records decide, as before (W reads)."""
+    _, config, _, ckpt = two_rank_checkpoint
+    reference = global_steps(rank_loaders(config, 2), 10)
+    for name in os.listdir(ckpt):
+        if name.endswith(".done"):
+            os.remove(ckpt / name)
+    auto = tmp_path / "auto"
+    auto.mkdir()
+    os.rename(ckpt, auto / "step_000000006")
+    assert latest_checkpoint(auto) == str(auto / "step_000000006")
+    loaders = rank_loaders(config, 1, batch_size=8)
+    load_loader_state(loaders[0], auto / "step_000000006")
+    assert global_steps(loaders, 4) == reference[6:10]
+
+
+def test_a_state_file_written_again_after_its_marker_is_refused(two_rank_checkpoint):
+    from fmsdata.statefile import save_state
+
+    _, config, _, ckpt = two_rank_checkpoint
+    later = build_dataloader(config, rank=0, world_size=2)
+    take(later, 9)
+    save_state(rank_file(ckpt, 0), later.snapshot())  # the file, not its marker
+    fresh = build_dataloader(config, rank=0, world_size=2)
+    with pytest.raises(StateMismatchError, match="records step 9 of 2 but its save was marked"):
+        load_loader_state(fresh, ckpt)
+    assert fresh.steps == 0
+
+
+def test_rank_files_left_from_another_save_are_not_read(two_rank_checkpoint, caplog):
+    """A 2-rank save complete, plus rank 2's file of a 3-rank save cut short."""
+    _, config, _, ckpt = two_rank_checkpoint
+    other = build_dataloader({**config, "logical_shards": 6}, rank=2, world_size=3)
+    take(other, 2)
+    save_loader_state(other, ckpt)
+    fresh = build_dataloader({**config, "batch_size": 8}, rank=0, world_size=1)
+    load_loader_state(fresh, ckpt)
+    assert fresh.steps == 6
+    assert "[2] are not part of its complete save (step 6 of 2)" in caplog.text
+
+
+def test_checkpoints_on_an_fsspec_filesystem(tmp_path):
+    """The remote code path (listing, one write per file, removal without rename) on
+    fsspec's in-memory filesystem: automatic checkpoints of 2 ranks, pruned, resumed on 1."""
+    import uuid
+
+    import fsspec
+
+    info = corpus(tmp_path / "data")
+    root = f"memory://ckpt-{uuid.uuid4().hex}/auto"
+    config = base_config(info, logical_shards=8, batch_size=4)
+    reference = global_steps(rank_loaders(config, 2), 12)
+    auto = {**config, "checkpoint_dir": root, "checkpoint_every": 2, "checkpoint_keep": 1}
+    rank0, rank1 = rank_loaders(auto, 2)
+    # Rank 1 first, its last save finished: rank 0, which prunes, then finds each of its
+    # saves complete at once.
+    second = global_steps([rank1], 7)
+    rank1.close()
+    first = global_steps([rank0], 7)
+    rank0.close()
+    assert [sorted(a + b) for a, b in zip(first, second)] == reference[:7]
+    assert latest_checkpoint(root) == f"{root}/step_000000006"
+    assert fsspec.filesystem("memory").ls(root, detail=False) == [f"{root[8:]}/step_000000006"]
+    resumed = rank_loaders({**auto, "checkpoint_every": 0}, 1, batch_size=8)
+    assert resumed[0].steps == 6
+    assert global_steps(resumed, 6) == reference[6:12]
+    fsspec.filesystem("memory").rm(root, recursive=True)

@@ -60,8 +60,11 @@ def test_an_unknown_protocol_is_a_config_error_with_the_close_match(capsys):
         build_dataloader({"data_path": "htp://example.com/data", **BASE})
     message = str(caught.value)
     assert "unknown URL protocol 'htp'" in message and "did you mean http://" in message
-    assert main(["inspect", "htp://example.com/data"]) == 2
-    assert "unknown URL protocol 'htp'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # a usage error, caught as the command line parses
+        main(["inspect", "htp://example.com/data"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument path: 'htp://example.com/data': unknown URL protocol 'htp'" in err
 
 
 def test_compressed_text_without_zstandard(tmp_path, monkeypatch, capsys):

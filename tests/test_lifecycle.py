@@ -8,8 +8,7 @@ import textwrap
 import pytest
 from support import base_config, corpus, take
 
-from fmsdata import build_dataloader
-from fmsdata import checkpoint as ckpt
+from fmsdata import build_dataloader, checkpointsave
 from fmsdata.checkpoint import latest_checkpoint
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -24,12 +23,12 @@ def run_script(body: str, *args: str) -> subprocess.CompletedProcess:
 
 SLOW_SAVES = """
 import time
-from fmsdata import checkpoint
-real_save = checkpoint.save_state
-def slow_save(path, state):  # a slow disk: the save is still running when the script ends
+from fmsdata import checkpointsave
+real_bytes = checkpointsave.state_to_bytes
+def slow_bytes(state):  # a slow save: still running when the script ends
     time.sleep(1.0)
-    real_save(path, state)
-checkpoint.save_state = slow_save
+    return real_bytes(state)
+checkpointsave.state_to_bytes = slow_bytes
 """
 
 
@@ -37,16 +36,16 @@ def test_close_finishes_the_pending_save_and_stops_iterations(tmp_path, monkeypa
     info = corpus(tmp_path / "data")
     root = tmp_path / "auto"
     done = []
-    real_save = ckpt.save_state
+    real_bytes = checkpointsave.state_to_bytes
 
-    def slow_save(path, state):
+    def slow_bytes(state):
         import time
 
         time.sleep(0.5)
-        real_save(path, state)
-        done.append(path)
+        done.append(state["steps"])
+        return real_bytes(state)
 
-    monkeypatch.setattr(ckpt, "save_state", slow_save)
+    monkeypatch.setattr(checkpointsave, "state_to_bytes", slow_bytes)
     loader = build_dataloader(base_config(info, checkpoint_dir=str(root), checkpoint_every=3))
     reference = take(build_dataloader(base_config(info)), 6)
     iterator = iter(loader)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from fmsdata.cli.parser import non_negative_int, positive_int
+from fmsdata.cli.parser import PathArg, non_negative_int, positive_int
 
 if TYPE_CHECKING:
     from fmsdata.loader import FmsDataLoader
@@ -20,7 +20,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="measure a loader config: first batch, tokens/s, state size and save/load time",
         description="Build the loader of CONFIG (a YAML file) on this machine and time it.",
     )
-    parser.add_argument("config", help="loader config YAML")
+    parser.add_argument("config", type=PathArg("local"), help="loader config YAML")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     parser.add_argument("--batches", type=positive_int, default=200, help="batches to time")
     parser.add_argument("--warmup", type=non_negative_int, default=20, help="batches before timing")

@@ -15,7 +15,7 @@ import os
 import tempfile
 import time
 
-from fmsdata.cli.parser import int_at_least, positive_int
+from fmsdata.cli.parser import PathArg, int_at_least, positive_int
 
 __all__ = ["add_parser", "run", "write_raw", "next_steps"]
 
@@ -34,7 +34,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
             "for the output and the commands to use it."
         ),
     )
-    parser.add_argument("--dir", help="where to write (default: a new temporary folder)")
+    parser.add_argument(
+        "--dir",
+        type=PathArg("local"),
+        help="where to write (default: a new temporary folder)",
+    )
     parser.add_argument(
         "--batches",
         type=int_at_least(2, "half are streamed before the state is saved, the rest compared"),

@@ -6,7 +6,7 @@ import argparse
 import sys
 import threading
 
-from fmsdata.cli.parser import positive_int
+from fmsdata.cli.parser import PathArg, positive_int
 from fmsdata.cli.progress import Progress, human_bytes
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 
@@ -23,8 +23,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
             "failed or was refused."
         ),
     )
-    parser.add_argument("src", help="source URL or path (a prefix or a single object)")
-    parser.add_argument("dest", help="local destination folder")
+    parser.add_argument(
+        "src", type=PathArg("read"), help="source URL or path (a prefix or a single object)"
+    )
+    parser.add_argument(
+        "dest",
+        type=PathArg("local", "download copies to this machine"),
+        help="local destination folder",
+    )
     parser.add_argument(
         "--jobs", type=positive_int, default=8, help="files transferred in parallel"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from fmsdata.cli.inspect_cmd import add_format_options, handler_from_args
-from fmsdata.cli.parser import positive_int
+from fmsdata.cli.parser import PathArg, positive_int
 from fmsdata.cli.progress import Progress
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 
@@ -20,7 +20,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
             "metadata the loader reads instead of opening files."
         ),
     )
-    parser.add_argument("root", help="data root (local path or fsspec URL)")
+    parser.add_argument(
+        "root",
+        type=PathArg("write"),
+        help="data root (local path or fsspec URL); meta/counts.csv is written into it",
+    )
     parser.add_argument("--datasets", help="comma-separated dataset folders (default: all)")
     add_format_options(parser)
     add_storage_options(parser)

@@ -10,9 +10,10 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from fmsdata.cli.parser import non_negative_int
+from fmsdata.cli.parser import PathArg, non_negative_int
 from fmsdata.cli.progress import Progress
 from fmsdata.cli.storage_options import add_storage_options, remote_cache_dir, storage_from_args
+from fmsdata.textcorpus import TOKENIZER_HINT
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,6 +53,7 @@ def add_format_options(parser: argparse.ArgumentParser, from_metadata: bool = Fa
     parser.add_argument("--text-field", default="text", help="text field (JSONL, Parquet text)")
     parser.add_argument(
         "--tokenizer",
+        type=PathArg("local", TOKENIZER_HINT),
         help="tokenizer.json, or the name of a bundled one (stdlib-bpe-4k), for text shards "
         "and decoding samples",
     )
@@ -78,7 +80,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="documents, tokens, length distribution and a decoded sample of shards",
         description="Read a shard file, or every shard of a dataset folder or data root.",
     )
-    parser.add_argument("path", help="a shard file, a dataset folder or a data root")
+    parser.add_argument(
+        "path", type=PathArg("read"), help="a shard file, a dataset folder or a data root"
+    )
     add_format_options(parser, from_metadata=True)
     add_storage_options(parser)
     parser.add_argument(
@@ -92,6 +96,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--plot",
         metavar="FILE.png",
+        type=PathArg("local"),
         help="also draw the document-length distribution and the tokens of each dataset "
         'into this image (needs matplotlib: pip install "fmsdata[plot]")',
     )

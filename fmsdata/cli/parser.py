@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-__all__ = ["ArgumentParser", "HelpFormatter", "int_at_least", "positive_int", "non_negative_int"]
+from fmsdata.errors import ConfigError
+from fmsdata.urls import local_path, location
+
+__all__ = [
+    "ArgumentParser",
+    "HelpFormatter",
+    "PathArg",
+    "int_at_least",
+    "positive_int",
+    "non_negative_int",
+]
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -57,3 +67,26 @@ def int_at_least(low: int, why: str = "") -> Callable[[str], int]:
 
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
+
+
+class PathArg:
+    """An argparse ``type`` for a path argument, checked by ``fmsdata.urls``: ``"local"``, a
+    path on this machine (a URL is refused by name, never made a local folder called
+    ``s3:``; ``file://`` is its path); ``"read"`` or ``"write"``, a local path or a URL of
+    any fsspec filesystem (an unknown protocol is refused; ``"write"`` refuses read-only
+    ones). Every path argument of the command line has one (a test checks it)."""
+
+    def __init__(self, kind: str, hint: str = ""):
+        if kind not in ("local", "read", "write"):
+            raise ValueError(f"PathArg kind must be local, read or write, got {kind!r}")
+        self.kind = kind
+        self.hint = hint
+        self.__name__ = "local path" if kind == "local" else "path or URL"
+
+    def __call__(self, text: str) -> str:
+        try:
+            if self.kind == "local":
+                return local_path(text, None, self.hint)
+            return location(text, None, write=self.kind == "write")
+        except ConfigError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None

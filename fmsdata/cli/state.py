@@ -16,9 +16,15 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from fmsdata.cli.parser import PathArg
+from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 from fmsdata.errors import ConfigError, StateMismatchError
+from fmsdata.urls import is_url, local_path, location, url_scheme
+
+if TYPE_CHECKING:
+    from fmsdata.remote.storage import Storage
 
 SHOW_DESCRIPTION = (
     "Print what a saved loader state holds: per dataset and per logical shard, the epoch, "
@@ -45,16 +51,23 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="epochs, documents and tokens seen per dataset and logical shard",
         description=SHOW_DESCRIPTION,
     )
-    show.add_argument("path", help="checkpoint folder, DCP checkpoint folder or state file")
+    show.add_argument(
+        "path",
+        type=PathArg("read"),
+        help="checkpoint folder (local or a URL such as s3://bucket/ckpts), DCP checkpoint "
+        "folder (local) or state file",
+    )
     show.add_argument("--json", action="store_true", help="print the summary as JSON")
     show.add_argument(
         "--plot",
         metavar="FILE.png",
+        type=PathArg("local"),
         help="also draw, per dataset, how far each logical shard has read and the token "
         'shares delivered against the weights (needs matplotlib: pip install "fmsdata[plot]")',
     )
     show.add_argument(
         "--config",
+        type=PathArg("local"),
         help="the run's loader config (YAML): replay the lines emitted after each shard's "
         "recorded state, reading the data, so delivered counts are exact",
     )
@@ -65,30 +78,49 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "function passed as build_dataloader(stages=...), imported from MODULE (a module "
         "name, found from the current folder too)",
     )
+    add_storage_options(show)
     show.set_defaults(run=run_show)
 
 
-def read_states(path: str) -> tuple[str, list[dict[str, Any]]]:
-    """(where the states were found, every rank's snapshot) for any supported ``path``."""
-    from fmsdata.checkpoint import latest_checkpoint, rank_files
-    from fmsdata.statefile import load_state
+def read_states(path: str, storage: Storage | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """(where the states were found, every rank's snapshot) for any supported ``path``: a
+    local path or a URL (``storage`` says how to reach it); a DCP folder only locally."""
+    from fmsdata.checkpoint import latest_checkpoint, read_checkpoint
+    from fmsdata.checkpointsave import state_names
+    from fmsdata.remote.folder import Folder
+    from fmsdata.statefile import state_from_bytes
 
-    if os.path.isfile(path):
-        return path, [load_state(path)]
-    if not os.path.isdir(path):
+    here = Folder(location(path, "PATH"), storage)
+    if here.is_file():
+        return path, [state_from_bytes(here.read(), path)]
+    names = here.names()
+    if not names:
         raise StateMismatchError(f"{path}: no such file or folder")
-    if os.path.exists(os.path.join(path, ".metadata")):
-        return path, _read_dcp(path)
-    files = rank_files(path)
-    if not files:
-        latest = latest_checkpoint(path)
-        if latest is None:
-            dcp_step = _newest_dcp_step(path)
-            if dcp_step is not None:
-                return dcp_step, _read_dcp(dcp_step)
-            raise StateMismatchError(f"{path}: no loader state (loader_rank_*.fms, step_*/ or DCP)")
-        path, files = latest, rank_files(latest)
-    return path, [load_state(files[rank]) for rank in sorted(files)]
+    if ".metadata" in names:
+        return path, _read_dcp(_local_dcp(path))
+    if state_names(names):
+        return path, read_checkpoint(path, storage=storage)
+    latest = latest_checkpoint(path, storage=storage)
+    if latest is not None:
+        return latest, read_checkpoint(latest, storage=storage)
+    if not is_url(path) or url_scheme(path) == "file":
+        dcp_step = _newest_dcp_step(local_path(path, "PATH"))
+        if dcp_step is not None:
+            return dcp_step, _read_dcp(dcp_step)
+    raise StateMismatchError(
+        f"{path}: no loader state (loader_rank_*.fms, a complete step_*/ folder of them, "
+        "or, in a local folder, a torch.distributed.checkpoint)"
+    )
+
+
+def _local_dcp(path: str) -> str:
+    """A DCP folder's local path; one in object storage is refused by name."""
+    return local_path(
+        path,
+        "PATH",
+        "torch.distributed.checkpoint folders are read from local disk: copy the folder "
+        "first (fmsdata download URL DIR)",
+    )
 
 
 def _newest_dcp_step(path: str) -> str | None:
@@ -281,7 +313,7 @@ def run_show(args: argparse.Namespace) -> int:
         from fmsdata.plots import check_plot_target, plot_state
 
         check_plot_target(args.plot)
-    where, states = read_states(args.path)
+    where, states = read_states(args.path, storage_from_args(args))
     saved_version = states[0].get("version") if states and isinstance(states[0], dict) else None
     if args.stages and not args.config:
         raise ConfigError("--stages names the run's chain for --config: pass both")

@@ -8,8 +8,9 @@ import sys
 import time
 from typing import Any
 
-from fmsdata.cli.parser import non_negative_int, positive_int
+from fmsdata.cli.parser import PathArg, non_negative_int, positive_int
 from fmsdata.cli.progress import Progress
+from fmsdata.textcorpus import TOKENIZER_HINT
 
 __all__ = ["add_parser", "run", "parse_size"]
 
@@ -43,13 +44,25 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
             "shards. Bad records are counted per file (or fatal with --strict)."
         ),
     )
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files or folders of text")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        type=PathArg("local", "tokenize reads local files: copy them first (fmsdata download)"),
+        help="files or folders of text",
+    )
     parser.add_argument(
         "--tokenizer",
         required=True,
+        type=PathArg("local", TOKENIZER_HINT),
         help="a tokenizers tokenizer.json, or the name of a bundled one (stdlib-bpe-4k)",
     )
-    parser.add_argument("--output-dir", required=True, help="data root to write")
+    parser.add_argument(
+        "--output-dir",
+        required=True,
+        type=PathArg("local", "tokenize writes a local data root; upload it once written"),
+        help="data root to write",
+    )
     parser.add_argument("--dataset", default="default", help="dataset folder of the shards")
     parser.add_argument(
         "--text-field", default="text", help="JSON field / Parquet column of the text"

@@ -21,6 +21,9 @@
   ``checkpoints/`` folder that fms-fsdp's model ``Checkpointer`` scans; it resumes from the
   newest complete one there (a restarted job), else, with ``resuming_dataset``, from the
   newest under ``ckpt_load_path/fmsdata_loader/`` with its step count restarted at 0.
+  ``ckpt_save_path`` and ``ckpt_load_path`` may be URLs (``s3://bucket/run``: credentials
+  and endpoint from the AWS environment), and ``data_path`` too; with
+  ``order="fms-fsdp"`` all three are local folders, as fms-fsdp's own code reads them.
 
 Model and training fields are ignored by name (``FOREIGN_FIELDS``); any other field is an
 error, so a misspelt loader field never goes unnoticed.
@@ -45,6 +48,9 @@ from fmsdata.compat.fms_order import FmsOrderDataset, fms_resume_source
 from fmsdata.config import LoaderConfig
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.loader import FmsDataLoader, build_dataloader
+from fmsdata.remote.folder import Folder
+from fmsdata.textcorpus import TOKENIZER_HINT
+from fmsdata.urls import is_url, local_path, location
 
 __all__ = [
     "FMS_DEFAULTS",
@@ -189,7 +195,6 @@ def _config(values: dict[str, Any], postprocess: tuple[Callable[..., Any], ...])
     added = (values["bos_token"] is not None) + (values["eos_token"] is not None)
     # fms-fsdp packs seq_length + 1 tokens only when causal_lm will shift them.
     seq_length = _int("seq_length", values["seq_length"]) - (causal_lm not in postprocess)
-    save_path = _path("ckpt_save_path", values["ckpt_save_path"])
     return LoaderConfig(
         data_path=values["data_path"],
         datasets=values["datasets"],
@@ -211,7 +216,7 @@ def _config(values: dict[str, Any], postprocess: tuple[Callable[..., Any], ...])
         num_workers=values["num_workers"],
         vocab_size=None,  # a model field in fms-fsdp, never a check of the data
         batch_format="tuple",
-        checkpoint_dir=os.path.join(save_path, LOADER_CHECKPOINTS),
+        checkpoint_dir=_loader_checkpoints("ckpt_save_path", values["ckpt_save_path"], True),
         checkpoint_every=max(0, _int("checkpoint_interval", values["checkpoint_interval"])),
         checkpoint_keep=0,  # fms-fsdp keeps every loader checkpoint
         # Fill-in-the-middle as the mamba-fim branch does it, keyed by (seed, shard, line).
@@ -263,14 +268,23 @@ def get_data_loader(
     """
     steps = tuple(postprocess)
     values = train_config_values(cfg)
-    own = os.path.join(_path("ckpt_save_path", values["ckpt_save_path"]), LOADER_CHECKPOINTS)
+    # Every path is checked before anything is read or written.
+    if order == "fms-fsdp":
+        _fms_order_paths(values)
+    own = _loader_checkpoints("ckpt_save_path", values["ckpt_save_path"], write=True)
+    load_from = (
+        _loader_checkpoints("ckpt_load_path", values["ckpt_load_path"])
+        if values["resuming_dataset"]
+        else None
+    )
     restart = latest_checkpoint(own) is not None  # a restarted job: build_dataloader resumes
     if order is None:
         order = "fmsdata"
-        if not restart and fms_resume_source(values) is not None:
+        if not restart and _fms_order_local(values) and fms_resume_source(values) is not None:
             order = "fms-fsdp"
             logger.info("fms-fsdp-order loader checkpoints found: continuing in fms-fsdp order")
     if order == "fms-fsdp":
+        _fms_order_paths(values)  # again: order=None may have chosen it
         return _fms_order_loader(values, rank, world_size, steps)
     if order != "fmsdata":
         raise ConfigError(f"order must be 'fmsdata' or 'fms-fsdp', got {order!r}")
@@ -279,10 +293,7 @@ def get_data_loader(
     # by the workers into the shared batch ring; any other chain runs on each line.
     preprocess = None if steps == (causal_lm,) else _Postprocess(steps)
     loader = build_dataloader(config, rank, world_size, preprocess=preprocess)
-    if not restart and values["resuming_dataset"]:
-        load_from = os.path.join(
-            _path("ckpt_load_path", values["ckpt_load_path"]), LOADER_CHECKPOINTS
-        )
+    if not restart and load_from is not None:
         latest = latest_checkpoint(load_from)
         if latest is None:
             raise StateMismatchError(_nothing_to_resume(values["ckpt_load_path"], load_from))
@@ -362,7 +373,9 @@ class _Postprocess:
 
 def _nothing_to_resume(ckpt_load_path: str, load_from: str) -> str:
     message = f"resuming_dataset=True but {load_from!r} holds no complete fmsdata loader checkpoint"
-    if glob.glob(os.path.join(ckpt_load_path, "checkpoints", "*", "loader_state_*.pth")):
+    if not is_url(ckpt_load_path) and glob.glob(
+        os.path.join(ckpt_load_path, "checkpoints", "*", "loader_state_*.pth")
+    ):
         message += (
             "; the loader_state_*.pth files under checkpoints/ are fms-fsdp's own loader "
             "states: leave order unset (or pass order='fms-fsdp') to continue them in "
@@ -374,7 +387,7 @@ def _nothing_to_resume(ckpt_load_path: str, load_from: str) -> str:
 def _tokenizer(path: Any, required: bool) -> str | None:
     """``tokenizer_path`` as a ``tokenizer.json``: the file, or the one in the folder."""
     if isinstance(path, (str, os.PathLike)):
-        path = os.fspath(path)
+        path = local_path(path, "tokenizer_path", TOKENIZER_HINT)
         candidate = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
         if os.path.isfile(candidate):
             return candidate
@@ -384,6 +397,33 @@ def _tokenizer(path: Any, required: bool) -> str | None:
             "(file_type hf_parquet tokenizes text with it; hub names are not downloaded)"
         )
     return None
+
+
+def _loader_checkpoints(field: str, value: Any, write: bool = False) -> str:
+    """``<value>/fmsdata_loader``: the folder of loader checkpoints under a checkpoint path
+    (a local folder or a URL)."""
+    return Folder(location(_path(field, value), field, write=write)).join(LOADER_CHECKPOINTS)
+
+
+# train_config fields that order="fms-fsdp" reads as local folders.
+_FMS_ORDER_PATHS = ("data_path", "ckpt_save_path", "ckpt_load_path")
+
+
+def _fms_order_paths(values: dict[str, Any]) -> None:
+    """Refuse, by name, a URL among the folders order="fms-fsdp" reads and writes."""
+    for field in _FMS_ORDER_PATHS:
+        local_path(
+            _path(field, values[field]),
+            field,
+            "order='fms-fsdp' reads and writes local (or shared) folders, as fms-fsdp does; "
+            "order='fmsdata' takes URLs",
+        )
+
+
+def _fms_order_local(values: dict[str, Any]) -> bool:
+    """Whether fms-fsdp-order checkpoints can be there: both checkpoint paths are local
+    (a URL is never looked up as a local folder named ``s3:``)."""
+    return not any(is_url(values[field]) for field in ("ckpt_save_path", "ckpt_load_path"))
 
 
 def _path(field: str, value: Any) -> str:

@@ -30,12 +30,13 @@ from fmsdata.config.output import (
 from fmsdata.config.remote import RemoteConfig
 from fmsdata.config.shards import ShardsConfig
 from fmsdata.config.steering import SteeringConfig
-from fmsdata.config.values import as_plain
+from fmsdata.config.values import PATH_FIELDS, as_plain
 from fmsdata.config.workers import StartMethod, WorkersConfig
 
 __all__ = [
     "LoaderConfig",
     "SECTIONS",
+    "PATH_FIELDS",
     "DataConfig",
     "MixConfig",
     "DocumentsConfig",

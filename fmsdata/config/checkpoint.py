@@ -15,8 +15,10 @@ class CheckpointConfig:
     """Where and how often the loader saves its state by itself, and how many it keeps.
 
     Attributes:
-        checkpoint_dir: Folder of automatic loader checkpoints (``step_NNNNNNNNN/``); when
-            set, the loader resumes from the newest complete one it finds there.
+        checkpoint_dir: Folder of automatic loader checkpoints (``step_NNNNNNNNN/``), a
+            local path or any fsspec URL (``s3://bucket/run/loader``, reached with the
+            storage options of the remote section); when set, the loader resumes from the
+            newest complete one it finds there.
         checkpoint_every: Save a loader checkpoint every this many batches (0 = never).
         checkpoint_keep: Automatic checkpoints kept (older ones are removed).
     """

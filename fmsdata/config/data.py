@@ -31,15 +31,16 @@ class DataConfig:
             error comes only from a file that has none. A text column among a Parquet
             file's candidates is tokenized with ``tokenizer``.
         text_field: Text column or JSON field of text shards, tokenized while loading.
-        tokenizer: ``tokenizer.json`` (Hugging Face ``tokenizers``) for text shards.
+        tokenizer: ``tokenizer.json`` (Hugging Face ``tokenizers``) for text shards, a file
+            on this machine.
         token_dtype: Token type of formats that do not record it (flat token files,
             MDS ``bytes`` columns), e.g. ``"uint16"``, ``"uint32"``.
         doc_separator: Token that ends documents in flat token files (default: eos_token).
         strict: Make malformed text records (bad JSON, missing field) an error instead of
             skipping and counting them.
         cache_dir: Where derived data goes (token caches of text shards, document
-            indexes of flat token files, downloads); default ``$FMSDATA_CACHE`` or
-            ``~/.cache/fmsdata``.
+            indexes of flat token files, downloads), a folder on this machine; default
+            ``$FMSDATA_CACHE`` or ``~/.cache/fmsdata``.
     """
 
     data_path: str
@@ -55,7 +56,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.data_path, (str, os.PathLike)) or not str(self.data_path):
             raise ConfigError(f"data_path must be a non-empty path or URL, got {self.data_path!r}")
-        set_field(self, "data_path", os.fspath(self.data_path))
+        set_field(self, "data_path", optional_path("data_path", self.data_path))
         columns = split_csv("col_name", self.col_name)
         if not columns or not all(columns):
             raise ConfigError(

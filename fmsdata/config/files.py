@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from fmsdata.errors import ConfigError
+from fmsdata.urls import local_path
 
 __all__ = ["read_yaml", "parse_overrides", "FMS_WRAPPER"]
 
@@ -24,12 +25,13 @@ def read_yaml(path: str | os.PathLike[str]) -> Mapping[str, Any]:
     only ``data`` fields, which read the same flat as in their section.
 
     Raises:
-        ConfigError: The file is unreadable, not YAML, empty, or not a mapping; the message
-            names the file and shows how a config is written.
+        ConfigError: The file is unreadable, not YAML, empty, or not a mapping, or ``path``
+            is a URL (config files are read from this machine); the message names the file
+            and shows how a config is written.
     """
-    where = os.fspath(path)
+    where = local_path(path, "config file")
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(where, encoding="utf-8") as handle:
             values = yaml.safe_load(handle)
     except OSError as err:
         raise ConfigError(f"cannot read config file {where!r}: {err}") from None

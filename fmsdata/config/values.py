@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fmsdata.errors import ConfigError
+from fmsdata.textcorpus import TOKENIZER_HINT
+from fmsdata.urls import local_path, location
 
 __all__ = [
     "split_csv",
@@ -87,13 +89,33 @@ def optional_token(field: str, value: Any) -> int | None:
     return int(token)
 
 
+# Every field that holds a path, and where it may be (``fmsdata.urls``): "read" and
+# "write", a local path or a URL of any fsspec filesystem (read from, or written to);
+# "local", a path on this machine (a URL is refused by name, never made a local folder).
+PATH_FIELDS = {
+    "data_path": "read",
+    "checkpoint_dir": "write",
+    "tokenizer": "local",
+    "cache_dir": "local",
+}
+_LOCAL_HINTS = {
+    "tokenizer": TOKENIZER_HINT,
+    "cache_dir": "it holds local copies of remote files; give a local folder",
+}
+
+
 def optional_path(field: str, value: Any) -> str | None:
-    """A path-like field: None, or a non-empty ``str`` / ``os.PathLike`` (as ``str``)."""
+    """A path field (``PATH_FIELDS``): None, or a non-empty ``str`` / ``os.PathLike`` (as
+    ``str``) that is a URL only where the field may be one."""
     if value is None:
         return None
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         raise ConfigError(f"{field} must be a path (a non-empty string) or None, got {value!r}")
-    return str(os.fspath(value))
+    text = str(os.fspath(value))
+    kind = PATH_FIELDS[field]
+    if kind == "local":
+        return local_path(text, field, _LOCAL_HINTS.get(field, ""))
+    return location(text, field, write=kind == "write")
 
 
 def optional_name(field: str, value: Any) -> str | None:

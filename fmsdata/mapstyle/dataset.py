@@ -30,6 +30,7 @@ from fmsdata.mapstyle.windows import StreamReader
 from fmsdata.permute import derive_key, permute
 from fmsdata.remote.cache import file_source
 from fmsdata.remote.storage import Storage
+from fmsdata.urls import local_path
 
 __all__ = ["TokenWindowDataset", "get_dataset", "SPLITS"]
 
@@ -312,7 +313,7 @@ def get_dataset(
             f"documents_end_with_eos must be True, False or None, got {documents_end_with_eos!r}"
         )
     storage = storage or Storage()
-    cache_dir = cache_dir or default_cache_dir()
+    cache_dir = local_path(cache_dir, "cache_dir") if cache_dir else default_cache_dir()
     spec = resolve_root(
         metadata,
         storage,

@@ -28,6 +28,7 @@ from fmsdata.metadata import (
     root_facts,
 )
 from fmsdata.remote.storage import Storage
+from fmsdata.urls import is_url, location
 
 __all__ = [
     "RootSpec",
@@ -78,8 +79,11 @@ class RootSpec:
 
 
 def _locate(metadata: str, storage: Storage) -> str:
-    """A name under ``$FMSDATA_DATA_DIR`` -> its folder; paths and URLs as they are."""
-    if "://" in metadata or metadata.startswith(("/", ".", "~")):
+    """A name under ``$FMSDATA_DATA_DIR`` -> its folder; paths and URLs as they are (a URL
+    of a protocol fsspec does not know is refused by name)."""
+    if is_url(metadata):
+        return location(metadata, "metadata")
+    if metadata.startswith(("/", ".", "~")):
         return os.path.expanduser(metadata)
     if os.path.exists(metadata):
         return metadata
@@ -89,6 +93,7 @@ def _locate(metadata: str, storage: Storage) -> str:
             f"metadata {metadata!r} is neither a path nor a URL, and ${DATA_DIR_ENV} (the "
             "folder of named data roots) is not set"
         )
+    base = location(base, f"${DATA_DIR_ENV}")
     target = posixpath.join(base.rstrip("/"), metadata)
     fs, path = storage.filesystem(target)
     if not fs.exists(path):

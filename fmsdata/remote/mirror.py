@@ -33,6 +33,7 @@ from fmsdata.remote.transfer import (
     md5_of_etag,
     object_info,
 )
+from fmsdata.urls import local_path, location
 
 __all__ = ["MirrorPlan", "MirrorResult", "plan_mirror", "run_mirror", "refusal", "MANIFEST"]
 
@@ -144,7 +145,13 @@ def plan_mirror(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
 ) -> tuple[MirrorPlan, dict[str, dict[str, Any]]]:
-    """List ``src`` and decide what to transfer; returns the plan and the manifest."""
+    """List ``src`` and decide what to transfer; returns the plan and the manifest.
+
+    Raises:
+        ConfigError: ``src`` is a URL of an unknown protocol, or ``dest`` is a URL.
+    """
+    src = location(src, "download source")
+    dest = local_path(dest, "download destination", "download copies to this machine")
     fs, base = storage.filesystem(src)
     policy = storage.retry
     entry = retrying(policy, src, fs.info, base, what="stat")
@@ -199,7 +206,8 @@ def run_mirror(
     ``on_bytes(n)`` is called as bytes arrive (from worker threads); ``on_file(key, error)``
     when a file is done (error None) or failed.
     """
-    fs, _ = storage.filesystem(src)
+    fs, _ = storage.filesystem(location(src, "download source"))
+    dest = local_path(dest, "download destination", "download copies to this machine")
     os.makedirs(dest, exist_ok=True)
     result = MirrorResult()
     lock = threading.Lock()

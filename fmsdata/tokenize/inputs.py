@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.jsonl import decode_text, open_binary, parse_record
+from fmsdata.urls import local_path
 
 __all__ = [
     "InputFile",
@@ -97,6 +98,7 @@ def find_inputs(paths: Sequence[str]) -> list[InputFile]:
     found: list[InputFile] = []
     seen: set[str] = set()
     for given in paths:
+        given = local_path(given, "input", "tokenize reads local files: copy them first")
         if os.path.isdir(given):
             names = sorted(
                 os.path.join(folder, f) for folder, _, files in os.walk(given) for f in files

@@ -17,8 +17,9 @@ import os
 from collections.abc import Sequence
 
 from fmsdata.errors import ConfigError
-from fmsdata.textcorpus import BUNDLED_TOKENIZERS, resolve_tokenizer
+from fmsdata.textcorpus import BUNDLED_TOKENIZERS, TOKENIZER_HINT, resolve_tokenizer
 from fmsdata.tokenize.inputs import InputFile, Piece, split_input
+from fmsdata.urls import local_path
 
 __all__ = [
     "TokenizeSpec",
@@ -76,7 +77,14 @@ class TokenizeSpec:
             raise ConfigError(f"shard_bytes must be positive, got {self.shard_bytes!r}")
         if not self.dataset or "/" in self.dataset or self.dataset in (".", "..", "meta"):
             raise ConfigError(f"dataset must be a plain folder name, got {self.dataset!r}")
-        object.__setattr__(self, "tokenizer", resolve_tokenizer(self.tokenizer))
+        output = local_path(
+            self.output_dir,
+            "output_dir",
+            "tokenize writes a local data root; upload it once written",
+        )
+        object.__setattr__(self, "output_dir", output)
+        tokenizer = local_path(self.tokenizer, "tokenizer", TOKENIZER_HINT)
+        object.__setattr__(self, "tokenizer", resolve_tokenizer(tokenizer))
         if not os.path.isfile(self.tokenizer):
             raise ConfigError(
                 f"tokenizer {self.tokenizer!r} is not a file (a tokenizer.json, or the name of a "

@@ -67,8 +67,8 @@ def data(tmp_path, s3, bucket):
 def proxy(s3):
     proxies = []
 
-    def make(*faults, every=3, delay=0.0):
-        p = FaultProxy(s3.url, faults, every=every, delay=delay)
+    def make(*faults, every=3, delay=0.0, hold=None):
+        p = FaultProxy(s3.url, faults, every=every, delay=delay, hold=hold)
         proxies.append(p)
         return p
 
