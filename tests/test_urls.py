@@ -15,7 +15,7 @@ import pytest
 
 from fmsdata.cli.main import build_parser, main
 from fmsdata.cli.parser import PathArg
-from fmsdata.config import PATH_FIELDS, LoaderConfig
+from fmsdata.config import PATH_FIELDS, SECTIONS, LoaderConfig
 from fmsdata.errors import ConfigError
 from fmsdata.urls import is_url, local_path, location, url_scheme
 
@@ -96,7 +96,12 @@ NOT_PATH_FIELDS = {
 
 
 def test_every_string_field_is_classified():
-    strings = {f.name for f in dataclasses.fields(LoaderConfig) if "str" in str(f.type)}
+    strings = {
+        f.name
+        for section in SECTIONS.values()
+        for f in dataclasses.fields(section)
+        if "str" in str(f.type) or "Literal" in str(f.type)
+    }
     assert strings - NOT_PATH_FIELDS == set(PATH_FIELDS)
     assert set(PATH_FIELDS) <= strings
     assert set(PATH_FIELDS.values()) <= {"read", "write", "local"}
