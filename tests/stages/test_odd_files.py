@@ -8,7 +8,6 @@ tokens: coverage is checked against the layout as written, never against the dea
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 from chains import documents_by_epoch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oddfiles import MIN, Layout, info_of, loader_config, write_layout
 from support import (
     FIRST_TOKEN,
     accesses,
@@ -30,59 +30,7 @@ from support import (
 
 from fmsdata import build_dataloader
 from fmsdata.errors import EmptyDatasetError
-from fmsdata.handlers.arrow import write_arrow_docs
 from fmsdata.stages.documents import Decoration, stream_class
-from fmsdata.synthetic import CorpusInfo
-
-MIN = 4  # min_length of every test here
-EOS = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """What was written for dataset ``ds``: each file's document lengths."""
-
-    root: str
-    files: tuple[tuple[int, ...], ...]
-
-    @property
-    def kept(self) -> set[tuple[str, int]]:
-        """(file path, document) of every document at least ``MIN`` tokens long."""
-        return {
-            (path, d)
-            for path, lengths in zip(self.paths, self.files)
-            for d, n in enumerate(lengths)
-            if n >= MIN
-        }
-
-    @property
-    def paths(self) -> list[str]:
-        return [f"ds/f{f:02d}.arrow" for f in range(len(self.files))]
-
-
-def write_layout(root: str, files: list[list[int]], other: bool = True) -> Layout:
-    """Dataset ``ds`` with one file per entry of ``files`` (document lengths, token values
-    counting up), and beside it, with ``other``, a plain dataset ``other``."""
-    token = FIRST_TOKEN
-    os.makedirs(os.path.join(root, "ds"))
-    for f, lengths in enumerate(files):
-        docs = []
-        for n in lengths:
-            docs.append(np.arange(token, token + n))
-            token += n
-        write_arrow_docs(os.path.join(root, "ds", f"f{f:02d}.arrow"), docs)
-    if other:
-        os.makedirs(os.path.join(root, "other"))
-        for f in range(2):
-            docs = [np.arange(token + 30 * d, token + 30 * d + 30) for d in range(20)]
-            token += 600
-            write_arrow_docs(os.path.join(root, "other", f"o{f}.arrow"), docs)
-    return Layout(root, tuple(tuple(lengths) for lengths in files))
-
-
-def info_of(layout: Layout) -> CorpusInfo:
-    return CorpusInfo(root=layout.root, ranges={"ds": (0, 0)}, documents={}, files={})
-
 
 _short = st.lists(st.integers(0, MIN - 1), min_size=1, max_size=5)
 _long = st.lists(st.integers(MIN, MIN + 40), min_size=1, max_size=8)
@@ -141,24 +89,6 @@ def test_every_layout_covers_its_kept_documents_once_per_pass(
 ):
     layout = write_layout(scratch_dir(), files, other=False)
     check_passes(layout, order, n_shards, seed, line_tokens)
-
-
-def loader_config(layout: Layout, n_shards: int, **overrides):
-    config = dict(
-        data_path=layout.root,
-        datasets=["ds", "other"],
-        weights=[1.0, 1.0],
-        seq_length=16,
-        batch_size=n_shards,
-        logical_shards=n_shards,
-        shuffle_window=4,
-        eos_token=EOS,
-        min_length=MIN,
-        seed=3,
-        num_workers=0,
-    )
-    config.update(overrides)
-    return config
 
 
 def ds_tokens(batches, layout: Layout) -> np.ndarray:
