@@ -13,8 +13,8 @@ from __future__ import annotations
 import collections
 import hashlib
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -33,6 +33,15 @@ __all__ = ["ReaderCache", "DatasetAccess", "count_mismatch", "make_accesses"]
 # every shard of every chain built in the process asks the same question.
 _KEPT: dict[tuple[str, str, str, Decoration], int] = {}
 _KEPT_LOCK = threading.Lock()
+# Which files of a dataset hold a kept document, found once per process, by the same key.
+_LIVE: dict[tuple[str, str, str, Decoration], np.ndarray] = {}
+# Other answers about a dataset's files (``DatasetAccess.remembered``).
+_REMEMBERED: dict[tuple[tuple[str, str, str], Hashable], Any] = {}
+T = TypeVar("T")
+# Documents measured at a time when a file is searched for a kept one: the first block is
+# small (the first document almost always passes), later ones large (vectorized).
+_FIRST_PROBE = 16
+_MAX_PROBE = 1 << 16
 
 
 class ReaderCache:
@@ -139,6 +148,7 @@ class DatasetAccess:
         self._readers = readers
         self._counts = files.docs.copy()
         self._delimiters_checked: set[tuple[int, Decoration]] = set()
+        self._digest: str | None = None
 
     @property
     def num_files(self) -> int:
@@ -196,11 +206,129 @@ class DatasetAccess:
                 return True
         return self._kept_tokens(decoration) < budget
 
+    def live_files(self, decoration: Decoration) -> np.ndarray:
+        """Whether each file holds a document that ``decoration`` keeps (boolean per file):
+        the files the document deal is computed over (``fmsdata.stages.deal``).
+
+        Settled from the counts where they can: a file without documents holds none; one
+        whose tokens outnumber what its documents could hold were every one of them
+        skipped (``Decoration.longest_skipped`` each) holds one. Other files are searched,
+        a block of documents at a time, up to their first kept document (usually their
+        first). Found once per process (``_LIVE``); needs every file's document count.
+        """
+        key = self._key(decoration)
+        with _KEPT_LOCK:
+            known = _LIVE.get(key)
+        if known is not None:
+            return known.copy()
+        counts = self._known_counts()
+        tokens = self._token_counts(counts)
+        longest = decoration.longest_skipped
+        has = (counts >= 0) & (tokens >= 0)
+        live = has & (counts > 0) & (tokens > counts * longest)
+        settled = live | (counts == 0) | (has & (tokens == 0))
+        open_now = np.flatnonzero(~settled).tolist()
+        if open_now and getattr(self._source, "downloads", False):
+            live[open_now] = self._first_documents_kept(open_now, decoration)
+            open_now = [f for f in open_now if not live[f]]
+        for f in open_now:
+            if counts[f] > 0:  # a remote root downloads them side by side
+                self.prefetch(f)
+        for f in open_now:  # (counted and searched while the reader is open)
+            n = self.doc_count(f)
+            live[f] = n > 0 and self._holds_kept(f, n, decoration)
+        with _KEPT_LOCK:
+            _LIVE[key] = live
+        return live.copy()
+
+    def _first_documents_kept(self, files: list[int], decoration: Decoration) -> np.ndarray:
+        """Whether a remote file's first documents show a kept one, read from its format's
+        metadata with range requests (``fmsdata.metacount.first_lengths``), so that a
+        root without token counts is not downloaded to be searched."""
+        from fmsdata.metacount import first_lengths  # (imports the handlers' readers)
+
+        source = self._source
+        found = first_lengths(
+            source.root,  # type: ignore[attr-defined]
+            source.storage,  # type: ignore[attr-defined]
+            [self.files.paths[f] for f in files],
+            [int(self.files.sizes[f]) for f in files],
+            self.handler,
+        )
+        longest = decoration.longest_skipped
+        return np.array(
+            [lengths is not None and bool((lengths > longest).any()) for lengths in found]
+        )
+
+    def _known_counts(self) -> np.ndarray:
+        """Documents of each file where known without opening it, else -1."""
+        counts = self._counts.copy()
+        for f in np.flatnonzero(counts < 0).tolist():
+            seen = filecounts.recall(self.root, self.files.paths[f], int(self.files.sizes[f]))
+            if seen is not None:
+                counts[f] = self._counts[f] = seen[0]
+        return counts
+
+    def _token_counts(self, counts: np.ndarray) -> np.ndarray:
+        """Tokens of each file where known (counts metadata, format metadata, or counted
+        before in this process), else -1."""
+        tokens = self.files.tokens.copy()
+        for f in np.flatnonzero(tokens < 0).tolist():
+            seen = filecounts.recall(self.root, self.files.paths[f], int(self.files.sizes[f]))
+            if seen is not None and seen[0] == counts[f]:
+                tokens[f] = seen[1]
+        return tokens
+
+    def _holds_kept(self, file: int, n_docs: int, decoration: Decoration) -> bool:
+        """Whether the file holds a document the decoration keeps, searched a block of
+        documents at a time (its stored delimiters are checked when it is read)."""
+        reader = self.reader(file)
+        found = self.handler.num_docs(reader)
+        if found != n_docs:
+            raise ShardFormatError(count_mismatch(self.files.paths[file], found, n_docs))
+        least = max(1, decoration.min_length)
+        at, block = 0, _FIRST_PROBE
+        while at < n_docs:
+            docs = np.arange(at, min(n_docs, at + block), dtype=np.int64)
+            lengths = np.asarray(self.handler.doc_lengths(reader, docs), dtype=np.int64)
+            if decoration.strip:
+                first, last = self.handler.doc_edges(reader, docs)
+                lead, trail = decoration.strip_amounts(lengths, first, last)
+                lengths = lengths - lead - trail
+            if bool((lengths >= least).any()):
+                return True
+            at += len(docs)
+            block = min(block * 16, _MAX_PROBE)
+        return False
+
+    def remembered(self, question: Hashable, answer: Callable[[], T]) -> T:
+        """``answer()`` to ``question`` about this dataset's files, found once per process:
+        every shard of every chain built in the process asks the same (an answer that
+        raises is not kept)."""
+        key = (self._files_key(), question)
+        with _KEPT_LOCK:
+            if key in _REMEMBERED:
+                return _REMEMBERED[key]  # type: ignore[no-any-return]
+        found = answer()
+        with _KEPT_LOCK:
+            _REMEMBERED[key] = found
+        return found
+
+    def _key(self, decoration: Decoration) -> tuple[str, str, str, Decoration]:
+        return (*self._files_key(), decoration)
+
+    def _files_key(self) -> tuple[str, str, str]:
+        """What a per-process answer about this dataset's files is kept under: the root,
+        the dataset and a digest of its file list and sizes."""
+        if self._digest is None:
+            digest = hashlib.blake2b(digest_size=12)
+            for path, size in zip(self.files.paths, self.files.sizes.tolist()):
+                digest.update(f"{path}\0{size}\0".encode())
+            self._digest = digest.hexdigest()
+        return (self.root, self.name, self._digest)
+
     def _kept_tokens(self, decoration: Decoration) -> int:
-        digest = hashlib.blake2b(digest_size=12)
-        for path, size in zip(self.files.paths, self.files.sizes.tolist()):
-            digest.update(f"{path}\0{size}\0".encode())
-        key = (self.root, self.name, digest.hexdigest(), decoration)
+        key = self._key(decoration)
         with _KEPT_LOCK:
             known = _KEPT.get(key)
         if known is not None:

@@ -34,13 +34,22 @@ import numpy as np
 from fmsdata import filecounts
 from fmsdata.handlers.arrow_index import batch_rows, footer_blocks, footer_length
 
-__all__ = ["count_catalog", "count_files", "logged_progress", "metadata_counter", "THREADS"]
+__all__ = [
+    "count_catalog",
+    "count_files",
+    "first_lengths",
+    "logged_progress",
+    "metadata_counter",
+    "THREADS",
+]
 
 logger = logging.getLogger(__name__)
 
 THREADS = 16  # range requests in flight (object stores answer many at once)
 _TAIL = 64 << 10  # first guess of an Arrow footer's size
 _MERGE_GAP = 64 << 10  # header ranges closer than this are read as one
+_FIRST_DOCS = 16  # documents whose lengths ``first_lengths`` reads at most
+_FIRST_SPAN = 256 << 10  # ... when their headers lie within this many bytes (else the first)
 Read = Callable[[str, int, int], bytes]
 Counter = Callable[[Read, str, int, bool], "tuple[int, int] | None"]
 
@@ -271,3 +280,54 @@ def count_catalog(
             root,
             root,
         )
+
+
+def _arrow_first(read: Read, path: str, size: int) -> np.ndarray | None:
+    """Token counts of the first documents of a one-batch-per-document Arrow file: the
+    footer, then the first batch headers (one range; only the first when they are far
+    apart)."""
+    tail = read(path, max(0, size - _TAIL), size)
+    need = footer_length(tail)
+    if need is None:
+        return None
+    if need > len(tail):
+        tail = read(path, max(0, size - need), size)
+    blocks = footer_blocks(np.frombuffer(tail, dtype=np.uint8))
+    if blocks is None:
+        return None
+    offsets, meta_lengths = blocks
+    k = min(len(offsets), _FIRST_DOCS)
+    if not k:
+        return np.zeros(0, dtype=np.int64)
+    ends = offsets[:k] + meta_lengths[:k]
+    k = max(1, int(np.searchsorted(ends - offsets[0], _FIRST_SPAN, side="right")))
+    data = np.frombuffer(read(path, int(offsets[0]), int(ends[k - 1])), dtype=np.uint8)
+    return batch_rows(data, offsets[:k] - offsets[0])
+
+
+def first_lengths(
+    root: str, storage: Any, relatives: Sequence[str], sizes: Sequence[int], handler: Any
+) -> list[np.ndarray | None]:
+    """The token counts of the first documents of remote files, from their metadata alone
+    (range requests, ``THREADS`` files at a time): what settles, without downloading it,
+    that a file holds a document long enough to be kept. None for a file whose format
+    keeps no such metadata (Arrow, one record batch per document, does)."""
+    from fmsdata.handlers.arrow import ArrowDocHandler
+    from fmsdata.remote.retry import retrying
+
+    if not isinstance(handler, ArrowDocHandler) or not relatives:
+        return [None] * len(relatives)
+    fs, base = storage.filesystem(root)
+
+    def read(path: str, start: int, end: int) -> bytes:
+        url = root.rstrip("/") + path[len(base) :]
+        return retrying(  # type: ignore[no-any-return]
+            storage.retry, url, fs.cat_file, path, what="read", start=start, end=end
+        )
+
+    def one(job: tuple[str, int]) -> np.ndarray | None:
+        relative, size = job
+        return _arrow_first(read, f"{base}/{relative}", int(size))
+
+    with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
+        return list(pool.map(one, zip(relatives, sizes)))

@@ -26,6 +26,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 
@@ -42,6 +43,7 @@ __all__ = [
     "mapped_paths",
     "recording",
     "resident_file_bytes",
+    "sweep_stale_lists",
 ]
 
 
@@ -227,6 +229,7 @@ def _listing() -> _Journal | None:
         _journal = None
     if not (fault_note.running() or _in_worker()):
         return None
+    sweep_stale_lists()
     _journal = _Journal()
     if _in_worker():  # workers end through multiprocessing, which runs finalizers
         import multiprocessing.util
@@ -355,6 +358,45 @@ def changed_in_dead_workers(pids: list[int]) -> list[str]:
             if problem is not None:
                 found.append(f"{name}: {problem}")
     return found
+
+
+# A list outlives its process when the process dies with its main process (a job killed
+# whole: SIGKILL to the group) or before the main process looks; each process that starts a
+# list removes the lists of processes that are gone, once older than this, so that a main
+# process (which reads its dead worker's list as soon as it notices, within seconds) is
+# done with them.
+STALE_LIST_S = 300.0
+
+
+def sweep_stale_lists(older_than: float = STALE_LIST_S) -> list[int]:
+    """Remove the mapped-file lists of processes that no longer exist, not written for
+    ``older_than`` seconds; returns their pids."""
+    folder = tempfile.gettempdir()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    gone = []
+    now = time.time()
+    for name in names:
+        if not (name.startswith("fmsdata-maps-") and name.endswith(".tsv")):
+            continue
+        try:
+            pid = int(name[len("fmsdata-maps-") : -len(".tsv")])
+            os.kill(pid, 0)
+            continue  # alive (or another user's: PermissionError, an OSError, below)
+        except ValueError:
+            continue
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        path = os.path.join(folder, name)
+        with contextlib.suppress(OSError):
+            if now - os.stat(path).st_mtime >= older_than:
+                os.unlink(path)
+                gone.append(pid)
+    return gone
 
 
 def forget_worker_lists(pids: list[int]) -> None:

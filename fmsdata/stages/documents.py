@@ -1,9 +1,13 @@
 """The documents of one dataset inside one logical shard, in an order a subclass chooses.
 
-A dataset's files are cut into ``L`` fragments each; laid end to end (file by file), the
-``F * L`` fragments are dealt to the ``L`` logical shards in contiguous runs of ``F``. A
-shard therefore reads a few neighbouring files (one open file at a time) and needs the
-document counts of those files only. Each epoch the shard walks its fragments in a keyed
+A dataset's documents are dealt to the ``L`` logical shards by ``fmsdata.stages.deal``:
+as a rule its files are cut into ``L`` fragments each and, laid end to end (file by
+file), the ``F * L`` fragments go to the shards in contiguous runs of ``F`` (a shard reads
+a few neighbouring files, one open file at a time); a dataset with a file that holds no
+kept document (empty, or every document under ``min_length``), or whose files would leave a
+shard without documents, is dealt by documents instead, over the files that hold a kept
+one. Which applies is a function of the data and the config, found once per process
+(``DocumentStream._plan``). Each epoch the shard walks its fragments in a keyed
 random order, and the documents inside each fragment in another keyed order: position
 ``p`` of the walk maps to a document by arithmetic, so nothing is materialized and the
 state is two integers.
@@ -17,10 +21,12 @@ another subclass (``DocumentStream.walk_order``).
 
 **Small datasets rotate.** When a dataset holds fewer (kept, decorated) tokens than
 ``n_shards`` lines, a shard's own portion is smaller than a line and the plain walk would
-repeat its few documents inside one line. Such a stream reads, in epoch ``e``, the portion
-of shard ``order[(at + e) % n_shards]``, where ``order`` is a keyed permutation of the
-shards (identity when sequential) and ``order[at]`` is the shard itself, so epoch 0 is its
-own portion; a *cycle* of ``n_shards`` epochs is walked as one (portions in that order,
+repeat its few documents inside one line; when its files that hold a kept document hold
+fewer documents than ``n_shards``, some shard's portion is empty. Such a stream reads, in
+epoch ``e``, the portion of shard ``order[(at + e) % n_shards]``, where ``order`` is a
+keyed permutation of the shards (identity when sequential) and ``order[at]`` is the shard
+itself, so epoch 0 is its own portion (an epoch whose portion holds no kept document is
+passed); a *cycle* of ``n_shards`` epochs is walked as one (portions in that order,
 each document order keyed by shard and cycle). Why the guarantees hold: for each ``e``
 the map from shards to portions is a bijection, so every pass over all shards (epoch ``e``
 of each) covers every document exactly once (G4); any ``n_shards`` consecutive epochs of a
@@ -46,6 +52,13 @@ import numpy as np
 from fmsdata.config import DOCUMENT_ORDERS, Decoration
 from fmsdata.errors import ConfigError, EmptyDatasetError, StateMismatchError
 from fmsdata.permute import Permutations, derive_key, hash_values, permute
+from fmsdata.stages.deal import (
+    all_fragments,
+    document_deal,
+    file_deal_fits,
+    shard_files,
+    shard_fragments,
+)
 from fmsdata.stages.source import Documents, DocumentSource
 from fmsdata.statecheck import need_count, need_int
 
@@ -78,48 +91,6 @@ _BYTES_PER_TOKEN = 16
 _DAMAGE_CHECK_FILES = 64
 
 
-def shard_fragments(counts: np.ndarray, n_shards: int, shard: int) -> np.ndarray:
-    """Document ranges of one logical shard: rows ``(file, first_doc, end_doc)``, non-empty.
-
-    ``counts`` needs to be correct only for the files the shard touches (the others may
-    be -1); use ``shard_files`` to find which those are.
-    """
-    n_files = len(counts)
-    rows = []
-    for f in shard_files(n_files, n_shards, shard):
-        lo_part = max(shard * n_files, f * n_shards) - f * n_shards
-        hi_part = min((shard + 1) * n_files, (f + 1) * n_shards) - f * n_shards
-        n = int(counts[f])
-        lo, hi = n * lo_part // n_shards, n * hi_part // n_shards
-        if hi > lo:
-            rows.append((f, lo, hi))
-    return np.array(rows, dtype=np.int64).reshape(-1, 3)
-
-
-def shard_files(n_files: int, n_shards: int, shard: int) -> range:
-    """Indices of the files whose fragments fall to ``shard``."""
-    first = shard * n_files // n_shards
-    last = ((shard + 1) * n_files - 1) // n_shards
-    return range(first, last + 1)
-
-
-def all_fragments(counts: np.ndarray, n_shards: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every logical shard's document ranges at once: rows ``(file, first_doc, end_doc)``
-    (non-empty, in file order) and the shard of each row; the rows of shard ``q`` are
-    ``shard_fragments(counts, n_shards, q)``. ``counts`` must be known for every file."""
-    n_files = len(counts)
-    grid = np.union1d(
-        np.arange(0, n_files * n_shards + 1, n_shards),
-        np.arange(0, n_files * n_shards + 1, n_files),
-    )
-    lo_g, hi_g = grid[:-1], grid[1:]
-    files = lo_g // n_shards
-    n = np.asarray(counts, dtype=np.int64)[files]
-    lo = n * (lo_g - files * n_shards) // n_shards
-    hi = n * (hi_g - files * n_shards) // n_shards
-    keep = hi > lo
-    rows = np.stack([files, lo, hi], axis=1)[keep].astype(np.int64).reshape(-1, 3)
-    return rows, (lo_g // n_files)[keep].astype(np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,11 +249,60 @@ class DocumentStream(DocumentSource):
             return False
         return self.access.holds_fewer_tokens(self.decoration, budget)
 
+    def _plan(self) -> tuple[bool, bool]:
+        """Whether the dataset rotates, and whether its shares are the file deal (else the
+        document deal): a function of the data and the config, the same in every shard,
+        found once per process (``fmsdata.stages.deal`` says what each deal is).
+
+        The file deal stays wherever it serves: every file holds a kept document and every
+        shard gets documents (or the dataset rotates, which reads every portion in turn and
+        so copes with empty ones). Otherwise the shares are computed over the documents of
+        the files that hold a kept one; a dataset whose such files hold fewer documents
+        than there are shards rotates.
+
+        Raises:
+            EmptyDatasetError: No file of the dataset holds a document that is kept.
+        """
+        n_shards = self.n_shards
+        live = np.asarray(self.access.live_files(self.decoration), dtype=bool)
+        counts = np.array(
+            [self.access.doc_count(f) for f in range(self.access.num_files)], dtype=np.int64
+        )
+        if not live.any():
+            raise EmptyDatasetError(self._nothing_message(counts))
+        rotating = self._rotates() or int(counts[live].sum()) < n_shards
+        file_deal = rotating or (bool(live.all()) and file_deal_fits(counts, n_shards))
+        return rotating, file_deal
+
+    def _nothing_message(self, counts: np.ndarray) -> str:
+        """What a dataset without a single kept document holds, for its error."""
+        name, n_files, docs = self.access.name, len(counts), int(counts.sum())
+        empty = int((counts == 0).sum())
+        if docs == 0:
+            held = f"all its {n_files} file(s) are empty (no document)"
+        else:
+            d = self.decoration
+            stripping = f" after stripping {sorted(d.strip)}" if d.strip else ""
+            held = (
+                f"every one of the {docs} document(s) in its {n_files} file(s) has fewer than "
+                f"min_length={max(1, d.min_length)} tokens{stripping}"
+                + (f" ({empty} of the files are empty)" if empty else "")
+            )
+        damage = self._damaged_files()
+        return (
+            f"dataset {name!r} holds no document to read: {held}"
+            + (f"; damaged, read only up to the damage: {'; '.join(damage)}" if damage else "")
+            + ("; restore the damaged file(s)" if damage else "")
+        )
+
     def _setup(self) -> None:
         if self._rows is not None:
             return
         n_files, n_shards = self.access.num_files, self.n_shards
-        self.rotating = self._rotates()
+        self.rotating, file_deal = self.access.remembered(
+            ("plan", type(self).__name__, self.decoration, n_shards, self.line_tokens),
+            self._plan,
+        )
         if self.rotating:
             counts = np.array([self.access.doc_count(f) for f in range(n_files)], dtype=np.int64)
             rows, owner = all_fragments(counts, n_shards)
@@ -296,25 +316,27 @@ class DocumentStream(DocumentSource):
             self._row_epoch = np.repeat(np.arange(n_shards), per_portion[portions])
             self._cycle_len = n_shards
         else:
-            counts = np.full(n_files, -1, dtype=np.int64)
-            for f in shard_files(n_files, n_shards, self.shard):
-                counts[f] = self.access.doc_count(f)
-            self._rows = shard_fragments(counts, n_shards, self.shard)
+            if file_deal:
+                counts = np.full(n_files, -1, dtype=np.int64)
+                for f in shard_files(n_files, n_shards, self.shard):
+                    counts[f] = self.access.doc_count(f)
+                self._rows = shard_fragments(counts, n_shards, self.shard)
+            else:
+                counts = np.array(
+                    [self.access.doc_count(f) for f in range(n_files)], dtype=np.int64
+                )
+                live = self.access.live_files(self.decoration)
+                rows, owner = document_deal(counts, live, n_shards)
+                self._rows = rows[owner == self.shard]
             self._row_epoch = np.zeros(len(self._rows), dtype=np.int64)
             self._cycle_len = 1
         sizes = self._rows[:, 2] - self._rows[:, 1]
         per_epoch = np.bincount(self._row_epoch, weights=sizes, minlength=self._cycle_len)
         self._epoch_starts = np.concatenate([[0], np.cumsum(per_epoch)]).astype(np.int64)
         self._size = int(self._epoch_starts[-1])
-        if self._size == 0:
-            damage = self._damaged_files()
-            raise EmptyDatasetError(
-                f"dataset {self.access.name!r} gives no document to logical shard {self.shard} "
-                f"of {self.n_shards} (its {n_files} file(s) hold too few documents"
-                + (f"; damaged, read only up to the damage: {'; '.join(damage)}" if damage else "")
-                + "); "
-                + ("restore the damaged file(s), or " if damage else "")
-                + "use fewer logical_shards or more data"
+        if self._size == 0:  # the plan gives every shard documents, or rotates
+            raise RuntimeError(
+                f"dataset {self.access.name!r}: logical shard {self.shard} was dealt no document"
             )
         if self._saved_size >= 0 and self._saved_size != self._size:
             raise StateMismatchError(
@@ -423,10 +445,22 @@ class DocumentStream(DocumentSource):
                 self._issued.append((block.gpos, np.cumsum(block.dlen)))
                 return block
             if passed >= self._size:
-                raise EmptyDatasetError(
-                    f"dataset {self.access.name!r}: no document in logical shard {self.shard} has "
-                    f"at least min_length={self.decoration.min_length} tokens"
-                )
+                raise EmptyDatasetError(self._dead_share_message())
+
+    def _dead_share_message(self) -> str:
+        """The error of a shard whose share holds documents, none kept, while other files of
+        the dataset hold kept ones: the shares are dealt by documents, and a run of skipped
+        documents inside a file as long as a share fills it (see ``fmsdata.stages.deal``)."""
+        rows = self._rows if self._rows is not None else np.zeros((0, 3), dtype=np.int64)
+        files = sorted({self.access.path(int(f)) for f in rows[:, 0].tolist()})
+        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        return (
+            f"dataset {self.access.name!r}: none of the {self._size} document(s) that logical "
+            f"shard {self.shard} of {self.n_shards} is dealt ({shown}) has at least "
+            f"min_length={max(1, self.decoration.min_length)} tokens, though the dataset holds "
+            "such documents elsewhere (a run of short documents inside a file as long as a "
+            "shard's share); use fewer logical_shards, or move the short documents out"
+        )
 
     def _read_block(self) -> tuple[Documents, int]:
         cycle, pos = divmod(self._ahead, self._size)

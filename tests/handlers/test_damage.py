@@ -202,6 +202,6 @@ def test_a_dataset_emptied_by_a_cut_file_names_the_file(tmp_path, workers):
     with pytest.raises(EmptyDatasetError) as caught:
         take(loader, 5)
     message = str(caught.value)
-    assert "gives no document to logical shard" in message
+    assert "holds no document to read: all its 1 file(s) are empty" in message
     assert f"{path}: truncated zstd stream" in message
     assert "restore the damaged file(s)" in message

@@ -5,6 +5,9 @@ gives exactly the open mappings; a reader cache sees only the mappings its open 
 
 import gc
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -164,3 +167,29 @@ def test_a_mapping_collected_while_the_list_is_written_is_forgotten_after(
     assert sorted(name for name, _ in listed.values()) == sorted(paths[:10])
     for m in kept:
         m.close()
+
+
+def test_lists_of_mapped_files_of_dead_processes_are_swept(tmp_path):
+    """A killed job leaves its workers' mapped-file lists in the temp folder; the next
+    process to start one removes those of dead processes once they are old."""
+    dead = []
+    for _ in range(2):
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        child.wait()
+        dead.append(child.pid)
+    old, fresh = (mapping.list_path(p) for p in dead)
+    mine = mapping.list_path(os.getpid())
+    for path in (old, fresh, mine):
+        with open(path, "w") as out:
+            out.write("# test\n")
+    long_ago = time.time() - 2 * mapping.STALE_LIST_S
+    os.utime(old, (long_ago, long_ago))
+    os.utime(mine, (long_ago, long_ago))
+    try:
+        gone = mapping.sweep_stale_lists()
+        assert dead[0] in gone
+        assert not os.path.exists(old)
+        assert os.path.exists(fresh), "a dead worker's list is kept while its main may read it"
+        assert os.path.exists(mine), "a live process's list is kept"
+    finally:
+        mapping.forget_worker_lists(dead + [os.getpid()])

@@ -65,24 +65,29 @@ def documents_by_epoch(stream: Any, stop: int) -> dict[int, list[tuple[str, int]
     out: dict[int, list[tuple[str, int]]] = {}
     while True:
         block = stream.read_ahead()
-        if stream.epoch >= stop:  # (a fresh stream may start at a later epoch)
+        # The document's own epoch: documents skipped before it (too short) may end the
+        # stream's current epoch, and a rotating stream's next ones may be empty.
+        epoch, _ = stream._local(int(block.gpos[0]))
+        if epoch >= stop:  # (a fresh stream may start at a later epoch)
             return out
         doc = (stream.access.path(int(block.file[0])), int(block.doc[0]))
-        out.setdefault(stream.epoch, []).append(doc)
+        out.setdefault(epoch, []).append(doc)
         stream.commit(1)
         stream.rewind()
 
 
-def check_rotating_passes(info: CorpusInfo, order: Any, n_shards: int, seed: int) -> dict:
+def check_rotating_passes(
+    info: CorpusInfo, order: Any, n_shards: int, seed: int, line_tokens: int = 10**6
+) -> dict:
     """Dataset ``"s"`` of ``info`` read by ``order`` in each of ``n_shards`` logical shards as
-    a rotating stream (a budget of 10**6 tokens per line): each pass over the shards (epoch
-    ``e`` of every shard) covers every document the writer wrote exactly once (G4), for
-    ``n_shards + 2`` passes. Returns the passes, ``{epoch: [(file path, doc), ...]}``."""
+    a rotating stream (by default a budget of 10**6 tokens per line): each pass over the
+    shards (epoch ``e`` of every shard) covers every document the writer wrote exactly once
+    (G4), for ``n_shards + 2`` passes. Returns the passes, ``{epoch: [(file path, doc), ...]}``."""
     access = accesses(info)[0]
     ref = sorted((path, d) for _, path, d in writer_order(info, "s"))
     passes: dict[int, list[tuple[str, int]]] = {}
     for sid in range(n_shards):
-        stream = order(access, sid, n_shards, seed, Decoration(), 10**6)
+        stream = order(access, sid, n_shards, seed, Decoration(), line_tokens)
         assert stream.size == len(ref) and stream.rotating
         for epoch, got in documents_by_epoch(stream, n_shards + 2).items():
             passes.setdefault(epoch, []).extend(got)

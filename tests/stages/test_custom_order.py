@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 from chains import check_rotating_passes, recipe, take_documents, writer_order
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from stagecheck import check_stage_rescale, check_stage_resume
 from support import accesses, base_config, corpus, delivered_truth, roundtrip, scratch_dir, take
@@ -25,7 +25,7 @@ from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.permute import derive_key, permute
 from fmsdata.pipeline import build_pipeline
 from fmsdata.stages import Decoration, DocumentStream, WalkOrder, walk
-from fmsdata.stages.documents import shard_fragments
+from fmsdata.stages.deal import file_deal_fits, shard_fragments
 from fmsdata.statefile import save_state
 
 
@@ -108,11 +108,11 @@ def test_each_epoch_reads_the_shards_documents_once_in_the_promised_order(
     info = corpus(scratch_dir(), {"a": n_files}, docs_per_file=docs, mean_length=4)
     access = accesses(info)[0]
     counts = np.array([len(f) for f, _ in info.files.values()])
+    # (A layout that leaves a shard without documents rotates: test_odd_files.py.)
+    assume(file_deal_fits(counts, n_shards))
     for shard in range(n_shards):
         rows = shard_fragments(counts, n_shards, shard)
         mine = {(f, d) for f, lo, hi in rows.tolist() for d in range(lo, hi)}
-        if not mine:
-            continue
         stream = order(access, shard, n_shards, seed, Decoration())
         size = len(mine)
         epochs = [take_documents(stream, size), take_documents(stream, size)]

@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from chains import take_documents
+from chains import check_rotating_passes, take_documents
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import accesses, corpus, scratch_dir
@@ -27,13 +27,15 @@ def test_shards_partition_the_dataset_and_each_epoch_covers_its_shard_once(
     access = accesses(info)[0]
     # Sorted paths equal generation order here (no nesting).
     seen: list[tuple[int, int]] = []
+    if n_files * docs < n_shards:  # some shard would hold nothing: the dataset rotates
+        for shard in range(n_shards):
+            stream = RandomWalk(access, shard, n_shards, seed, Decoration())
+            assert stream.size == n_files * docs and stream.rotating
+        return
     for shard in range(n_shards):
         stream = RandomWalk(access, shard, n_shards, seed, Decoration())
-        try:
-            size = stream.size
-        except EmptyDatasetError:
-            assert n_files * docs < n_shards or docs < n_shards
-            continue
+        size = stream.size
+        assert not stream.rotating
         epoch0 = take_documents(stream, size)
         assert len(set(epoch0)) == size, "a document repeats within an epoch"
         lengths = [lens for _, lens in info.files.values()]
@@ -108,7 +110,15 @@ def test_strip_amounts():
     assert trail.tolist() == [1, 0, 0, 1]
 
 
-def test_dataset_too_small_for_the_shards(tmp_path):
-    info = corpus(tmp_path, {"a": 1}, docs_per_file=2)
-    with pytest.raises(EmptyDatasetError, match="logical shard"):
-        RandomWalk(accesses(info)[0], 0, 8, 0, Decoration()).read_ahead()
+def test_a_dataset_with_fewer_documents_than_shards_rotates(tmp_path):
+    """Two documents, eight shards: each shard reads the whole dataset over a cycle of
+    eight epochs (long documents: it is not small by tokens)."""
+    info = corpus(tmp_path, {"s": 1}, docs_per_file=2, mean_length=500)
+    passes = check_rotating_passes(info, RandomWalk, 8, 0, line_tokens=0)
+    assert all(len(docs) == 2 for docs in passes.values())
+
+
+def test_a_dataset_without_a_kept_document_says_so(tmp_path):
+    info = corpus(tmp_path, {"a": 2}, docs_per_file=5, mean_length=3, spread=0.01)
+    with pytest.raises(EmptyDatasetError, match=r"every one of the 10 document\(s\) in its 2 "):
+        RandomWalk(accesses(info)[0], 0, 2, 0, Decoration(min_length=9)).read_ahead()
