@@ -161,8 +161,8 @@ class _Runner:
         self.global_batch = global_batch
 
     def loaders(self, world_size: int, workers: int, states: Any = None) -> list[Any]:
-        config = dataclasses.replace(
-            self.config, batch_size=self.global_batch // world_size, num_workers=workers
+        config = self.config.replace(
+            batch_size=self.global_batch // world_size, num_workers=workers
         )
         loaders = [
             build_dataloader(config, rank=r, world_size=world_size, stages=self.factory)
@@ -222,7 +222,7 @@ def verify(
     Raises:
         ConfigError: A world size that cannot hold the global batch or the logical shards.
     """
-    config = dataclasses.replace(as_config(config), checkpoint_dir=None, checkpoint_every=0)
+    config = as_config(config).replace(checkpoint_dir=None, checkpoint_every=0)
     if steps < 2:
         raise ConfigError(f"verify needs at least 2 steps, got {steps}")
     if not world_sizes or not workers:
@@ -350,7 +350,7 @@ def _blame(
     """Ask each logical shard's chain (the differing rank's shards first) which stage fails
     (``fmsdata.stageblame``); None when none does."""
     recording = _Recording(stages)
-    single = dataclasses.replace(config, batch_size=global_batch, num_workers=0)
+    single = config.replace(batch_size=global_batch, num_workers=0)
     loader = build_dataloader(single, rank=0, world_size=1, stages=recording)
     n_shards = config.logical_shards
     iterator = iter(loader)

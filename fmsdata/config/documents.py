@@ -45,6 +45,12 @@ class Decoration:
     def extra(self) -> int:
         return (self.bos is not None) + (self.eos is not None)
 
+    @property
+    def longest_skipped(self) -> int:
+        """The most stored tokens a skipped document can hold: a file holding more tokens
+        than this times its documents holds a kept one."""
+        return max(1, self.min_length) - 1 + (2 if self.strip else 0)
+
     def strip_amounts(
         self, lengths: np.ndarray, first: np.ndarray, last: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -82,12 +82,6 @@ def test_a_dropped_two_worker_s3_loader_stops_both_workers_at_once(
                 os.waitpid(pid, os.WNOHANG)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RemoteFiles._pin touches the cached file's mtime (its LRU clock) each time a "
-    "process pins it; a reader that mapped the file before sees its mtime change and "
-    "refuses it as rewritten (fmsdata/remote/cache.py, reported: issue 46)",
-)
 def test_a_cached_file_pinned_by_another_process_stays_readable(tmp_path):
     fs = fsspec.filesystem("memory")
     root = "memory://pinned"
