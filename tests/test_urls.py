@@ -173,6 +173,8 @@ NOT_PATH_ARGS = {
     "download": {"jobs", "include", "exclude", "dry_run"},
     "bench": {"overrides", "batches", "warmup", "json"},
     "state show": {"json", "stages"},
+    # --stages and --handler name importable code (a module or a .py file of this machine).
+    "verify": {"overrides", "stages", "handler", "steps", "world_sizes", "workers", "json"},
 }
 
 

@@ -8,7 +8,7 @@ import json
 import sys
 
 from fmsdata.cli.objects import load_object
-from fmsdata.cli.parser import int_at_least
+from fmsdata.cli.parser import PathArg, int_at_least
 from fmsdata.errors import ConfigError
 
 
@@ -26,7 +26,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
             "epoch ends within them: a few minutes on a laptop. Exits 1 when not exact."
         ),
     )
-    parser.add_argument("--config", required=True, help="loader config YAML")
+    parser.add_argument("--config", required=True, type=PathArg("local"), help="loader config YAML")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     parser.add_argument(
         "--stages",

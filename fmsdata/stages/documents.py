@@ -91,8 +91,6 @@ _BYTES_PER_TOKEN = 16
 _DAMAGE_CHECK_FILES = 64
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class WalkOrder:
     """The order of one cycle's walk over a stream's fragments (``DocumentStream.walk_order``).
