@@ -54,3 +54,11 @@ def test_readme_names_every_extra_it_relies_on():
 def test_readme_states_the_measured_set_up_time():
     text = " ".join(read("README.md").split())
     assert re.search(r"The test set-up took (\d+ min(utes)? )?\d+ s", text)
+
+
+def test_tests_keep_derived_data_out_of_the_users_cache(tmp_path_factory):
+    """conftest points FMSDATA_CACHE inside pytest's base temp for the whole session."""
+    from fmsdata.handlers.derived import default_cache_dir
+
+    base = str(tmp_path_factory.getbasetemp())
+    assert os.path.commonpath([default_cache_dir(), base]) == base
