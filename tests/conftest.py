@@ -34,25 +34,13 @@ def _scratch_root(tmp_path_factory):
     support.SCRATCH_ROOT = str(tmp_path_factory.mktemp("scratch"))
 
 
-def _files_under(folder):
-    found = set()
-    for parent, _, names in os.walk(folder):
-        found.update(os.path.join(parent, name) for name in names)
-    return found
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory):
     """Derived data (token caches, document indexes, downloads) goes to a folder inside
     pytest's base temp, for this process and the subprocesses it starts: a test run leaves
-    nothing in the user's cache (``$FMSDATA_CACHE``, else ``~/.cache/fmsdata``). At the end
-    of the session, a file that appeared there anyway fails the run, naming it."""
-    from fmsdata.handlers.derived import default_cache_dir
-
-    users = default_cache_dir()
-    before = _files_under(users)
+    nothing in the user's cache (``$FMSDATA_CACHE``, else ``~/.cache/fmsdata``).
+    ``tests/test_setup.py`` checks that it is in force and that nothing else names the
+    user's cache."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FMSDATA_CACHE", str(tmp_path_factory.mktemp("fmsdata-cache")))
         yield
-    added = sorted(_files_under(users) - before)
-    assert not added, f"the tests wrote {len(added)} file(s) into {users}: {added[:5]}"
