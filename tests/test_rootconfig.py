@@ -211,7 +211,7 @@ def test_bench_runs_a_minimal_config_on_a_tokenize_root(roots, tmp_path, capsys)
     found, _ = roots
     path = tmp_path / "bench.yaml"
     path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in minimal(found["pbin"]).items()))
-    assert main(["bench", str(path), "--batches", "2", "--warmup", "0", "--json"]) == 0
+    assert main(["bench", str(path), "--batches", "2", "--seconds", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens_per_s"] > 0
 
 
