@@ -14,7 +14,7 @@ from fmsdata.loaderstate import stage_state
 
 
 def test_every_command_has_help():
-    for command in ("demo", "index", "bench", "state"):
+    for command in ("demo", "index", "bench", "warm", "state"):
         out = subprocess.run(
             [sys.executable, "-m", "fmsdata.cli.main", command, "--help"],
             capture_output=True,

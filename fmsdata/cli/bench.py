@@ -18,11 +18,12 @@ import json
 import math
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fmsdata.cli.parser import non_negative_int, positive_int
 
 if TYPE_CHECKING:
+    from fmsdata.dataset import RankLineDataset
     from fmsdata.loader import FmsDataLoader
 
 __all__ = ["add_parser", "run", "measure", "fill_batches", "tokens_per_second"]
@@ -89,7 +90,12 @@ def fill_batches(loader: FmsDataLoader) -> int:
     each logical shard it owns (0 without a shuffle buffer)."""
     config = loader.config
     window = config.shuffle_window if config.shuffle_window > 1 else 0
-    return math.ceil(window * len(loader.dataset.shard_ids) / config.batch_size)
+    return math.ceil(window * owned_shards(loader) / config.batch_size)
+
+
+def owned_shards(loader: FmsDataLoader) -> int:
+    """The logical shards this rank's loader reads."""
+    return len(cast("RankLineDataset", loader.dataset).shard_ids)
 
 
 def measure(
@@ -166,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     for workers in counts:
         loader = build_dataloader(config.replace(num_workers=workers))
         figures = measure(loader, args.warmup, args.batches, args.seconds)
-        results.append((figures, len(loader.dataset.shard_ids)))
+        results.append((figures, owned_shards(loader)))
         del loader  # its workers stop before the next count starts
     if args.json:
         listed = [figures for figures, _ in results]
