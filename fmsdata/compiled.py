@@ -38,15 +38,24 @@ the first function that names it compiles.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["compiled", "intrinsic", "MODES", "compile_mode", "kernels", "compiled_count"]
+__all__ = [
+    "compiled",
+    "intrinsic",
+    "MODES",
+    "compile_mode",
+    "serving",
+    "kernels",
+    "compiled_count",
+]
 
 _log = logging.getLogger(__name__)
 _lock = threading.RLock()  # compiling a function compiles the helpers it calls
@@ -87,6 +96,47 @@ def compiled_count() -> int:
     return sum(k.ready is not None for k in _kernels)
 
 
+def _type_proxy(value: Any) -> Any:
+    """What numba types like ``value`` without holding it: an array becomes a tiny one of
+    the same dtype, dimensions, layout (C, F or neither) and writability, so the compile
+    queue keeps no buffers (nor the file mappings they view) alive. An unaligned array is
+    kept as it is (rare: its proxy would need an unaligned buffer)."""
+    import numpy as np
+
+    if isinstance(value, tuple):
+        return tuple(_type_proxy(v) for v in value)
+    if not isinstance(value, np.ndarray) or not value.flags.aligned:
+        return value
+    ndim = value.ndim
+    if value.flags.c_contiguous:
+        proxy = np.empty((1,) * ndim, dtype=value.dtype)
+    elif value.flags.f_contiguous:
+        proxy = np.empty((2,) * ndim, dtype=value.dtype, order="F")
+    else:
+        proxy = np.empty((3,) * ndim, dtype=value.dtype)[(slice(None, None, 2),) * ndim]
+    if not value.flags.writeable:
+        proxy.setflags(write=False)
+    return proxy
+
+
+@contextlib.contextmanager
+def serving(mode: str) -> Iterator[None]:
+    """First calls served as ``mode`` inside the block, in this process and in the
+    DataLoader workers it starts (forked: the mode; spawned: ``FMSDATA_COMPILE``). What
+    ``fmsdata bench`` (its timed window must run compiled code) and ``fmsdata warm`` use."""
+    previous = os.environ.get("FMSDATA_COMPILE")
+    os.environ["FMSDATA_COMPILE"] = mode
+    _set_mode(mode)
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["FMSDATA_COMPILE"]
+        else:
+            os.environ["FMSDATA_COMPILE"] = previous
+        _set_mode(None)
+
+
 class _Background:
     """The one thread that compiles first-called functions, in the order they were first
     called, while their calls run in Python."""
@@ -95,14 +145,10 @@ class _Background:
         self.jobs: queue.SimpleQueue[tuple[_Compiled, tuple[Any, ...]]] = queue.SimpleQueue()
         self.busy = threading.Lock()  # held while compiling; a fork waits for it
         self.thread: threading.Thread | None = None
-        self.asked: set[int] = set()  # ids of the functions handed over
         self.guard = threading.Lock()
 
     def submit(self, function: _Compiled, args: tuple[Any, ...]) -> None:
         with self.guard:
-            if id(function) in self.asked:
-                return
-            self.asked.add(id(function))
             if self.thread is None:
                 self.thread = threading.Thread(
                     target=self._run, name="fmsdata-compile", daemon=True
@@ -127,6 +173,8 @@ class _Background:
         """The thread is not in the child: start afresh (what was compiled stays)."""
         self.busy.release()
         self.__init__()  # type: ignore[misc]
+        for kernel in _kernels:
+            kernel.submitted = False
 
 
 _background = _Background()
@@ -147,6 +195,7 @@ class _Compiled:
         self.dispatcher: Any = None  # numba's dispatcher once made (compiled on demand)
         self.ready: Any = None  # the dispatcher, once compiled for a first call's types
         self.failed = False  # compiling in the background failed: the next call compiles
+        self.submitted = False  # handed to the background thread (in this process)
         _kernels.append(self)
         self.__doc__ = func.__doc__
         self.__name__ = func.__name__
@@ -164,8 +213,10 @@ class _Compiled:
         background, else compiled here (and kept)."""
         mode = compile_mode()
         if mode == "python" or (mode == "background" and not self.failed):
-            if mode == "background":
-                _background.submit(self, args)
+            if mode == "background" and not self.submitted:
+                self._helpers()  # a misplaced intrinsic is refused by the first call
+                _background.submit(self, tuple(_type_proxy(a) for a in args))
+                self.submitted = True
             return self.python(*args)
         dispatcher = self._compile()
         result = dispatcher(*args)
@@ -212,10 +263,12 @@ class _Compiled:
                     self.dispatcher = numba.njit(nogil=True, **self.options)(func)
             return self.dispatcher
 
-    def _with_compiled_helpers(self) -> Callable[..., Any]:
-        """The function with each ``compiled`` function and ``intrinsic`` it names globally
-        replaced by what numba calls (a dispatcher, an intrinsic), not the lazy wrapper
-        Python sees."""
+    def _helpers(self) -> dict[str, Any]:
+        """The ``compiled`` functions and intrinsics the function names globally.
+
+        Raises:
+            TypeError: It names an intrinsic of another module.
+        """
         func = self.func
         helpers = {
             name: value
@@ -224,8 +277,6 @@ class _Compiled:
             and value is not self
             and name in func.__code__.co_names
         }
-        if not helpers:
-            return func
         for name, helper in helpers.items():
             if isinstance(helper, _Intrinsic) and helper.__module__ != func.__module__:
                 raise TypeError(
@@ -233,6 +284,16 @@ class _Compiled:
                     f"{helper.__module__}: declare intrinsics in the module that calls them "
                     "(numba's disk cache would not see an edit to it)"
                 )
+        return helpers
+
+    def _with_compiled_helpers(self) -> Callable[..., Any]:
+        """The function with each ``compiled`` function and ``intrinsic`` it names globally
+        replaced by what numba calls (a dispatcher, an intrinsic), not the lazy wrapper
+        Python sees."""
+        func = self.func
+        helpers = self._helpers()
+        if not helpers:
+            return func
         scope = dict(func.__globals__)
         scope.update({name: helper._compile() for name, helper in helpers.items()})
         rebound = types.FunctionType(

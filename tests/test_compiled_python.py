@@ -227,3 +227,32 @@ def test_after_fmsdata_warm_a_run_of_its_config_compiles_nothing(roots, tmp_path
     )
     assert done.returncode == 0, done.stderr
     assert cache_files(cache) == warmed
+
+
+def test_the_compile_queue_types_arrays_by_small_proxies():
+    """What the background thread compiles for is typed as the arguments (numba's typeof),
+    from proxies that hold none of their buffers."""
+    import numba
+
+    from fmsdata.compiled import _type_proxy
+
+    base = np.arange(60, dtype=np.uint16).reshape(3, 4, 5)
+    readonly = np.arange(6)
+    readonly.setflags(write=False)
+    values = [
+        base,
+        np.asfortranarray(base),
+        base[:, ::2],
+        base[0, :, 1],
+        readonly,
+        np.zeros((), dtype=np.float32),
+        np.uint64(7),
+        3,
+        True,
+        (np.arange(3), np.arange(4.0)),
+    ]
+    for value in values:
+        proxy = _type_proxy(value)
+        assert numba.typeof(proxy) == numba.typeof(value), value
+        if isinstance(value, np.ndarray) and value.size > 8:
+            assert proxy.size < value.size and not np.shares_memory(proxy, value)

@@ -100,18 +100,17 @@ def run(args: argparse.Namespace) -> int:
     from fmsdata import compiled
     from fmsdata.config import LoaderConfig
 
-    # Compile here, in this process and its workers, rather than serve batches in Python.
-    os.environ["FMSDATA_COMPILE"] = "foreground"
-    compiled._set_mode("foreground")
     started = time.perf_counter()
     batches = 0
-    if args.configs:
-        for path in args.configs:
-            batches += warm_config(LoaderConfig.from_yaml(path, args.overrides))
-    else:
-        with tempfile.TemporaryDirectory(prefix="fmsdata-warm-") as folder:
-            for config in builtin_configs(folder):
-                batches += warm_config(config)
+    # Compile here, in this process and its workers, rather than serve batches in Python.
+    with compiled.serving("foreground"):
+        if args.configs:
+            for path in args.configs:
+                batches += warm_config(LoaderConfig.from_yaml(path, args.overrides))
+        else:
+            with tempfile.TemporaryDirectory(prefix="fmsdata-warm-") as folder:
+                for config in builtin_configs(folder):
+                    batches += warm_config(config)
     kernels = compiled.compiled_count()
     print(
         f"{kernels} kernel(s) compiled into the cache in this process (more in its "
