@@ -194,7 +194,8 @@ def cache_files(folder):
 @pytest.mark.slow  # compiles the kernels of a config from an empty cache
 def test_after_fmsdata_warm_a_run_of_its_config_compiles_nothing(roots, tmp_path):
     """``fmsdata warm CONFIG`` compiles what CONFIG's runs use, with and without workers,
-    past the shuffle buffers' fill: such a run then writes nothing more to the cache."""
+    well past the shuffle buffers' fill: a run of 200 batches then writes nothing more to
+    the cache (it would for the kernels that only a buffer's compaction calls)."""
     import yaml
 
     wide, _ = roots
@@ -217,7 +218,7 @@ def test_after_fmsdata_warm_a_run_of_its_config_compiles_nothing(roots, tmp_path
             "for workers in (0, 1):",
             "    loader = build_dataloader(config.replace(num_workers=workers))",
             "    for step, _ in enumerate(loader, 1):",
-            "        if step == 40:",
+            "        if step == 200:",
             "            break",
         ]
     )

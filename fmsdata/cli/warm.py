@@ -6,8 +6,9 @@ every job starts on a fresh machine or container, run this once where the cache 
 in the image build (``RUN fmsdata warm``; the cache is numba's ``__pycache__`` beside the
 installed package, or ``NUMBA_CACHE_DIR``), or on a shared cache folder. Kernels are
 compiled per argument type, so it takes batches of each config given (with and without
-DataLoader workers, past the shuffle buffers' fill) and, without a config, of a set of
-small generated corpora that covers the built-in stages, outputs and token widths.
+DataLoader workers, through the shuffle buffers' fill and 256 batches more) and, without a
+config, of a set of small generated corpora that covers the built-in stages, outputs and
+token widths.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def warm_config(config: Any, extra_batches: int = 4) -> int:
-    """Take batches of ``config`` with 0 and 1 DataLoader workers until past the shuffle
-    buffers' fill (the kernels of the steady state too); returns the batches taken."""
+def warm_config(config: Any, extra_batches: int = 256) -> int:
+    """Take batches of ``config`` with 0 and 1 DataLoader workers: through the shuffle
+    buffers' fill and ``extra_batches`` more, so that the kernels of the steady state
+    (buffers compacted as lines come and go) are compiled too; returns the batches taken.
+    A kernel a run reaches only later is compiled in the background when it does."""
     from fmsdata.cli.bench import fill_batches
     from fmsdata.loader import build_dataloader
 
