@@ -11,6 +11,9 @@ moves it with its logical shard when the number of ranks changes. Run it (no dow
 it writes a small corpus first):
 
     python examples/custom_stage.py
+    # or on your own data root, e.g. the output of fmsdata demo or fmsdata tokenize (its
+    # BOS/EOS ids and vocabulary from its metadata.json):
+    python examples/custom_stage.py --data ROOT
 
 It trains a tiny model for a few steps on the thinned stream, saves the loader state,
 checks that a fresh loader resumes with exactly the batches that followed, and that the
@@ -25,7 +28,9 @@ import tempfile
 import torch
 
 from fmsdata import build_dataloader
+from fmsdata.errors import ConfigError
 from fmsdata.pipeline import Shard
+from fmsdata.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 from fmsdata.stages import SpanStage, Stage
 from fmsdata.synthetic import write_corpus
 
@@ -108,24 +113,42 @@ def train(loader, steps: int, vocab: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", help="where to write the example corpus (default: a temp dir)")
+    parser.add_argument("--data", help="train on this data root instead of a generated corpus")
+    parser.add_argument("--bos-token", type=int, help="default: the data's metadata.json")
+    parser.add_argument("--eos-token", type=int, help="default: the data's metadata.json")
+    parser.add_argument("--vocab-size", type=int, help="default: the data's metadata.json")
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    root = args.dir or tempfile.mkdtemp(prefix="fmsdata-stage-")
-    info = write_corpus(root, {"web": 4, "code": 3}, docs_per_file=40, first_token=16)
-    config = dict(
-        data_path=info.root,
-        datasets=["web", "code"],
-        weights=[3, 1],
-        seq_length=64,
-        batch_size=4,
-        logical_shards=4,
-        bos_token=1,
-        eos_token=2,
-        num_workers=1,
-    )
+    common = dict(seq_length=64, batch_size=4, logical_shards=4, num_workers=1)
+    if args.data:
+        try:  # ids left unset come from the data's metadata.json; given ones are checked
+            ids = root_token_ids(
+                args.data,
+                args.bos_token,
+                args.eos_token,
+                args.vocab_size,
+                option_names=CLI_TOKEN_OPTIONS,
+            )
+        except ConfigError as err:
+            raise SystemExit(str(err)) from None
+        config = dict(data_path=args.data, **ids, **common)
+        vocab = ids["vocab_size"]
+    else:
+        root = args.dir or tempfile.mkdtemp(prefix="fmsdata-stage-")
+        info = write_corpus(root, {"web": 4, "code": 3}, docs_per_file=40, first_token=16)
+        config = dict(
+            data_path=info.root,
+            datasets=["web", "code"],
+            weights=[3, 1],
+            bos_token=1,
+            eos_token=2,
+            **common,
+        )
+        vocab = 512  # the tiny model folds the corpus's token values (which say where
+        # each token came from) into a small vocabulary
     steps, half = args.steps, args.steps // 2
 
-    loss = train(build_dataloader(config, stages=thinned), steps, vocab=512)
+    loss = train(build_dataloader(config, stages=thinned), steps, vocab=vocab)
     print(f"trained {steps} steps on the thinned stream, last loss {loss:.3f}")
 
     reference = take(build_dataloader(config, stages=thinned), steps)

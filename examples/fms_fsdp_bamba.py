@@ -8,6 +8,8 @@ In fms-fsdp the script imports its loader as
 Here that line reads
 
     from fmsdata.compat.fms_fsdp import get_data_loader, get_dummy_loader
+from fmsdata.errors import ConfigError
+from fmsdata.rootconfig import TOKEN_FIELDS, root_token_ids
 
 and nothing else about the data changes: the same ``train_config`` fields, the same
 ``for batch_idx, (input, label) in enumerate(train_loader, start=start_step + 1)`` loop,
@@ -26,6 +28,18 @@ place of ``MambaLMHeadModel`` (DDP over gloo so it runs on CPU; FSDP over NCCL o
     # the next stage on one process, continuing run a's data (the same global batch, 8):
     torchrun --nproc_per_node 1 examples/fms_fsdp_bamba.py ... --batch_size 8 \\
         --ckpt_load_path runs/a --resuming_dataset True --ckpt_save_path runs/b
+
+On a root written by ``fmsdata tokenize`` (``fmsdata demo`` writes one, dataset ``stdlib``),
+``bos_token``, ``eos_token`` and ``vocab_size`` not given come from its ``metadata.json``
+(given ones that contradict it are refused; without one, fms-fsdp's defaults apply):
+
+    torchrun --nproc_per_node 2 examples/fms_fsdp_bamba.py --data_path ROOT --datasets DATASET \\
+        --seq_length 64 --logical_shards 8 --batch_size 4 --ckpt_save_path runs/c \\
+        --num_steps 20 --checkpoint_interval 10
+    # a restarted job picks up where it stopped:
+    torchrun --nproc_per_node 2 examples/fms_fsdp_bamba.py --data_path ROOT --datasets DATASET \\
+        --seq_length 64 --logical_shards 8 --batch_size 4 --ckpt_save_path runs/c \\
+        --num_steps 30 --checkpoint_interval 10
 
 Those commands use fmsdata's order: exact on any number of ranks (stage b's steps are the
 ones run a would have taken next). ``--order`` (not a train_config field: get_data_loader's
@@ -69,6 +83,8 @@ from torch import distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from fmsdata.compat.fms_fsdp import get_data_loader, get_dummy_loader
+from fmsdata.errors import ConfigError
+from fmsdata.rootconfig import TOKEN_FIELDS, root_token_ids
 
 
 @dataclasses.dataclass
@@ -236,6 +252,24 @@ def train(cfg, model, rank, train_loader, optimizer, checkpointer, start_step, t
             checkpointer.save(batch_idx, model, optimizer, tokens_seen=tokens_seen)
 
 
+def take_token_ids(cfg: train_config, given: dict[str, str]) -> None:
+    """``bos_token``, ``eos_token`` and ``vocab_size`` not given on the command line: from
+    the data root's ``metadata.json`` where it has one (``fmsdata tokenize`` output), else
+    fms-fsdp's defaults; given ones that contradict it are refused."""
+    try:
+        ids = root_token_ids(
+            cfg.data_path,
+            *(int(given[name]) if name in given else None for name in TOKEN_FIELDS),
+            required=(),
+            option_names={name: f"--{name}" for name in TOKEN_FIELDS},
+        )
+    except ConfigError as err:
+        raise SystemExit(str(err)) from None
+    for name in TOKEN_FIELDS:
+        if name not in given and ids[name] is not None:
+            setattr(cfg, name, ids[name])
+
+
 def main(**kwargs: str) -> None:
     batch_log = kwargs.pop("batch_log", None)
     # --order fms-fsdp: fms-fsdp's own batches, bit for bit, continuing its loader_state_*.pth;
@@ -243,6 +277,8 @@ def main(**kwargs: str) -> None:
     order = kwargs.pop("order", None)
     cfg = train_config()
     update_config(cfg, **kwargs)
+    if not cfg.use_dummy_dataset:
+        take_token_ids(cfg, given=kwargs)
     torch.manual_seed(cfg.seed)  # the model's initialization, as in fms-fsdp
 
     rank = int(os.environ["RANK"])

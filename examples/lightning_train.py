@@ -13,6 +13,12 @@ The data is ``fmsdata.integrations.lightning.FmsDataModule``; Lightning's own
 ckpt_path=...)`` loads it, unchanged. The global batch stays ``--global-batch-size``
 whatever the number of processes; every global step's data hash (order-independent over the
 step's sequences) is appended to ``--hash-log`` by rank 0.
+
+BOS/EOS ids and the vocabulary size come from the data root's ``metadata.json`` (written by
+``fmsdata tokenize`` and ``fmsdata demo``), so DATA can be their output as it is; ids given
+with ``--bos-token``, ``--eos-token`` or ``--vocab-size`` that contradict it are refused. A
+root without one (fms-fsdp / Bamba data) needs ``--eos-token`` and ``--vocab-size`` (and
+``--bos-token`` where documents should start with one): those of the tokenizer that made it.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from fmsdata.errors import ConfigError
 from fmsdata.integrations.lightning import FmsDataModule
+from fmsdata.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 
 
 class TinyLM(pl.LightningModule):
@@ -87,11 +95,21 @@ def main() -> None:
     parser.add_argument("--global-batch-size", type=int, default=4, help="sequences per step")
     parser.add_argument("--seq-length", type=int, default=32)
     parser.add_argument("--logical-shards", type=int, default=4)
-    parser.add_argument("--vocab-size", type=int, default=8192)
-    parser.add_argument("--bos-token", type=int, default=1)
-    parser.add_argument("--eos-token", type=int, default=2)
+    parser.add_argument("--vocab-size", type=int, help="default: the data's metadata.json")
+    parser.add_argument("--bos-token", type=int, help="default: the data's metadata.json")
+    parser.add_argument("--eos-token", type=int, help="default: the data's metadata.json")
     parser.add_argument("--hash-log", help="append {step, hash, world_size} lines here")
     args = parser.parse_args()
+    try:  # ids left unset come from the data's metadata.json; given ones are checked
+        ids = root_token_ids(
+            args.data,
+            args.bos_token,
+            args.eos_token,
+            args.vocab_size,
+            option_names=CLI_TOKEN_OPTIONS,
+        )
+    except ConfigError as err:
+        raise SystemExit(str(err)) from None
 
     datamodule = FmsDataModule(
         {
@@ -100,8 +118,9 @@ def main() -> None:
             "logical_shards": args.logical_shards,
             "shuffle_window": 4,
             "num_workers": 0,
-            "bos_token": args.bos_token,
-            "eos_token": args.eos_token,
+            "bos_token": ids["bos_token"],
+            "eos_token": ids["eos_token"],
+            "vocab_size": ids["vocab_size"],  # a token id outside it: an error naming the file
         },
         global_batch_size=args.global_batch_size,
     )
@@ -123,7 +142,7 @@ def main() -> None:
             )
         ],
     )
-    trainer.fit(TinyLM(args.vocab_size, args.hash_log), datamodule=datamodule, ckpt_path=resume)
+    trainer.fit(TinyLM(ids["vocab_size"], args.hash_log), datamodule=datamodule, ckpt_path=resume)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,12 @@ GPU (it calls ``torch.cuda.set_device``), so this runs the trainer's pieces on C
 and a ``train_state``, as ``Trainer`` wires them. The global batch stays
 ``--global-batch-size`` whatever the number of processes; every global step's data hash
 (order-independent over the step's sequences) is appended to ``--hash-log`` by rank 0.
+
+BOS/EOS ids and the vocabulary size come from the data root's ``metadata.json`` (written by
+``fmsdata tokenize`` and ``fmsdata demo``), so DATA can be their output as it is; ids given
+with ``--bos-token``, ``--eos-token`` or ``--vocab-size`` that contradict it are refused. A
+root without one (fms-fsdp / Bamba data) needs ``--eos-token`` and ``--vocab-size`` (and
+``--bos-token`` where documents should start with one): those of the tokenizer that made it.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersCon
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 from torchtitan.distributed import ParallelDims
 
+from fmsdata.errors import ConfigError
 from fmsdata.integrations.torchtitan import FmsDataTorchtitanLoader, dp_from_parallel_dims
+from fmsdata.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 
 
 class TinyLM(nn.Module):
@@ -80,11 +88,21 @@ def main() -> None:
     parser.add_argument("--global-batch-size", type=int, default=4)
     parser.add_argument("--seq-length", type=int, default=32)
     parser.add_argument("--logical-shards", type=int, default=4)
-    parser.add_argument("--vocab-size", type=int, default=8192)
-    parser.add_argument("--bos-token", type=int, default=1)
-    parser.add_argument("--eos-token", type=int, default=2)
+    parser.add_argument("--vocab-size", type=int, help="default: the data's metadata.json")
+    parser.add_argument("--bos-token", type=int, help="default: the data's metadata.json")
+    parser.add_argument("--eos-token", type=int, help="default: the data's metadata.json")
     parser.add_argument("--hash-log", help="append {step, hash, world_size} lines here")
     args = parser.parse_args()
+    try:  # ids left unset come from the data's metadata.json; given ones are checked
+        ids = root_token_ids(
+            args.data,
+            args.bos_token,
+            args.eos_token,
+            args.vocab_size,
+            option_names=CLI_TOKEN_OPTIONS,
+        )
+    except ConfigError as err:
+        raise SystemExit(str(err)) from None
 
     dist.init_process_group("gloo")
     world = dist.get_world_size()
@@ -103,8 +121,11 @@ def main() -> None:
             f"logical_shards={args.logical_shards}",
             "shuffle_window=4",
             "num_workers=0",
-            f"bos_token={args.bos_token}",
-            f"eos_token={args.eos_token}",
+            *(
+                f"{name}={ids[name]}"
+                for name in ("bos_token", "eos_token", "vocab_size")
+                if ids[name] is not None
+            ),
         ],
     )
     dataloader = dataloader_config.build(
@@ -116,7 +137,7 @@ def main() -> None:
     )
 
     torch.manual_seed(0)  # the same initial model on every rank and world size
-    model = nn.parallel.DistributedDataParallel(TinyLM(args.vocab_size))
+    model = nn.parallel.DistributedDataParallel(TinyLM(ids["vocab_size"]))
     optimizers = OptimizersContainer(
         OptimizersContainer.Config(
             param_groups=[

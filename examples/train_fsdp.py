@@ -38,7 +38,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from fmsdata import build_dataloader
 from fmsdata.checkpoint import LoadPlanner, SafeFileSystemReader
-from fmsdata.metadata import read_metadata, special_token_ids, vocab_size
+from fmsdata.errors import ConfigError
+from fmsdata.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 
 logger = logging.getLogger("train_fsdp")
 
@@ -97,39 +98,6 @@ def step_hash(input_ids: torch.Tensor) -> str:
     dist.all_gather_object(gathered, rows)
     everything = sorted(h for part in gathered for h in part)
     return hashlib.blake2b("".join(everything).encode(), digest_size=12).hexdigest()
-
-
-def token_settings(args: argparse.Namespace, metadata: dict | None) -> dict[str, int | None]:
-    """bos_token, eos_token and vocab_size for the loader and model: the command line's,
-    checked against the data's metadata.json, else the metadata's. Raises SystemExit with
-    the reason when they contradict or when neither says."""
-    known = special_token_ids(metadata) if metadata else {}
-    recorded = vocab_size(metadata) if metadata else None
-    settings: dict[str, int | None] = {}
-    for role in ("bos", "eos"):
-        given, found = getattr(args, f"{role}_token"), known.get(role)
-        if given is not None and found is not None and given != found:
-            raise SystemExit(
-                f"--{role}-token {given} contradicts {args.data}/metadata.json, whose tokenizer "
-                f"has {role.upper()} id {found}; drop the option or fix the data path"
-            )
-        settings[f"{role}_token"] = given if given is not None else found
-    if settings["eos_token"] is None:
-        where = "its metadata.json names no EOS token" if metadata else "it has no metadata.json"
-        raise SystemExit(
-            f"{args.data}: {where}; give --eos-token (and --bos-token) with the ids of the "
-            "tokenizer that made the data"
-        )
-    size = args.vocab_size
-    if size is not None and recorded is not None and size < recorded:
-        raise SystemExit(
-            f"--vocab-size {size} is smaller than the vocabulary of {args.data}/metadata.json "
-            f"({recorded}): its token ids would not fit the model's embedding"
-        )
-    settings["vocab_size"] = size if size is not None else recorded
-    if settings["vocab_size"] is None:
-        raise SystemExit(f"{args.data} has no metadata.json: give --vocab-size")
-    return settings
 
 
 def global_mean_loss(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -235,7 +203,16 @@ def main() -> None:
         "--hash-log", default=None, help="append JSON lines of step, data hash, loss"
     )
     args = parser.parse_args()
-    tokens = token_settings(args, read_metadata(args.data))
+    try:  # ids left unset come from the data's metadata.json; given ones are checked
+        tokens = root_token_ids(
+            args.data,
+            args.bos_token,
+            args.eos_token,
+            args.vocab_size,
+            option_names=CLI_TOKEN_OPTIONS,
+        )
+    except ConfigError as err:
+        raise SystemExit(str(err)) from None
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)

@@ -32,3 +32,15 @@ def _scratch_root(tmp_path_factory):
     import support
 
     support.SCRATCH_ROOT = str(tmp_path_factory.mktemp("scratch"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    """Derived data (token caches, document indexes, downloads) goes to a folder inside
+    pytest's base temp, for this process and the subprocesses it starts: a test run leaves
+    nothing in the user's cache (``$FMSDATA_CACHE``, else ``~/.cache/fmsdata``).
+    ``tests/test_setup.py`` checks that it is in force and that nothing else names the
+    user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FMSDATA_CACHE", str(tmp_path_factory.mktemp("fmsdata-cache")))
+        yield

@@ -1,7 +1,10 @@
+import json
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
 import yaml
 from support import base_config, corpus
 
@@ -11,7 +14,7 @@ from fmsdata.stages.savedchain import stage_state
 
 
 def test_every_command_has_help():
-    for command in ("demo", "index", "bench", "state"):
+    for command in ("demo", "index", "bench", "warm", "state"):
         out = subprocess.run(
             [sys.executable, "-m", "fmsdata.cli.main", command, "--help"],
             capture_output=True,
@@ -79,12 +82,79 @@ def test_demo_prints_absolute_paths_for_a_relative_dir(tmp_path, monkeypatch, ca
     assert f"fmsdata bench {tmp_path / 'work' / 'loader.yaml'}" in "\n".join(steps)
 
 
-def test_bench_reports_figures(tmp_path, capsys):
+def test_bench_reports_figures_and_what_it_timed(tmp_path, capsys):
+    info = corpus(tmp_path / "data")
+    config = base_config(info, shuffle_window=6, logical_shards=4, batch_size=3)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    argv = ["bench", str(path), "--batches", "5", "--seconds", "0", "--warmup", "2"]
+    assert main([*argv, "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["fill_batches"] == 8  # 4 shards x 6 lines / 3 rows a batch
+    assert figures["warmup_batches"] == 8 + 2
+    assert figures["timed_batches"] == 5
+    assert figures["timed_tokens"] == 5 * 3 * config["seq_length"]
+    assert figures["tokens_per_s"] == pytest.approx(figures["timed_tokens"] / figures["timed_s"])
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "10 batches untimed: the first, 8 while the shuffle buffers fill (4 logical" in out
+    assert "then --warmup 2" in out
+    assert f"timed           5 batches, {5 * 3 * config['seq_length'] / 1e6:.1f} M tokens" in out
+
+
+def test_bench_times_a_window_of_at_least_the_batches_and_seconds_after_the_fill():
+    """The first batch, the fill and --warmup are untimed; the window then runs until both
+    its batches and its seconds are reached (a fake loader counts the batches asked)."""
+    import types
+
+    from fmsdata.cli.bench import measure
+
+    class Loader:
+        config = types.SimpleNamespace(shuffle_window=10, batch_size=4, num_workers=0)
+        dataset = types.SimpleNamespace(shard_ids=[0, 1])
+        taken = 0
+
+        def __iter__(self):
+            while True:
+                Loader.taken += 1
+                time.sleep(0.002)
+                yield {"input_ids": torch.zeros(4, 8)}
+
+        def snapshot(self):
+            return {"version": 1}
+
+        def load_state_dict(self, state):
+            pass
+
+    figures = measure(Loader(), warmup=3, batches=2, seconds=0.05)
+    assert figures["fill_batches"] == 5 and figures["warmup_batches"] == 1 + 4 + 3
+    assert figures["timed_s"] >= 0.05 and figures["timed_batches"] > 2
+    assert Loader.taken == figures["warmup_batches"] + figures["timed_batches"]
+    assert figures["timed_tokens"] == figures["timed_batches"] * 32
+
+
+def test_bench_ranks_worker_counts_by_steady_throughput(tmp_path, capsys):
+    from fmsdata.cli.bench import ranking
+
+    table = ranking(
+        [
+            {"num_workers": 0, "tokens_per_s": 10e6},
+            {"num_workers": 1, "tokens_per_s": 20e6},
+            {"num_workers": 2, "tokens_per_s": 19.5e6},
+        ]
+    )
+    rows = table.splitlines()[1:]
+    assert [row.split()[0] for row in rows] == ["1", "2", "0"]
+    assert "(even with the fastest)" in rows[1] and "even" not in rows[2]
     info = corpus(tmp_path / "data")
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(base_config(info)))
-    assert main(["bench", str(path), "--batches", "5", "--warmup", "1", "--json"]) == 0
-    assert "tokens_per_s" in capsys.readouterr().out
+    argv = ["bench", str(path), "--batches", "3", "--seconds", "0", "--workers", "0,1"]
+    assert main([*argv, "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert [f["num_workers"] for f in figures] == [0, 1]
+    assert main(argv) == 0
+    assert "steady throughput by num_workers, fastest first:" in capsys.readouterr().out
 
 
 def test_errors_exit_with_a_message(tmp_path, capsys):

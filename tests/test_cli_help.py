@@ -109,7 +109,7 @@ def test_tokenize_help_explains_format_and_backend(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "shard format written: arrow" in text and "(default: arrow)" in text
     assert "local: --workers processes here; ray:" in text and "(default: local)" in text
-    assert "(default: 256MB)" in text
+    assert "(default: the inputs' total / 64, between 1MB and 256MB" in text
 
 
 def test_state_show_help_is_plain_text(capsys):

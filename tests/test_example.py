@@ -1,7 +1,6 @@
 """The FSDP example under torchrun: a checkpoint taken on 2 ranks resumes on 2, 1 and 4
 ranks with exactly the global steps of the uninterrupted run (G1-G3 end to end)."""
 
-import argparse
 import importlib.util
 import json
 import logging
@@ -135,39 +134,6 @@ def load_example():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def test_example_takes_special_tokens_from_metadata_and_refuses_contradictions():
-    example = load_example()
-    metadata = {
-        "tokenizer": {
-            "vocab_size": 4096,
-            "special_tokens": {"<|bos|>": 0, "<|eos|>": 1, "<|pad|>": 2},
-        }
-    }
-
-    def args(**given):
-        values = {"data": "DATA", "bos_token": None, "eos_token": None, "vocab_size": None}
-        return argparse.Namespace(**{**values, **given})
-
-    assert example.token_settings(args(), metadata) == {
-        "bos_token": 0,
-        "eos_token": 1,
-        "vocab_size": 4096,
-    }
-    agreeing = args(bos_token=0, eos_token=1, vocab_size=8192)
-    assert example.token_settings(agreeing, metadata)["vocab_size"] == 8192
-    for given, said in [
-        ({"bos_token": 1}, "--bos-token 1 contradicts"),
-        ({"eos_token": 2}, "--eos-token 2 contradicts"),
-        ({"vocab_size": 1000}, "--vocab-size 1000 is smaller"),
-    ]:
-        with pytest.raises(SystemExit, match=said):
-            example.token_settings(args(**given), metadata)
-    with pytest.raises(SystemExit, match="no metadata.json; give --eos-token"):
-        example.token_settings(args(vocab_size=10), None)
-    with pytest.raises(SystemExit, match="give --vocab-size"):
-        example.token_settings(args(bos_token=0, eos_token=1), None)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from fmsdata.cli.tokenize import OUTPUT_FORMATS
 from fmsdata.config import LoaderConfig
 from fmsdata.errors import ConfigError
 from fmsdata.handlers.text import TextTokenizer
-from fmsdata.rootconfig import resolve_config
+from fmsdata.rootconfig import CLI_TOKEN_OPTIONS, resolve_config, root_token_ids
 from fmsdata.textcorpus import bundled_tokenizer_path, stdlib_docstrings
 from fmsdata.tokenize import TokenizeSpec, run_tokenize
 
@@ -211,5 +211,59 @@ def test_bench_runs_a_minimal_config_on_a_tokenize_root(roots, tmp_path, capsys)
     found, _ = roots
     path = tmp_path / "bench.yaml"
     path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in minimal(found["pbin"]).items()))
-    assert main(["bench", str(path), "--batches", "2", "--warmup", "0", "--json"]) == 0
+    assert main(["bench", str(path), "--batches", "2", "--seconds", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens_per_s"] > 0
+
+
+def write_metadata(root, metadata):
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "metadata.json"), "w") as handle:
+        json.dump(metadata, handle)
+    return str(root)
+
+
+TOKENIZER_METADATA = {
+    "tokenizer": {"vocab_size": 4096, "special_tokens": {"<|bos|>": 0, "<|eos|>": 1, "<|pad|>": 2}}
+}
+
+
+def test_root_token_ids_fill_unset_ids_from_the_metadata_and_check_given_ones(tmp_path):
+    root = write_metadata(tmp_path / "root", TOKENIZER_METADATA)
+    assert root_token_ids(root) == {"bos_token": 0, "eos_token": 1, "vocab_size": 4096}
+    # Agreeing ids, and a model's padded vocabulary (larger than the tokenizer's), are kept.
+    assert root_token_ids(root, 0, 1, 8192) == {"bos_token": 0, "eos_token": 1, "vocab_size": 8192}
+    names = CLI_TOKEN_OPTIONS
+    for given, said in [
+        ({"bos_token": 1}, "--bos-token=1 contradicts"),
+        ({"eos_token": 2}, "--eos-token=2 contradicts"),
+        ({"vocab_size": 1000}, "--vocab-size 1000 is smaller than the vocabulary"),
+    ]:
+        with pytest.raises(ConfigError, match=said) as caught:
+            root_token_ids(root, **given, option_names=names)
+        assert os.path.join(root, "metadata.json") in str(caught.value)
+    with pytest.raises(ConfigError, match="eos_token=2 contradicts"):
+        root_token_ids(root, eos_token=2)  # the field's own name without option names
+
+
+def test_root_token_ids_take_a_datasets_own_end_token_and_a_tokenizer_without_bos(tmp_path):
+    metadata = {
+        "tokenizer": {"vocab_size": 50257, "special_tokens": {"<|endoftext|>": 50256}},
+        "datasets": {"web": {"format": "flat", "eos_token": 7, "documents_end_with_eos": True}},
+    }
+    root = write_metadata(tmp_path / "root", metadata)
+    assert root_token_ids(root) == {"bos_token": None, "eos_token": 7, "vocab_size": 50257}
+
+
+def test_root_token_ids_without_metadata_need_what_is_required(tmp_path):
+    bare = str(tmp_path)
+    assert root_token_ids(bare, 1, 2, 100) == {"bos_token": 1, "eos_token": 2, "vocab_size": 100}
+    with pytest.raises(ConfigError, match="no metadata.json; give --eos-token and --vocab-size"):
+        root_token_ids(bare, option_names=CLI_TOKEN_OPTIONS)
+    with pytest.raises(ConfigError, match="give vocab_size"):
+        root_token_ids(bare, eos_token=2)
+    assert root_token_ids(bare, required=()) == dict.fromkeys(
+        ("bos_token", "eos_token", "vocab_size")
+    )
+    root = write_metadata(tmp_path / "root", {"tokenizer": {"special_tokens": {"<|bos|>": 0}}})
+    with pytest.raises(ConfigError, match="its metadata.json records none; give eos_token"):
+        root_token_ids(root)

@@ -54,3 +54,45 @@ def test_readme_names_every_extra_it_relies_on():
 def test_readme_states_the_measured_set_up_time():
     text = " ".join(read("README.md").split())
     assert re.search(r"The test set-up took (\d+ min(utes)? )?\d+ s", text)
+
+
+def test_tests_keep_derived_data_out_of_the_users_cache(tmp_path_factory):
+    """conftest points FMSDATA_CACHE inside pytest's base temp for the whole session, in
+    this process and in the processes it starts; and the one place that names the user's
+    cache folder is ``default_cache_dir`` (which honours it), so nothing a test runs writes
+    there. (A check of the folder itself before and after a run would fail whenever another
+    run on the machine writes there at the same time.)"""
+    import re
+    import subprocess
+    import sys
+
+    from fmsdata.handlers.derived import default_cache_dir
+
+    base = str(tmp_path_factory.getbasetemp())
+    assert os.path.commonpath([default_cache_dir(), base]) == base
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from fmsdata.handlers.derived import default_cache_dir as d; print(d())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert os.path.commonpath([child.stdout.strip(), base]) == base
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    naming = []
+    for package in ("fmsdata", "handlers"):
+        for parent, _, names in os.walk(os.path.join(here, package)):
+            for name in (n for n in names if n.endswith(".py")):
+                path = os.path.join(parent, name)
+                with open(path, encoding="utf-8") as handle:
+                    code = "\n".join(
+                        line
+                        for line in handle.read().splitlines()
+                        if not line.lstrip().startswith(("#", "``", '"""'))
+                    )
+                if re.search(r"""["']\.cache["']|\.cache/fmsdata|expanduser\(["']~["']\)""", code):
+                    naming.append(os.path.relpath(path, here))
+    assert naming == ["handlers/derived.py"]

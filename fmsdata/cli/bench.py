@@ -1,35 +1,85 @@
-"""``fmsdata bench CONFIG``: time to first batch, throughput and state cost of a loader."""
+"""``fmsdata bench CONFIG``: time to first batch, steady throughput and state cost of a loader.
+
+What a training job sees after its first minute is the steady state: every shuffle buffer
+full (while a buffer fills, it reads two lines for each one it hands out, see
+``fmsdata.stages.shuffle``), the DataLoader workers started and their batch ring primed.
+So the batches before that are not timed: the warm-up is the batches that fill this
+rank's shuffle buffers (``shuffle_window`` lines in each logical shard it owns) plus
+``--warmup`` more; the timed window then runs for at least ``--batches`` batches and at
+least ``--seconds`` (a window of a few milliseconds would time the batches the workers had
+queued during the warm-up, not the rate they make them at). The report says what was
+timed. ``--workers 0,1,2`` measures each worker count in turn on a fresh loader.
+
+Kernels are compiled on their first call here (``FMSDATA_COMPILE=foreground``, in the
+DataLoader workers too), not in the background while their calls run as Python as in a
+training process (``fmsdata.compiled``): with an empty cache the timed window would
+otherwise hold batches made in Python. So the first batch includes compiling what is not
+yet in numba's cache.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fmsdata.cli.parser import PathArg, non_negative_int, positive_int
 
 if TYPE_CHECKING:
+    from fmsdata.dataset import RankLineDataset
     from fmsdata.loader import FmsDataLoader
+
+__all__ = ["add_parser", "run", "measure", "fill_batches", "tokens_per_second"]
+
+# Worker counts whose rates differ by less than this are not ranked against each other.
+TIE = 0.05
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "bench",
-        help="measure a loader config: first batch, tokens/s, state size and save/load time",
-        description="Build the loader of CONFIG (a YAML file) on this machine and time it.",
+        help="measure a loader config: first batch, steady tokens/s, state size and save/load",
+        description=(
+            "Build the loader of CONFIG (a YAML file) on this machine and time it: the first "
+            "batch, then, once this rank's shuffle buffers are full and --warmup more batches "
+            "have passed, a window of at least --batches batches and --seconds seconds."
+        ),
     )
     parser.add_argument("config", type=PathArg("local"), help="loader config YAML")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
-    parser.add_argument("--batches", type=positive_int, default=200, help="batches to time")
-    parser.add_argument("--warmup", type=non_negative_int, default=20, help="batches before timing")
+    parser.add_argument("--batches", type=positive_int, default=200, help="batches timed, at least")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds timed, at least")
+    parser.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=20,
+        help="untimed batches after the shuffle buffers are full",
+    )
+    parser.add_argument(
+        "--workers",
+        type=worker_counts,
+        help="comma-separated num_workers values to measure in turn, e.g. 0,1,2,4 "
+        "(default: the config's)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.set_defaults(run=run)
 
 
+def worker_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError(f"not a list of worker counts: {text!r} (e.g. 0,1,2)")
+    return counts
+
+
 def tokens_per_second(iterator: Iterator[dict[str, Any]], warmup: int, batches: int) -> float:
-    """Steady throughput of a batch iterator: ``batches`` timed after ``warmup`` untimed."""
+    """Throughput of a batch iterator: ``batches`` timed after ``warmup`` untimed."""
     for _ in range(warmup):
         next(iterator)
     tokens = 0
@@ -39,15 +89,42 @@ def tokens_per_second(iterator: Iterator[dict[str, Any]], warmup: int, batches: 
     return tokens / (time.perf_counter() - start)
 
 
-def measure(loader: FmsDataLoader, warmup: int, batches: int) -> dict[str, Any]:
-    """Figures of one loader: first batch latency, steady tokens/s, state size and timings."""
+def fill_batches(loader: FmsDataLoader) -> int:
+    """Batches this rank takes while its shuffle buffers fill: ``shuffle_window`` lines in
+    each logical shard it owns (0 without a shuffle buffer)."""
+    config = loader.config
+    window = config.shuffle_window if config.shuffle_window > 1 else 0
+    return math.ceil(window * owned_shards(loader) / config.batch_size)
+
+
+def owned_shards(loader: FmsDataLoader) -> int:
+    """The logical shards this rank's loader reads."""
+    return len(cast("RankLineDataset", loader.dataset).shard_ids)
+
+
+def measure(
+    loader: FmsDataLoader, warmup: int, batches: int, seconds: float = 0.0
+) -> dict[str, Any]:
+    """Figures of one loader: first batch latency, steady tokens/s and what was timed (after
+    ``fill_batches`` + ``warmup`` untimed batches, at least ``batches`` batches and
+    ``seconds``), the state's size and save/load times."""
     from fmsdata.statefile import state_from_bytes, state_to_bytes
 
     start = time.perf_counter()
     iterator = iter(loader)
     next(iterator)
     first = time.perf_counter() - start
-    rate = tokens_per_second(iterator, warmup, batches)
+    filling = fill_batches(loader)
+    untimed = max(0, filling - 1) + warmup  # the first batch counts toward the fill
+    for _ in range(untimed):
+        next(iterator)
+    tokens = timed = 0
+    start = time.perf_counter()
+    elapsed = 0.0
+    while timed < batches or elapsed < seconds:
+        tokens += next(iterator)["input_ids"].numel()
+        timed += 1
+        elapsed = time.perf_counter() - start
     start = time.perf_counter()
     state = loader.snapshot()
     data = state_to_bytes(state)
@@ -57,26 +134,85 @@ def measure(loader: FmsDataLoader, warmup: int, batches: int) -> dict[str, Any]:
     load = time.perf_counter() - start
     del iterator
     return {
+        "num_workers": loader.config.num_workers,
         "first_batch_s": first,
-        "tokens_per_s": rate,
+        "warmup_batches": 1 + untimed,
+        "fill_batches": filling,
+        "timed_batches": timed,
+        "timed_tokens": tokens,
+        "timed_s": elapsed,
+        "tokens_per_s": tokens / elapsed,
         "state_bytes": len(data),
         "state_save_s": save,
         "state_load_s": load,
     }
 
 
+def describe(figures: dict[str, Any], config: Any, owned: int) -> list[str]:
+    """What was timed, in words."""
+    fill = figures["fill_batches"]
+    why = (
+        f"{fill} while the shuffle buffers fill ({owned} logical shard(s) x "
+        f"{config.shuffle_window} lines, {config.batch_size} rows a batch)"
+        if fill
+        else "no shuffle buffer to fill"
+    )
+    return [
+        f"warm-up         {figures['warmup_batches']:,} batches untimed: the first, {why}, "
+        f"then --warmup {figures['warmup_batches'] - max(fill, 1)}",
+        f"timed           {figures['timed_batches']:,} batches, "
+        f"{figures['timed_tokens'] / 1e6:,.1f} M tokens, in {figures['timed_s']:.2f} s "
+        "(steady state)",
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
+    from fmsdata import compiled
     from fmsdata.config import LoaderConfig
     from fmsdata.loader import build_dataloader
 
     config = LoaderConfig.from_yaml(args.config, args.overrides)
-    figures = measure(build_dataloader(config), args.warmup, args.batches)
+    counts = args.workers if args.workers is not None else [config.num_workers]
+    results = []
+    with compiled.serving("foreground"):  # the timed window runs compiled code
+        for workers in counts:
+            loader = build_dataloader(config.replace(num_workers=workers))
+            figures = measure(loader, args.warmup, args.batches, args.seconds)
+            results.append((figures, owned_shards(loader)))
+            del loader  # its workers stop before the next count starts
     if args.json:
-        print(json.dumps(figures, indent=2))
-    else:
-        print(f"first batch     {figures['first_batch_s'] * 1e3:9.1f} ms")
+        listed = [figures for figures, _ in results]
+        print(json.dumps(listed if args.workers is not None else listed[0], indent=2))
+        return 0
+    for figures, owned in results:
+        if len(results) > 1:
+            print(f"num_workers {figures['num_workers']}:")
+        print(
+            f"first batch     {figures['first_batch_s'] * 1e3:9.1f} ms (kernels not in the "
+            "cache compiled first)"
+        )
+        for line in describe(figures, config, owned):
+            print(line)
         print(f"throughput      {figures['tokens_per_s'] / 1e6:9.1f} M tokens/s")
         print(f"state           {figures['state_bytes'] / 1024:9.1f} KiB")
         save, load = figures["state_save_s"] * 1e3, figures["state_load_s"] * 1e3
         print(f"state save/load {save:6.1f} / {load:.1f} ms")
+    if len(results) > 1:
+        print(ranking([figures for figures, _ in results]))
     return 0
+
+
+def ranking(results: list[dict[str, Any]]) -> str:
+    """Worker counts from fastest to slowest; counts within ``TIE`` of the one before are
+    called even (a shared machine's noise is of that size)."""
+    ordered = sorted(results, key=lambda f: -f["tokens_per_s"])
+    best = ordered[0]["tokens_per_s"]
+    lines = ["steady throughput by num_workers, fastest first:"]
+    for figures in ordered:
+        rate = figures["tokens_per_s"]
+        even = " (even with the fastest)" if rate >= best * (1 - TIE) and rate != best else ""
+        lines.append(
+            f"  {figures['num_workers']:>3} worker(s)  {rate / 1e6:9.1f} M tokens/s  "
+            f"{rate / best:5.2f}x{even}"
+        )
+    return "\n".join(lines)

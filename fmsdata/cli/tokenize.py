@@ -41,7 +41,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
             "(Bamba layout: one record batch per document), OUT/meta/counts.csv and "
             "OUT/metadata.json. The output is the same bytes whatever the number of workers, "
             "SLURM tasks (--num-shards/--shard-id) or the backend; a rerun skips finished "
-            "shards. Bad records are counted per file (or fatal with --strict)."
+            "shards (--restart starts over). Bad records are counted per file (or fatal "
+            "with --strict)."
         ),
     )
     parser.add_argument(
@@ -70,8 +71,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--shard-size",
         type=parse_size,
-        default="256MB",
-        help="input bytes per output shard",
+        help="input bytes per output shard (default: the inputs' total / 64, between 1MB "
+        "and 256MB, so that up to 64 workers or tasks have a shard each; the same for any "
+        "--workers, as the output is)",
     )
     parser.add_argument(
         "--format",
@@ -100,6 +102,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--shard-id", type=non_negative_int, default=0, help="this task (0..num-shards-1)"
     )
     parser.add_argument("--strict", action="store_true", help="fail on the first bad record")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="delete this dataset's earlier output in --output-dir first (its shards, its "
+        "records in meta/tokenize/DATASET, its rows of meta/counts.csv and metadata.json): "
+        "to rerun with other settings or inputs",
+    )
     parser.set_defaults(run=run)
 
 
@@ -122,6 +131,12 @@ def run(args: argparse.Namespace) -> int:
 
     def on_plan(todo: list[Any]) -> None:
         nonlocal progress
+        if args.backend == "local" and 0 < len(todo) < args.workers:
+            print(
+                f"--workers {args.workers}: {len(todo)} shard(s) to write, so at most "
+                f"{len(todo)} work at once (a smaller --shard-size makes more shards)",
+                file=sys.stderr,
+            )
         progress = Progress(sum(u.weight for u in todo), "B", label="tokenizing ")
 
     def on_progress(documents: int, tokens: int) -> None:
@@ -151,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
             on_unit=on_unit,
             on_plan=on_plan,
             on_progress=on_progress,
+            restart=args.restart,
         )
     finally:
         if progress is not None:

@@ -22,9 +22,13 @@ per-rank loader state, and both are handled here:
   iterable handed to Lightning has a length (``epoch_batches``, large by default), which
   turns that prefetch off: the position saved is exactly the batches trained.
 
-The iterable itself has no ``state_dict``: Lightning would save a stateful loader's state
-from rank 0 only and load that one into every rank. fmsdata's loader runs its own epochs,
-so a Lightning epoch is just ``epoch_batches`` batches; stop training with ``max_steps``.
+The iterable's own ``state_dict`` is empty: Lightning saves a loader's state from rank 0
+only and loads that one into every rank, so the positions live in the data module's state
+(every rank's) instead. It has one at all because Lightning calls a loader without
+``state_dict`` / ``load_state_dict`` "not resumable" and warns of "unreliable results" on
+every resume taken mid-epoch, which with fmsdata is every resume and is exact. fmsdata's
+loader runs its own epochs, so a Lightning epoch is just ``epoch_batches`` batches; stop
+training with ``max_steps``.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ DEFAULT_EPOCH_BATCHES = 2**31 - 1
 
 class _Batches:
     """What ``train_dataloader()`` returns: the loader's batches with a length (so Lightning
-    does not prefetch) and no ``state_dict`` (so Lightning does not save it from rank 0)."""
+    does not prefetch) and an empty state (the data module holds every rank's)."""
 
     def __init__(self, loader: FmsDataLoader, length: int):
         self.loader = loader
@@ -57,6 +61,15 @@ class _Batches:
 
     def __len__(self) -> int:
         return self.length
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: Lightning would save this from rank 0 only and hand it to every rank;
+        ``FmsDataModule.state_dict`` carries every rank's position instead. Having the
+        method is what makes Lightning count the loader as resumable."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to load: ``FmsDataModule.load_state_dict`` has loaded the position."""
 
     def __iter__(self) -> Iterator[Any]:
         for done, batch in enumerate(self.loader, start=1):

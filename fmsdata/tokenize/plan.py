@@ -25,6 +25,7 @@ __all__ = [
     "TokenizeSpec",
     "Unit",
     "plan_units",
+    "auto_shard_bytes",
     "select_units",
     "OUTPUT_FORMATS",
     "EOS_FORMATS",
@@ -33,6 +34,11 @@ __all__ = [
 OUTPUT_FORMATS = ("arrow", "megatron", "flat", "pbin", "mds")
 # Formats whose documents carry their end-of-document token in the file.
 EOS_FORMATS = ("flat", "pbin")
+# Without --shard-size: the inputs' total over AUTO_SHARDS, within these bounds, so that up
+# to AUTO_SHARDS workers (or SLURM tasks) each get a shard of small inputs, and large
+# inputs get shards of at most 256 MB.
+AUTO_SHARDS = 64
+AUTO_SHARD_BYTES = (1 << 20, 256 << 20)
 _ENDINGS = {"arrow": ".arrow", "megatron": ".idx", "flat": ".bin", "pbin": ".pbin"}
 
 
@@ -47,7 +53,8 @@ class TokenizeSpec:
         tokenizer: Path of a ``tokenizers`` ``tokenizer.json``.
         text_field: JSON field / Parquet column holding the text.
         shard_bytes: Input bytes per output shard (large plain JSONL and Parquet files are
-            split to this size, small files grouped up to it).
+            split to this size, small files grouped up to it); None: ``auto_shard_bytes``
+            of the inputs (resolved by ``run_tokenize``, and stored in the plan).
         output_format: ``arrow`` (Bamba layout), ``megatron`` (``.bin`` + ``.idx``),
             ``flat`` (tatm / OLMo: headerless ``.bin`` token streams, EOS after every
             document, a ``.json`` dtype sidecar), ``pbin`` (Modalities) or ``mds``
@@ -62,7 +69,7 @@ class TokenizeSpec:
     dataset: str
     tokenizer: str
     text_field: str = "text"
-    shard_bytes: int = 256 << 20
+    shard_bytes: int | None = None
     output_format: str = "arrow"
     col_name: str = "tokens"
     strict: bool = False
@@ -73,7 +80,7 @@ class TokenizeSpec:
             raise ConfigError(
                 f"output format must be one of {OUTPUT_FORMATS}, got {self.output_format!r}"
             )
-        if self.shard_bytes < 1:
+        if self.shard_bytes is not None and self.shard_bytes < 1:
             raise ConfigError(f"shard_bytes must be positive, got {self.shard_bytes!r}")
         if not self.dataset or "/" in self.dataset or self.dataset in (".", "..", "meta"):
             raise ConfigError(f"dataset must be a plain folder name, got {self.dataset!r}")
@@ -116,6 +123,16 @@ class Unit:
     @property
     def weight(self) -> int:
         return sum(p.weight for p in self.pieces)
+
+
+def auto_shard_bytes(inputs: Sequence[InputFile]) -> int:
+    """The shard size of a run that names none: the inputs' total bytes over
+    ``AUTO_SHARDS``, at least 1 MiB (a smaller shard costs a worker more to start than to
+    write) and at most 256 MiB. It depends on the inputs only, never on the number of
+    workers, so the output stays the same bytes whatever runs it; compressed files are
+    never split, so each is one shard at least."""
+    low, high = AUTO_SHARD_BYTES
+    return min(high, max(low, -(-sum(f.size for f in inputs) // AUTO_SHARDS)))
 
 
 def plan_units(inputs: Sequence[InputFile], shard_bytes: int) -> list[Unit]:

@@ -34,6 +34,7 @@ from fmsdata.tokenize.plan import (
     EOS_FORMATS,
     TokenizeSpec,
     Unit,
+    auto_shard_bytes,
     plan_document,
     plan_units,
     select_units,
@@ -47,7 +48,7 @@ from fmsdata.tokenize.work import (
 )
 from fmsdata.tokenize.writers import MDS_COLUMN, mds_index
 
-__all__ = ["TokenizeResult", "run_tokenize", "BACKENDS"]
+__all__ = ["TokenizeResult", "run_tokenize", "clear_dataset", "BACKENDS"]
 
 BACKENDS = ("local", "ray")
 METADATA = "metadata.json"
@@ -77,10 +78,17 @@ def run_tokenize(
     on_unit: Callable[[dict[str, Any]], None] = lambda record: None,
     on_plan: Callable[[list[Unit]], None] = lambda todo: None,
     on_progress: Callable[[int, int], None] = lambda documents, tokens: None,
+    restart: bool = False,
 ) -> TokenizeResult:
     """Tokenize ``input_paths`` per ``spec``. ``on_plan(todo)`` is told the units about to
     run, ``on_progress(documents, tokens)`` the increments as they are encoded (per unit
-    with Ray), and ``on_unit(record)`` of each unit written."""
+    with Ray), and ``on_unit(record)`` of each unit written.
+
+    A rerun with the same inputs and settings skips the finished shards. One with other
+    settings is refused while the earlier run has shards done, unless ``restart``, which
+    first deletes the dataset's earlier output (``clear_dataset``). A run that fails for
+    finding no document (the wrong ``text_field``) keeps nothing, so the corrected rerun
+    just runs."""
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if workers < 1:
@@ -93,9 +101,20 @@ def run_tokenize(
         eos_token=_eos_token(spec),
     )
     inputs = find_inputs([os.path.abspath(p) for p in input_paths])
+    if spec.shard_bytes is None:
+        spec = dataclasses.replace(spec, shard_bytes=auto_shard_bytes(inputs))
+    assert spec.shard_bytes is not None
     units = plan_units(inputs, spec.shard_bytes)
     tokenizer_sha = file_sha256(spec.tokenizer)
     _root_metadata(spec, tokenizer_sha)  # refuse a root of another tokenizer before any work
+    if restart:
+        if num_shards > 1:
+            raise ConfigError(
+                "restart with several tasks (--num-shards) would delete each other's new "
+                f"shards: delete the earlier output once before launching them "
+                f"({_earlier_output(spec)})"
+            )
+        clear_dataset(spec)
     _claim(spec, plan_document(spec, inputs, units, tokenizer_sha))
     mine = select_units(units, num_shards, shard_id)
     todo = [u for u in mine if not unit_done(spec, u.index)]
@@ -109,7 +128,11 @@ def run_tokenize(
     result = TokenizeResult(len(units), len(mine), len(mine) - len(todo), written, False)
     if all(unit_done(spec, u.index) for u in units):
         records = [read_record(spec, u.index) for u in units]
-        _refuse_no_documents(spec, records)
+        try:
+            _refuse_no_documents(spec, records)
+        except ConfigError:
+            clear_dataset(spec)  # shards of nothing: the corrected rerun starts clean
+            raise
         _finish(spec, inputs, records, tokenizer_sha)
         result.complete = True
         result.documents = sum(r["documents"] for r in records)
@@ -133,20 +156,83 @@ def _eos_token(spec: TokenizeSpec) -> int | None:
 
 
 def _claim(spec: TokenizeSpec, plan: dict[str, Any]) -> None:
-    """Store the plan beside the output, or check it matches the one stored there."""
+    """Store the plan beside the output, or check it matches the one stored there. A stored
+    plan of which no shard was finished (a run stopped before its first) is replaced."""
     path = os.path.join(spec.work_dir, "plan.json")
     if os.path.exists(path):
         with open(path, encoding="utf-8") as handle:
             stored = json.load(handle)
-        if stored.get("fingerprint") != plan["fingerprint"]:
+        if stored.get("fingerprint") == plan["fingerprint"]:
+            return
+        if _finished_units(spec):
             changed = sorted(k for k in plan if k != "fingerprint" and stored.get(k) != plan[k])
             raise ConfigError(
-                f"{spec.output_dir}/{spec.dataset} holds the output of another tokenize run "
-                f"(its {', '.join(changed) or 'plan'} differ; see {path}): use another "
-                "--output-dir or --dataset, or delete that folder to start over"
+                f"dataset {spec.dataset!r} of {spec.output_dir} holds the output of another "
+                f"tokenize run (its {', '.join(changed) or 'plan'} differ; see {path}): rerun "
+                f"with --restart to delete it ({_earlier_output(spec)}) and start over, or "
+                "use another --output-dir or --dataset"
             )
-        return
     write_json_atomic(path, plan)
+
+
+def _finished_units(spec: TokenizeSpec) -> list[str]:
+    """The unit records in the work folder (one per finished shard)."""
+    if not os.path.isdir(spec.work_dir):
+        return []
+    return [n for n in os.listdir(spec.work_dir) if n.startswith("shard-") and n.endswith(".json")]
+
+
+def _shard_files(spec: TokenizeSpec) -> list[str]:
+    """The files tokenize writes in the dataset folder (shards, their sidecars, an MDS
+    index), found there: what ``clear_dataset`` deletes."""
+    folder = os.path.join(spec.output_dir, spec.dataset)
+    if not os.path.isdir(folder):
+        return []
+    return sorted(
+        os.path.join(folder, n)
+        for n in os.listdir(folder)
+        if n.startswith(("shard-", "shard.")) or n == "index.json"
+    )
+
+
+def _earlier_output(spec: TokenizeSpec) -> str:
+    """What ``clear_dataset`` would delete, as the folders that exist."""
+    found = []
+    shards = _shard_files(spec)
+    if shards:
+        found.append(
+            f"{len(shards)} shard file(s) in {os.path.join(spec.output_dir, spec.dataset)}"
+        )
+    if os.path.isdir(spec.work_dir):
+        found.append(f"the run's records in {spec.work_dir}")
+    return " and ".join(found) or "nothing is left of it"
+
+
+def clear_dataset(spec: TokenizeSpec) -> None:
+    """Delete what tokenize runs wrote for ``spec.dataset`` in ``spec.output_dir``: its
+    shards (and sidecars), its work folder (plan and unit records), its rows of
+    ``meta/counts.csv`` and its entry in ``metadata.json``. Other datasets of the root, and
+    files in the dataset folder that tokenize does not write, are kept."""
+    meta = os.path.join(spec.output_dir, "meta")
+    os.makedirs(meta, exist_ok=True)
+    with open(os.path.join(meta, ".tokenize.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for path in _shard_files(spec):
+            os.remove(path)
+        folder = os.path.join(spec.output_dir, spec.dataset)
+        if os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
+        shutil.rmtree(spec.work_dir, ignore_errors=True)
+        counts = os.path.join(spec.output_dir, META_DIR, "counts.csv")
+        if os.path.exists(counts):
+            write_counts(spec.output_dir, _other_counts(spec))
+        path = os.path.join(spec.output_dir, METADATA)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as handle:
+                metadata = json.load(handle)
+            if spec.dataset in metadata.get("datasets", {}):
+                del metadata["datasets"][spec.dataset]
+                write_json_atomic(path, metadata)
 
 
 def _run_local(

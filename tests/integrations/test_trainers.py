@@ -91,6 +91,9 @@ def test_checkpoint_resume_and_rescale_through_the_trainer(trainer, data, tmp_pa
     script = os.path.join(EXAMPLES, script)
     common = ["--data", root, "--global-batch-size", str(GLOBAL_BATCH), "--seq-length", str(SEQ)]
     common += ["--logical-shards", str(SHARDS), "--ckpt-every", str(SAVED_AT)]
+    # A generated root has no metadata.json: the ids (and a vocabulary over its token
+    # values) are given, as for fms-fsdp / Bamba data.
+    common += ["--bos-token", "1", "--eos-token", "2", "--vocab-size", "8192"]
 
     def launch(ranks, folder, steps, log):
         args = [*common, folder_option, str(tmp_path / folder), "--steps", str(steps)]

@@ -160,12 +160,18 @@ def test_without_a_writable_cache_kernels_compile_in_memory_with_a_warning(monke
             raise RuntimeError("cannot cache function 'f': no locator available")
         return real(*args, **kwargs)
 
+    from fmsdata import compiled as compiling
+
     monkeypatch.setattr(numba, "njit", no_cache)
     kernel = compiled(kernels.plan_hard_lines.func)
     rows = np.zeros((1, SPAN_WIDTH), dtype=np.int64)
     rows[0, LENGTH] = 5
-    with caplog.at_level(logging.WARNING, logger="fmsdata.compiled"):
-        spans, offsets, _, _ = kernel(rows, 2)
+    compiling._set_mode("foreground")  # compiled by this call (not in the background)
+    try:
+        with caplog.at_level(logging.WARNING, logger="fmsdata.compiled"):
+            spans, offsets, _, _ = kernel(rows, 2)
+    finally:
+        compiling._set_mode(None)
     assert offsets.tolist() == [0, 1, 2]
     assert "cannot be cached on disk" in caplog.text and "NUMBA_CACHE_DIR" in caplog.text
 
@@ -204,7 +210,8 @@ CACHED_RUN = textwrap.dedent(
 
 @pytest.mark.slow  # two fresh interpreters
 def test_numba_cache_dir_holds_the_compiled_code_and_a_second_process_reuses_it(tmp_path):
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    # Compiled by each first call: the process reads the dispatchers' cache statistics.
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "FMSDATA_COMPILE": "foreground"}
     runs = [
         subprocess.run([sys.executable, "-c", CACHED_RUN], env=env, capture_output=True, text=True)
         for _ in range(2)

@@ -357,3 +357,109 @@ def test_no_record_with_the_text_field_is_an_error_naming_what_they_hold(
     # The right field works on the same inputs.
     result = run_tokenize(spec(tmp_path / "ok", tokenizer, text_field="body"), [str(raw)])
     assert result.complete and result.documents == 30
+
+
+def test_a_run_that_found_no_document_keeps_nothing_and_the_corrected_rerun_runs(
+    tmp_path, texts, tokenizer
+):
+    """The wrong --text-field fails the run; what it wrote (shards of nothing, its plan) is
+    gone, so the same command with the right field just runs."""
+    raw = tmp_path / "raw.jsonl"
+    write_jsonl(raw, texts[:50])
+    root = tmp_path / "out"
+    with pytest.raises(ConfigError, match="0 documents with text field 'body'"):
+        run_tokenize(spec(root, tokenizer, text_field="body"), [str(raw)])
+    assert not (root / "docs").exists()
+    assert not (root / "meta" / "tokenize" / "docs").exists()
+    result = run_tokenize(spec(root, tokenizer), [str(raw)])
+    assert result.complete and result.documents == 50
+
+
+def test_other_settings_are_refused_naming_restart_and_what_it_deletes(
+    tmp_path, texts, tokenizer, capsys
+):
+    raw = tmp_path / "raw.jsonl"
+    write_jsonl(raw, texts[:100])
+    root = tmp_path / "out"
+    run_tokenize(spec(root, tokenizer), [str(raw)])
+    other = TokenizeSpec(str(root), "other", tokenizer)  # a dataset beside it is kept
+    run_tokenize(other, [str(raw)])
+    with pytest.raises(ConfigError, match="another tokenize run") as refused:
+        run_tokenize(TokenizeSpec(str(root), "docs", tokenizer, shard_bytes=SHARD * 2), [str(raw)])
+    message = str(refused.value)
+    assert "--restart" in message
+    named = [root / "docs", root / "meta" / "tokenize" / "docs"]
+    for folder in named:  # the folders the message names exist
+        assert f"in {folder}" in message and folder.is_dir()
+    shards_before = len(list((root / "docs").iterdir()))
+    assert f"{shards_before} shard file(s)" in message
+
+    argv = ["tokenize", str(raw), "--tokenizer", tokenizer, "--output-dir", str(root)]
+    argv += ["--dataset", "docs", "--shard-size", str(SHARD * 2), "--restart"]
+    assert main(argv) == 0
+    meta = json.loads((root / "metadata.json").read_text())
+    assert meta["datasets"]["docs"]["shards"] == len(list((root / "docs").iterdir()))
+    assert meta["datasets"]["docs"]["shards"] < shards_before
+    assert meta["datasets"]["other"]["documents"] == 100
+    counts = (root / "meta" / "counts.csv").read_text().splitlines()[1:]
+    assert (
+        len([row for row in counts if row.startswith("/docs/")])
+        == meta["datasets"]["docs"]["shards"]
+    )
+    assert len([row for row in counts if row.startswith("/other/")]) == 1
+    loader = build_dataloader(
+        dict(data_path=str(root), datasets=["docs"], seq_length=64, batch_size=2)
+    )
+    assert next(iter(loader))["input_ids"].shape == (2, 64)
+
+
+def test_restart_with_several_tasks_is_refused(tmp_path, texts, tokenizer):
+    raw = tmp_path / "raw.jsonl"
+    write_jsonl(raw, texts[:20])
+    with pytest.raises(ConfigError, match="several tasks"):
+        run_tokenize(spec(tmp_path / "out", tokenizer), [str(raw)], num_shards=2, restart=True)
+
+
+def test_a_plan_with_no_finished_shard_is_replaced(tmp_path, texts, tokenizer):
+    """A run stopped before its first shard left only its plan: other settings just run."""
+    raw = tmp_path / "raw.jsonl"
+    write_jsonl(raw, texts[:40])
+    root = tmp_path / "out"
+    stale = spec(root, tokenizer, text_field="body")
+    os.makedirs(stale.work_dir)
+    with open(os.path.join(stale.work_dir, "plan.json"), "w") as handle:
+        json.dump({"fingerprint": "of another run"}, handle)
+    assert run_tokenize(spec(root, tokenizer), [str(raw)]).documents == 40
+
+
+def test_without_a_shard_size_small_inputs_make_enough_shards_for_the_workers(
+    tmp_path, texts, tokenizer, capsys
+):
+    """The default shard size is the inputs' total over 64 (at least 1 MiB): 3 MiB of input
+    make 3 shards, for any number of workers, and the output is the same bytes."""
+    from fmsdata.tokenize.inputs import find_inputs
+    from fmsdata.tokenize.plan import AUTO_SHARD_BYTES, AUTO_SHARDS, auto_shard_bytes
+
+    raw = tmp_path / "raw.jsonl"
+    lines = texts * (1 + (3 << 20) // sum(len(t) for t in texts))
+    write_jsonl(raw, lines)
+    inputs = find_inputs([str(raw)])
+    assert auto_shard_bytes(inputs) == AUTO_SHARD_BYTES[0]  # small: the 1 MiB floor
+    total = os.path.getsize(raw)
+    outputs = []
+    for workers in (1, 2):
+        root = tmp_path / f"out{workers}"
+        argv = ["tokenize", str(raw), "--tokenizer", tokenizer, "--output-dir", str(root)]
+        assert main([*argv, "--dataset", "docs", "--workers", str(workers)]) == 0
+        outputs.append(output_files(root))
+        meta = json.loads((root / "metadata.json").read_text())
+        assert meta["datasets"]["docs"]["shards"] == -(-total // (1 << 20))
+    assert outputs[0] == outputs[1]
+    assert "shard(s) to write" not in capsys.readouterr().err  # 3 shards for 2 workers
+
+    class Sized:
+        def __init__(self, size):
+            self.size = size
+
+    assert auto_shard_bytes([Sized(100 << 30)]) == AUTO_SHARD_BYTES[1]  # large: 256 MiB
+    assert auto_shard_bytes([Sized(AUTO_SHARDS * (5 << 20))]) == 5 << 20
