@@ -174,6 +174,7 @@ NOT_PATH_ARGS = {
     "bench": {"overrides", "batches", "warmup", "json"},
     "state show": {"json", "stages"},
     # --stages and --handler name importable code (a module or a .py file of this machine).
+    "warm": {"overrides"},
     "verify": {"overrides", "stages", "handler", "steps", "world_sizes", "workers", "json"},
 }
 

@@ -35,7 +35,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
             "package, or NUMBA_CACHE_DIR."
         ),
     )
-    parser.add_argument("configs", nargs="*", metavar="CONFIG", help="loader config YAML files")
+    parser.add_argument(
+        "configs",
+        nargs="*",
+        metavar="CONFIG",
+        type=PathArg("local"),
+        help="loader config YAML files",
+    )
     parser.add_argument(
         "--overrides", nargs="*", default=[], help="config overrides, key=value (every CONFIG)"
     )
@@ -47,7 +53,8 @@ def warm_config(config: Any, extra_batches: int = 256) -> int:
     buffers' fill and ``extra_batches`` more, so that the kernels of the steady state
     (buffers compacted as lines come and go) are compiled too; returns the batches taken.
     A kernel a run reaches only later is compiled in the background when it does."""
-    from fmsdata.cli.bench import fill_batches
+    from fmsdata.cli.parser import PathArg
+from fmsdata.cli.bench import fill_batches
     from fmsdata.loader import build_dataloader
 
     taken = 0
