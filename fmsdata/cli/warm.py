@@ -20,6 +20,8 @@ import tempfile
 import time
 from typing import Any
 
+from fmsdata.cli.parser import PathArg
+
 __all__ = ["add_parser", "run", "warm_config", "builtin_configs"]
 
 
@@ -53,8 +55,7 @@ def warm_config(config: Any, extra_batches: int = 256) -> int:
     buffers' fill and ``extra_batches`` more, so that the kernels of the steady state
     (buffers compacted as lines come and go) are compiled too; returns the batches taken.
     A kernel a run reaches only later is compiled in the background when it does."""
-    from fmsdata.cli.parser import PathArg
-from fmsdata.cli.bench import fill_batches
+    from fmsdata.cli.bench import fill_batches
     from fmsdata.loader import build_dataloader
 
     taken = 0
