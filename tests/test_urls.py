@@ -151,6 +151,7 @@ NOT_PATH_ARGS = {
         "num_shards",
         "shard_id",
         "strict",
+        "restart",
     },
     "index": {
         "datasets",
@@ -171,7 +172,7 @@ NOT_PATH_ARGS = {
         "json",
     },
     "download": {"jobs", "include", "exclude", "dry_run"},
-    "bench": {"overrides", "batches", "warmup", "json"},
+    "bench": {"overrides", "batches", "warmup", "seconds", "workers", "json"},
     "state show": {"json", "stages"},
     # --stages and --handler name importable code (a module or a .py file of this machine).
     "warm": {"overrides"},
