@@ -1,7 +1,7 @@
 """The final-batch write alone: fmsdata's kernel against the same loop with ordinary stores.
 
 A worker turns its int32 rows into the int64 ``input_ids`` and ``labels`` of the batch ring
-(``fmsdata.batchwrite._shift``, non-temporal stores, one fence an item). The baseline,
+(``fmsdata.transport.batchwrite._shift``, non-temporal stores, one fence an item). The baseline,
 measured in the same run on the same arrays, is that loop compiled with ordinary stores
 (what fmsdata did before 5a16b89); numpy's ``copyto`` of the two shifted views is shown
 beside it. Each case writes batches of 8 rows of 4,096 tokens in turn into a ring of
@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchlib import pyplot, write_results  # noqa: E402
 
-from fmsdata import batchwrite  # noqa: E402
 from fmsdata.stages.outputs import IGNORE_INDEX  # noqa: E402
+from fmsdata.transport import batchwrite  # noqa: E402
 
 SEQ, BATCH = 4096, 8
 CASES = {  # name: (ring slots, rows in the int32 buffer)

@@ -1,6 +1,6 @@
 """Cold start: seconds from a fresh process to ``import torch``, ``import fmsdata`` and the
 first batch, with numba's on-disk cache empty (a fresh install, a container started anew)
-and warm (the next process on the same machine), for each way ``fmsdata.compiled`` serves a
+and warm (the next process on the same machine), for each way ``fmsdata.util.compiled`` serves a
 kernel's first calls.
 
 Each figure comes from a new Python process, timed from its first line, over a small local
@@ -44,7 +44,7 @@ ROWS = (
 )
 
 # Run in a fresh interpreter: timings from its first line; the kernels' first calls timed
-# by wrapping fmsdata.compiled's lazy function (each first call compiles it).
+# by wrapping fmsdata.util.compiled's lazy function (each first call compiles it).
 PROBE = r"""
 import time
 started = time.perf_counter()
@@ -53,7 +53,7 @@ import torch
 after_torch = time.perf_counter()
 import fmsdata
 after_fmsdata = time.perf_counter()
-from fmsdata import compiled as _compiled
+from fmsdata.util import compiled as _compiled
 first_calls = {}
 _call = _compiled._Compiled.__call__
 def _timed(self, *args):
@@ -86,7 +86,7 @@ print(json.dumps({
 
 
 def make_root(root: str) -> str:
-    from fmsdata.synthetic import write_corpus
+    from fmsdata.data.synthetic import write_corpus
 
     write_corpus(root, {"web": 4, "code": 4}, docs_per_file=50, mean_length=400)
     return root

@@ -47,7 +47,7 @@ from formats import (  # noqa: E402  (the shared format writers live beside the 
 from fmsdata import build_dataloader  # noqa: E402
 from fmsdata.cli.bench import tokens_per_second  # noqa: E402
 from fmsdata.handlers.text import TextTokenizer  # noqa: E402
-from fmsdata.textcorpus import bundled_tokenizer_path, stdlib_docstrings  # noqa: E402
+from fmsdata.util.textcorpus import bundled_tokenizer_path, stdlib_docstrings  # noqa: E402
 
 EOS = 1
 SEQ = 4096

@@ -78,9 +78,9 @@ DATASET = "web"
 
 def prepare(root: str, files: int, docs: int, seq: int) -> dict[str, Any]:
     """Write the Arrow corpus and each peer's copy of it (once; none of it is timed)."""
+    from fmsdata.data.indexing import index_root
+    from fmsdata.data.synthetic import write_corpus
     from fmsdata.handlers import ArrowDocHandler
-    from fmsdata.indexing import index_root
-    from fmsdata.synthetic import write_corpus
 
     arrow = os.path.join(root, "arrow")
     if not os.path.exists(os.path.join(arrow, ".complete")):

@@ -51,8 +51,8 @@ from s3local import CREDENTIALS, REGION, FaultProxy, S3Server, upload_tree  # no
 
 from fmsdata import build_dataloader  # noqa: E402
 from fmsdata.cli.bench import tokens_per_second  # noqa: E402
+from fmsdata.data.indexing import index_root  # noqa: E402
 from fmsdata.handlers import ArrowDocHandler  # noqa: E402
-from fmsdata.indexing import index_root  # noqa: E402
 from fmsdata.remote.mirror import plan_mirror, run_mirror  # noqa: E402
 from fmsdata.remote.storage import Storage  # noqa: E402
 from fmsdata.remote.usage import LOCK_SUFFIX, CacheUsage  # noqa: E402
@@ -182,8 +182,8 @@ def held_rows(
     held after a batch); and the most readers open on local disk."""
     from resume import config as resume_config
 
-    from fmsdata import filecounts
-    from fmsdata.access import ReaderCache
+    from fmsdata.data import filecounts
+    from fmsdata.data.access import ReaderCache
     from fmsdata.handlers import mapping
     from fmsdata.remote.cache import RemoteFiles
 
@@ -279,7 +279,7 @@ def start_rows(server: S3Server, scratch: str, files: int, shards: int, steps: i
     start and resume from local disk: seconds to the first batch, files and bytes pulled."""
     from resume import config as resume_config  # the resume benchmark's loader
 
-    from fmsdata import filecounts
+    from fmsdata.data import filecounts
     from fmsdata.remote.cache import RemoteFiles
 
     local, keys = starts_root(server, scratch, files)

@@ -37,9 +37,9 @@ DOCS_PER_FILE = 64
 
 def make_root(root: str, files: int) -> None:
     """``files`` Arrow files (half per dataset) of ``DOCS_PER_FILE`` documents, counted."""
+    from fmsdata.data.indexing import index_root
     from fmsdata.handlers import ArrowDocHandler
     from fmsdata.handlers.arrow import write_arrow_docs
-    from fmsdata.indexing import index_root
 
     if os.path.exists(os.path.join(root, "meta", "counts.csv")):
         return

@@ -54,10 +54,10 @@ from benchlib import pyplot, write_results
 
 from fmsdata import build_dataloader
 from fmsdata.checkpoint import save_loader_state
+from fmsdata.data.indexing import index_root
+from fmsdata.data.synthetic import write_corpus
 from fmsdata.handlers import ArrowDocHandler
-from fmsdata.indexing import index_root
 from fmsdata.stages.savedchain import stage_state
-from fmsdata.synthetic import write_corpus
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEQ = 4096
@@ -66,7 +66,7 @@ BATCH = 8
 # pulled per step until full) takes about 1,250 batches, so timing starts after that.
 SHARDS, WINDOW, WARMUP = 64, 156, 1300
 DATA = os.path.join(tempfile.gettempdir(), "fmsdata-bench")  # where the corpora are written
-# A state holds the buffers as of the last round's end (fmsdata.transport.item_rounds: in
+# A state holds the buffers as of the last round's end (fmsdata.transport.rounds.item_rounds: in
 # process here, from batch 191, rounds of 1,024 batches on long and short documents and of
 # 256 on 60-token ones), plus the lines consumed since: it is taken where the last round
 # ended with the buffers full (batch 2239 on every corpus).

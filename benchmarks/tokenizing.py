@@ -26,8 +26,8 @@ from typing import Any
 from benchlib import write_results
 
 from fmsdata.handlers.text import TextTokenizer
-from fmsdata.textcorpus import bundled_tokenizer_path, stdlib_docstrings
 from fmsdata.tokenize import TokenizeSpec, run_tokenize
+from fmsdata.util.textcorpus import bundled_tokenizer_path, stdlib_docstrings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FILES = 8

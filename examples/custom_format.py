@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from fmsdata import ShardFormatError, build_dataloader, register_handler
+from fmsdata.data.synthetic import write_corpus
 from fmsdata.handlers import ArrowDocHandler, FlatBuffer, FlatBufferHandler, MappedFile
-from fmsdata.synthetic import write_corpus
 
 LENGTHS_MAGIC = b"TOKLEN01"
 

@@ -30,11 +30,11 @@ import numpy as np
 import torch
 
 from fmsdata import build_dataloader
+from fmsdata.data.synthetic import write_corpus
 from fmsdata.errors import StateMismatchError
-from fmsdata.permute import derive_key, permute
-from fmsdata.pipeline import Shard, default_stages
 from fmsdata.stages import DocumentStream, Stage, WalkOrder
-from fmsdata.synthetic import write_corpus
+from fmsdata.stages.shard import Shard, default_stages
+from fmsdata.util.permute import derive_key, permute
 
 
 class FileShuffle(DocumentStream):

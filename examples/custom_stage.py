@@ -28,11 +28,11 @@ import tempfile
 import torch
 
 from fmsdata import build_dataloader
+from fmsdata.data.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
+from fmsdata.data.synthetic import write_corpus
 from fmsdata.errors import ConfigError
-from fmsdata.pipeline import Shard
-from fmsdata.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 from fmsdata.stages import SpanStage, Stage
-from fmsdata.synthetic import write_corpus
+from fmsdata.stages.shard import Shard
 
 
 class Thin(SpanStage):

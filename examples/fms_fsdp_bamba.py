@@ -9,7 +9,7 @@ Here that line reads
 
     from fmsdata.compat.fms_fsdp import get_data_loader, get_dummy_loader
 from fmsdata.errors import ConfigError
-from fmsdata.rootconfig import TOKEN_FIELDS, root_token_ids
+from fmsdata.data.rootconfig import TOKEN_FIELDS, root_token_ids
 
 and nothing else about the data changes: the same ``train_config`` fields, the same
 ``for batch_idx, (input, label) in enumerate(train_loader, start=start_step + 1)`` loop,
@@ -83,8 +83,8 @@ from torch import distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from fmsdata.compat.fms_fsdp import get_data_loader, get_dummy_loader
+from fmsdata.data.rootconfig import TOKEN_FIELDS, root_token_ids
 from fmsdata.errors import ConfigError
-from fmsdata.rootconfig import TOKEN_FIELDS, root_token_ids
 
 
 @dataclasses.dataclass

@@ -38,9 +38,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from fmsdata.data.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 from fmsdata.errors import ConfigError
 from fmsdata.integrations.lightning import FmsDataModule
-from fmsdata.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 
 
 class TinyLM(pl.LightningModule):

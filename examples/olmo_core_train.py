@@ -36,9 +36,9 @@ from olmo_core.train import Duration, TrainerConfig
 from olmo_core.train.callbacks import Callback, CheckpointerCallback
 from olmo_core.train.train_module import BasicTrainModule
 
+from fmsdata.data.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 from fmsdata.errors import ConfigError
 from fmsdata.integrations.olmo_core import FmsDataLoaderConfig
-from fmsdata.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 
 
 class TinyLM(nn.Module):

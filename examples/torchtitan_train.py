@@ -42,9 +42,9 @@ from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersCon
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 from torchtitan.distributed import ParallelDims
 
+from fmsdata.data.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 from fmsdata.errors import ConfigError
 from fmsdata.integrations.torchtitan import FmsDataTorchtitanLoader, dp_from_parallel_dims
-from fmsdata.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 
 
 class TinyLM(nn.Module):

@@ -38,8 +38,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from fmsdata import build_dataloader
 from fmsdata.checkpoint import LoadPlanner, SafeFileSystemReader
+from fmsdata.data.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 from fmsdata.errors import ConfigError
-from fmsdata.rootconfig import CLI_TOKEN_OPTIONS, root_token_ids
 
 logger = logging.getLogger("train_fsdp")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fmsdata.compiled import compiled
+from fmsdata.util.compiled import compiled
 
 __all__ = ["RecordBatchIndex", "batch_rows", "footer_blocks", "footer_length"]
 

@@ -58,7 +58,7 @@ class FileHandler(ABC):
     extensions: ClassVar[tuple[str, ...]] = ()
     # Whether the format itself ends every stored document with its end-of-document token
     # (flat streams split on it, Modalities .pbin): a loader adding its own EOS then
-    # replaces that one instead of doubling it (see fmsdata.rootconfig).
+    # replaces that one instead of doubling it (see fmsdata.data.rootconfig).
     documents_end_with_eos: ClassVar[bool] = False
 
     @classmethod

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from fmsdata.errors import ShardFormatError
-from fmsdata.extras import require
+from fmsdata.util.extras import require
 
 __all__ = ["CorruptStreamError", "open_binary", "read_lines", "zstd_blocks"]
 

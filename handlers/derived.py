@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from fmsdata.urls import local_path
+from fmsdata.util.urls import local_path
 
 __all__ = ["default_cache_dir", "derived_path"]
 

@@ -53,7 +53,7 @@ class MappedFile:
     The file's size, modification time and inode are recorded when it is mapped:
     ``check_unchanged`` compares them with the file now. Reading a page of a mapping whose
     file was cut short since kills the process with SIGBUS, so readers check before they
-    read (see ``fmsdata.access``), and DataLoader workers list their mapped files where
+    read (see ``fmsdata.data.access``), and DataLoader workers list their mapped files where
     the main process finds them if one dies (``changed_in_dead_workers``).
     """
 

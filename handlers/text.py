@@ -22,8 +22,8 @@ from fmsdata.handlers.base import FlatBuffer, FlatBufferHandler
 from fmsdata.handlers.derived import derived_path
 from fmsdata.handlers.mapping import MappedFile
 from fmsdata.handlers.npy_header import load_npy
-from fmsdata.textcorpus import BUNDLED_TOKENIZERS, TOKENIZER_HINT, resolve_tokenizer
-from fmsdata.urls import local_path
+from fmsdata.util.textcorpus import BUNDLED_TOKENIZERS, TOKENIZER_HINT, resolve_tokenizer
+from fmsdata.util.urls import local_path
 
 __all__ = [
     "TextTokenizer",

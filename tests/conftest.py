@@ -17,7 +17,7 @@ settings.load_profile("fmsdata")
 
 # A DataLoader iterator that shuts its workers down joins each for MP_STATUS_CHECK_INTERVAL
 # (5 s), then terminates it. fmsdata's iterations stop their workers themselves
-# (fmsdata.loader._RUNNING; before that, loaders freed out of a reference cycle stalled
+# (fmsdata.loader.feed.RUNNING; before that, loaders freed out of a reference cycle stalled
 # whichever test the garbage collector ran in by 5 s); the join waits 0.5 s here so that
 # any worker still missing its stop message costs a test seconds, not the run minutes.
 # tests/remote/test_s3_shutdown.py checks with torch's own 5 s that none is terminated.

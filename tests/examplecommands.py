@@ -41,8 +41,8 @@ def tokenize_root(folder: str) -> tuple[str, str]:
     """What ``fmsdata demo`` tokenizes (the standard library's docstrings, the bundled
     tokenizer), written by ``fmsdata tokenize``'s code to ``folder``: (root, dataset)."""
     from fmsdata.cli.demo import write_raw
-    from fmsdata.textcorpus import bundled_tokenizer_path
     from fmsdata.tokenize import TokenizeSpec, run_tokenize
+    from fmsdata.util.textcorpus import bundled_tokenizer_path
 
     raw, root = os.path.join(folder, "raw"), os.path.join(folder, "tokens")
     write_raw(raw)

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 from support import FIRST_TOKEN
 
+from fmsdata.data.synthetic import CorpusInfo
 from fmsdata.handlers.arrow import write_arrow_docs
-from fmsdata.synthetic import CorpusInfo
 
 MIN = 4  # min_length of every test here
 EOS = 2

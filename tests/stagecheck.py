@@ -17,11 +17,12 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from fmsdata.stages.base import SAVED_SPAN_WIDTH, Stage, TokenStage
-from fmsdata.stages.materialize import LineWriter
+from fmsdata.stages.base import Stage, TokenStage
 from fmsdata.stages.outputs import TokenLine
-from fmsdata.statefile import state_from_bytes, state_to_bytes
-from fmsdata.topology import RowDealer, owned_shards
+from fmsdata.stages.spans import SAVED_SPAN_WIDTH
+from fmsdata.state.file import state_from_bytes, state_to_bytes
+from fmsdata.worker.materialize import LineWriter
+from fmsdata.worker.topology import RowDealer, owned_shards
 
 
 def line_key(line: np.ndarray | tuple) -> tuple[int, ...]:

@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import torch
 
-import fmsdata.transport
+import fmsdata.transport.rounds
 from fmsdata import build_dataloader
-from fmsdata.catalog import discover
+from fmsdata.data.catalog import discover
+from fmsdata.data.synthetic import CorpusInfo, write_corpus
 from fmsdata.handlers import ArrowDocHandler
 from fmsdata.stages.savedchain import held_spans, saved_stages, stage_state
 from fmsdata.stages.savedlines import unpack_lines
-from fmsdata.statefile import load_state, save_state, state_from_bytes, state_to_bytes
-from fmsdata.synthetic import CorpusInfo, write_corpus
+from fmsdata.state.file import load_state, save_state, state_from_bytes, state_to_bytes
 
 FIRST_TOKEN = 16  # corpus token values start here; smaller ids are special tokens
 BOS, EOS, BOL, EOL, PAD = 1, 2, 3, 4, 5
@@ -79,11 +79,11 @@ def small_items(
     default seq 32, batch 4), so the batch ring and rounds of items turn within a few
     batches; ``kept``: batches the caller may keep without workers; ``per_round``: items a
     round. DataLoader workers are forked: they see the same sizes."""
-    monkeypatch.setattr(fmsdata.transport, "_ITEM_TOKENS", tokens)
+    monkeypatch.setattr(fmsdata.transport.rounds, "_ITEM_TOKENS", tokens)
     if kept is not None:
-        monkeypatch.setattr(fmsdata.transport, "_KEPT_BATCHES", kept)
+        monkeypatch.setattr(fmsdata.transport.rounds, "_KEPT_BATCHES", kept)
     if per_round is not None:
-        monkeypatch.setattr(fmsdata.transport, "_ITEMS_PER_ROUND", per_round)
+        monkeypatch.setattr(fmsdata.transport.rounds, "_ITEMS_PER_ROUND", per_round)
 
 
 def take(loader: Iterable[Batch], n: int) -> list[Batch]:
@@ -130,7 +130,7 @@ def run_in_fresh_process(
     script = (
         "import json, sys, torch\n"
         "from fmsdata import build_dataloader\n"
-        "from fmsdata.statefile import load_state\n"
+        "from fmsdata.state.file import load_state\n"
         "config, state_path = json.loads(sys.argv[1]), sys.argv[2]\n"
         "n, out = int(sys.argv[3]), sys.argv[4]\n"
         "loader = build_dataloader(config)\n"
@@ -179,8 +179,8 @@ class Ledger:
         """The portion order of dataset ``ds`` when it rotates, else None. Whether it rotates
         is the stream's own decision (a function of the data and the config); the order is
         the documented keyed permutation of the shards (the identity when sequential)."""
-        from fmsdata.permute import derive_key, permute
         from fmsdata.stages.documents import Decoration, stream_class
+        from fmsdata.util.permute import derive_key, permute
 
         name = list(self.info.ranges)[ds]
         decoration = Decoration(
@@ -273,7 +273,7 @@ def accesses(
 ) -> list[Any]:
     """Dataset accesses for stage-level tests (one shared reader cache: ``cache``, or one
     of 64 readers)."""
-    from fmsdata.access import ReaderCache, make_accesses
+    from fmsdata.data.access import ReaderCache, make_accesses
     from fmsdata.remote.cache import LocalFiles
 
     handler = ArrowDocHandler(col_name)

@@ -1,8 +1,8 @@
-"""The worker's reader cache (fmsdata/access.py): readers beyond its capacity close least
+"""The worker's reader cache (fmsdata/data/access.py): readers beyond its capacity close least
 recently used first, and while the files behind them take more room than allowed (a
 remote cache over remote_cache_gb, where an open reader pins its file) down to a floor."""
 
-from fmsdata.access import ReaderCache
+from fmsdata.data.access import ReaderCache
 
 
 class Handler:

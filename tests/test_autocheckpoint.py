@@ -9,10 +9,10 @@ import pytest
 from support import base_config, corpus, global_steps, rank_loaders, take
 
 from fmsdata import build_dataloader
-from fmsdata import checkpoint as ckpt
 from fmsdata.checkpoint import latest_checkpoint, load_loader_state, save_loader_state
 from fmsdata.errors import StateMismatchError
 from fmsdata.remote.folder import Folder
+from fmsdata.state import checkpoint as ckpt
 
 
 def auto_config(info, root, every=1, keep=1, **overrides):

@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fmsdata import batchwrite
-from fmsdata.batchring import BatchRing
-from fmsdata.batchwrite import (
+from fmsdata.stages.outputs import IGNORE_INDEX
+from fmsdata.transport import batchwrite
+from fmsdata.transport.batchring import BatchRing
+from fmsdata.transport.batchwrite import (
     COPIED,
     PIECE_OUT_OF_BOUNDS,
     TOKEN_OUT_OF_RANGE,
@@ -25,8 +26,7 @@ from fmsdata.batchwrite import (
     source_kind,
     write_batches,
 )
-from fmsdata.compiled import compiled
-from fmsdata.stages.outputs import IGNORE_INDEX
+from fmsdata.util.compiled import compiled
 
 DTYPES = [np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64, np.int64]
 
@@ -142,9 +142,9 @@ def test_the_copy_asks_for_the_pieces_ahead():
 
 SHIFT_WITHOUT_JIT = """
 import numpy as np
-from fmsdata import batchwrite
-from fmsdata.batchwrite import _stream_store
-from fmsdata.compiled import compiled
+from fmsdata.transport import batchwrite
+from fmsdata.transport.batchwrite import _stream_store
+from fmsdata.util.compiled import compiled
 tokens = np.arange(6, dtype=np.int32).reshape(2, 3)
 out = np.zeros((2, 2, 2), dtype=np.int64)
 batchwrite._shift(tokens, np.array([3, 2]), np.array([1, 0]), out[0], out[1], -100, 0)

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 from support import corpus
 
-from fmsdata.catalog import discover, read_counts
 from fmsdata.cli.main import main
+from fmsdata.data.catalog import discover, read_counts
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers import ArrowDocHandler
 

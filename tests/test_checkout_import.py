@@ -13,7 +13,7 @@ SCRIPT = """
 import os
 import fmsdata
 import fmsdata.handlers
-from fmsdata.textcorpus import bundled_tokenizer_path
+from fmsdata.util.textcorpus import bundled_tokenizer_path
 print(fmsdata.build_dataloader.__module__, fmsdata.handlers.ArrowDocHandler.__name__)
 print(os.path.realpath(fmsdata.__file__))
 print(os.path.realpath(fmsdata.handlers.__file__))
@@ -62,7 +62,7 @@ print("\\n".join(failed))
 
 @pytest.mark.slow  # ~100 fresh imports in a subprocess
 def test_every_module_imports_first():
-    """A user's first fmsdata import may be any module (``from fmsdata.pipeline import
+    """A user's first fmsdata import may be any module (``from fmsdata.stages import
     Shard``): no import cycle shows only in some orders."""
     done = subprocess.run(
         [sys.executable, "-c", EACH_MODULE_FIRST], capture_output=True, text=True, timeout=300

@@ -47,7 +47,7 @@ def test_files_resume_on_any_world_size(two_rank_checkpoint, new_world):
 
 
 def test_rank_files_are_plain_state_files(two_rank_checkpoint):
-    from fmsdata.statefile import load_state
+    from fmsdata.state.file import load_state
 
     _, config, _, ckpt = two_rank_checkpoint
     assert sorted(os.listdir(ckpt)) == [
@@ -192,7 +192,7 @@ def test_a_folder_saved_before_markers_existed_still_loads(two_rank_checkpoint, 
 
 
 def test_a_state_file_written_again_after_its_marker_is_refused(two_rank_checkpoint):
-    from fmsdata.statefile import save_state
+    from fmsdata.state.file import save_state
 
     _, config, _, ckpt = two_rank_checkpoint
     later = build_dataloader(config, rank=0, world_size=2)

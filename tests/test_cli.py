@@ -36,7 +36,7 @@ def test_demo_reruns_in_its_folder_and_says_what_next(tmp_path, capsys):
     import os
 
     from fmsdata import build_dataloader
-    from fmsdata.metadata import read_metadata, special_token_ids
+    from fmsdata.data.metadata import read_metadata, special_token_ids
 
     argv = ["demo", "--dir", str(tmp_path), "--batches", "4", "--workers", "1"]
     assert main(argv) == 0

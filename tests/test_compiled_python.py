@@ -1,5 +1,5 @@
 """The kernels run as Python (what a fresh process serves its first batches with while numba
-compiles, ``fmsdata.compiled``) give the same batches as the compiled kernels: pipelines
+compiles, ``fmsdata.util.compiled``) give the same batches as the compiled kernels: pipelines
 over a range of configurations, fresh and resumed, with and without DataLoader workers,
 compared tensor for tensor; every kernel the package defines is run both ways by them."""
 
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from support import assert_same_batches, base_config, corpus, take
 
-from fmsdata import build_dataloader, compiled
-from fmsdata.compiled import compiled as compiled_decorator
+from fmsdata import build_dataloader
+from fmsdata.util import compiled
+from fmsdata.util.compiled import compiled as compiled_decorator
 
 CONFIGS = {
     "default, a long run": {"batches": 80},
@@ -110,8 +111,8 @@ def test_a_first_call_runs_in_python_and_later_ones_compiled():
 
 FORKED = r"""
 import os, numpy as np
-from fmsdata import compiled
-from fmsdata.permute import Permutations
+from fmsdata.util import compiled
+from fmsdata.util.permute import Permutations
 compiled._set_mode("background")
 # hand a compile to the thread, then fork while it may be compiling
 Permutations([10, 20], [1, 2]).apply(np.arange(5), np.zeros(5, dtype=np.int64))
@@ -235,7 +236,7 @@ def test_the_compile_queue_types_arrays_by_small_proxies():
     from proxies that hold none of their buffers."""
     import numba
 
-    from fmsdata.compiled import _type_proxy
+    from fmsdata.util.compiled import _type_proxy
 
     base = np.arange(60, dtype=np.uint16).reshape(3, 4, 5)
     readonly = np.arange(6)

@@ -16,8 +16,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from fmsdata import build_dataloader
 from fmsdata.checkpoint import LoadPlanner, SafeFileSystemReader
 from fmsdata.cli.main import main
-from fmsdata.dcpread import read_metadata, read_tensors
 from fmsdata.errors import StateMismatchError
+from fmsdata.state.dcp_read import read_metadata, read_tensors
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from support import take
 
 from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError
-from fmsdata.textcorpus import bundled_tokenizer_path
+from fmsdata.util.textcorpus import bundled_tokenizer_path
 
 BOS, EOS = 0, 1  # the bundled tokenizer's <|bos|> and <|eos|>
 # Token values that say where they came from (file, document, position), never 0 or 1.

@@ -7,7 +7,7 @@ from support import base_config, corpus, take
 
 from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError, EmptyDatasetError, ShardFormatError, StateMismatchError
-from fmsdata.statefile import state_to_bytes
+from fmsdata.state.file import state_to_bytes
 
 
 def test_missing_data_path(tmp_path):

@@ -12,7 +12,7 @@ import sys
 import pytest
 from support import run_torchrun
 
-from fmsdata.synthetic import write_corpus
+from fmsdata.data.synthetic import write_corpus
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "train_fsdp.py")
 
@@ -140,8 +140,8 @@ def load_example():
 def test_example_trains_on_the_demo_data_with_its_tokens(tmp_path):
     """The README's path: demo output -> the example, no token ids given by hand."""
     from fmsdata.cli.demo import write_raw
-    from fmsdata.textcorpus import bundled_tokenizer_path
     from fmsdata.tokenize import TokenizeSpec, run_tokenize
+    from fmsdata.util.textcorpus import bundled_tokenizer_path
 
     write_raw(str(tmp_path / "raw"))
     spec = TokenizeSpec(str(tmp_path / "tokens"), "stdlib", bundled_tokenizer_path())

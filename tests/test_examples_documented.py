@@ -17,7 +17,7 @@ from examplecommands import (
     unbroken_hashes,
 )
 
-from fmsdata.rootconfig import root_token_ids
+from fmsdata.data.rootconfig import root_token_ids
 
 pytestmark = pytest.mark.slow  # torchrun launches and example runs in subprocesses
 

@@ -11,7 +11,7 @@ from support import base_config, corpus
 from fmsdata import build_dataloader
 from fmsdata.cli.main import main
 from fmsdata.errors import ConfigError, MissingDependencyError
-from fmsdata.extras import missing
+from fmsdata.util.extras import missing
 
 BASE = {"seq_length": 8, "batch_size": 2, "logical_shards": 2, "eos_token": 1}
 

@@ -1,5 +1,5 @@
 """Workers write the final batches into a ring the main process hands out without copying
-(``fmsdata.batchring``): the batches are the packed lines shifted, and a batch the caller
+(``fmsdata.transport.batchring``): the batches are the packed lines shifted, and a batch the caller
 keeps is never written again."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 import torch
 from support import EOL, PAD, assert_same_batches, base_config, corpus, small_items, take
 
-import fmsdata.batchring
+import fmsdata.transport.batchring
 from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError
 from fmsdata.stages.outputs import IGNORE_INDEX
@@ -97,7 +97,7 @@ def test_the_check_catches_a_ring_that_reuses_kept_slots(tmp_path, monkeypatch):
     batch is still kept."""
     info = corpus(tmp_path)
     small_items(monkeypatch, kept=1)
-    ring = fmsdata.batchring.BatchRing
+    ring = fmsdata.transport.batchring.BatchRing
     monkeypatch.setattr(ring, "claim_all", naive_claim_all)
     monkeypatch.setattr(ring, "hand_out", naive_hand_out)
     config = padded_config(info, num_workers=1)
@@ -140,7 +140,7 @@ def test_batches_that_find_their_slot_held_come_in_fresh_memory(tmp_path, monkey
     config = padded_config(info, num_workers=num_workers, **STRUCTURE)
     reference = take(build_dataloader(padded_config(info, **STRUCTURE)), 40)
     monkeypatch.setattr(
-        fmsdata.batchring.BatchRing,
+        fmsdata.transport.batchring.BatchRing,
         "claim_all",
         lambda self, first, n: (np.full(n, -1), self._data),
     )
@@ -167,11 +167,11 @@ def test_too_little_shared_memory_for_the_ring_is_a_config_error(tmp_path, monke
     change, not torch's "unable to allocate shared memory" from deep inside."""
     info = corpus(tmp_path)
     loader = build_dataloader(padded_config(info, num_workers=2))
-    monkeypatch.setattr(fmsdata.batchring, "shared_memory_free", lambda: 1000)
+    monkeypatch.setattr(fmsdata.transport.batchring, "shared_memory_free", lambda: 1000)
     with pytest.raises(ConfigError, match=r"needs \d+ MiB of shared memory .* has 0 MiB free"):
         take(loader, 1)
     # Where the free space cannot be asked, torch's own refusal gets the same advice.
-    monkeypatch.setattr(fmsdata.batchring, "shared_memory_free", lambda: None)
+    monkeypatch.setattr(fmsdata.transport.batchring, "shared_memory_free", lambda: None)
 
     def refuse(self):
         raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1>")
@@ -183,5 +183,5 @@ def test_too_little_shared_memory_for_the_ring_is_a_config_error(tmp_path, monke
 
 def test_without_workers_the_ring_needs_no_shared_memory(tmp_path, monkeypatch):
     info = corpus(tmp_path)
-    monkeypatch.setattr(fmsdata.batchring, "shared_memory_free", lambda: 0)
+    monkeypatch.setattr(fmsdata.transport.batchring, "shared_memory_free", lambda: 0)
     assert len(take(build_dataloader(padded_config(info)), 3)) == 3

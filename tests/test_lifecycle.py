@@ -8,8 +8,9 @@ import textwrap
 import pytest
 from support import base_config, corpus, take
 
-from fmsdata import build_dataloader, checkpointsave
+from fmsdata import build_dataloader
 from fmsdata.checkpoint import latest_checkpoint
+from fmsdata.state import checkpointsave
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -23,7 +24,7 @@ def run_script(body: str, *args: str) -> subprocess.CompletedProcess:
 
 SLOW_SAVES = """
 import time
-from fmsdata import checkpointsave
+from fmsdata.state import checkpointsave
 real_bytes = checkpointsave.state_to_bytes
 def slow_bytes(state):  # a slow save: still running when the script ends
     time.sleep(1.0)

@@ -6,7 +6,7 @@ import torch
 from support import BOL, EOL, EOS, FIRST_TOKEN, PAD, assert_same_batches, base_config, corpus, take
 from torch.utils.data import get_worker_info
 
-import fmsdata.batchring
+import fmsdata.transport.batchring
 from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError
 
@@ -169,7 +169,7 @@ def test_int32_outputs_are_the_int64_ones_cast(tmp_path, monkeypatch, num_worker
     reference = take(build_dataloader(base_config(info, **structure)), 30)
     if not in_slot:
         monkeypatch.setattr(
-            fmsdata.batchring.BatchRing,
+            fmsdata.transport.batchring.BatchRing,
             "claim_all",
             lambda self, first, n: (np.full(n, -1), self._data),
         )

@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fmsdata.permute import derive_key, hash_index, permute
+from fmsdata.util.permute import derive_key, hash_index, permute
 
 
 @given(n=st.integers(1, 5000), key=st.integers(0, 2**64 - 1))
@@ -47,7 +47,7 @@ def test_hash_index_spreads_evenly():
 
 @given(key=st.integers(0, 2**64 - 1), start=st.integers(0, 2**40), n=st.integers(1, 10**9))
 def test_vector_hashes_match_the_scalar_ones(key, start, n):
-    from fmsdata.permute import hash_values
+    from fmsdata.util.permute import hash_values
 
     values = hash_values(key, start, 5)
     assert [v % n for v in values] == [hash_index(key, start + i, n) for i in range(5)]
@@ -55,7 +55,7 @@ def test_vector_hashes_match_the_scalar_ones(key, start, n):
 
 def test_round_constants_equal_the_per_key_rule():
     """The compiled round constants equal the rule written one key at a time."""
-    from fmsdata.permute import _ROUNDS, _mix_int, _round_constants
+    from fmsdata.util.permute import _ROUNDS, _mix_int, _round_constants
 
     keys = [derive_key(i) for i in range(50)] + [0, (1 << 64) - 1]
     sizes = np.arange(len(keys)) * 977 + 1
@@ -77,7 +77,7 @@ def test_round_constants_equal_the_per_key_rule():
 def reference_position(position, n, key):
     """Position ``position`` of the keyed permutation of ``range(n)``, in Python ints one
     round at a time (the rule ``Permutations.apply`` compiles)."""
-    from fmsdata.permute import _ROUNDS, _mix_int
+    from fmsdata.util.permute import _ROUNDS, _mix_int
 
     if n <= 1:
         return 0
@@ -104,7 +104,7 @@ def reference_position(position, n, key):
     picks=st.lists(st.tuples(st.integers(0, 5), st.floats(0, 1, exclude_max=True)), max_size=40),
 )
 def test_permutations_apply_matches_a_position_by_position_reference(sizes, keys, picks):
-    from fmsdata.permute import Permutations
+    from fmsdata.util.permute import Permutations
 
     orders = Permutations(sizes, keys[: len(sizes)])
     groups = np.array([g % len(sizes) for g, _ in picks], dtype=np.int64)

@@ -15,8 +15,8 @@ from support import (
     take,
 )
 
-import fmsdata.batchring
-import fmsdata.loader
+import fmsdata.loader.dataloader
+import fmsdata.transport.batchring
 from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError
 
@@ -39,13 +39,13 @@ def test_pinning_changes_no_batch_and_resumes_exactly(tmp_path, num_workers):
 def test_batches_are_assembled_off_the_training_thread(tmp_path, monkeypatch):
     info = corpus(tmp_path)
     threads = set()
-    assemble = fmsdata.loader.assemble_batch
+    assemble = fmsdata.loader.dataloader.assemble_batch
 
     def recording(*args, **kwargs):
         threads.add(threading.get_ident())
         return assemble(*args, **kwargs)
 
-    monkeypatch.setattr(fmsdata.loader, "assemble_batch", recording)
+    monkeypatch.setattr(fmsdata.loader.dataloader, "assemble_batch", recording)
     take(build_dataloader(pinned_config(info, num_workers=1)), 3)
     assert threads == {threading.get_ident()}
     threads.clear()
@@ -104,7 +104,7 @@ def test_pinned_batches_are_the_ring_slot_copied_whole(tmp_path, monkeypatch, nu
     pinned_blocks = []
 
     class PinlessTorch:
-        """``torch`` for fmsdata.batchring, recording the pinned blocks it is asked for."""
+        """``torch`` for fmsdata.transport.batchring, recording the pinned blocks asked for."""
 
         def __getattr__(self, name):
             return getattr(torch, name)
@@ -120,7 +120,7 @@ def test_pinned_batches_are_the_ring_slot_copied_whole(tmp_path, monkeypatch, nu
     small_items(monkeypatch, kept=1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self.clone())
-    monkeypatch.setattr(fmsdata.batchring, "torch", PinlessTorch())
+    monkeypatch.setattr(fmsdata.transport.batchring, "torch", PinlessTorch())
     config = pinned_config(info, num_workers=num_workers, pin_memory=True)
     loader = build_dataloader(config)
     got = []

@@ -17,7 +17,7 @@ from support import (
 
 from fmsdata import build_dataloader
 from fmsdata.stages.savedchain import stage_state
-from fmsdata.statefile import save_state
+from fmsdata.state.file import save_state
 
 
 def every_stage(info, **overrides):

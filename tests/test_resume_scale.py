@@ -11,9 +11,10 @@ import collections
 import pytest
 from support import assert_same_batches, base_config, corpus, take
 
-from fmsdata import build_dataloader, filecounts
+from fmsdata import build_dataloader
+from fmsdata.data import filecounts
+from fmsdata.data.indexing import index_root
 from fmsdata.handlers import ArrowDocHandler
-from fmsdata.indexing import index_root
 
 FILES = 40  # per dataset
 

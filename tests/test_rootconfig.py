@@ -15,11 +15,11 @@ from fmsdata import build_dataloader, get_dataset
 from fmsdata.cli.main import main
 from fmsdata.cli.tokenize import OUTPUT_FORMATS
 from fmsdata.config import LoaderConfig
+from fmsdata.data.rootconfig import CLI_TOKEN_OPTIONS, resolve_config, root_token_ids
 from fmsdata.errors import ConfigError
 from fmsdata.handlers.text import TextTokenizer
-from fmsdata.rootconfig import CLI_TOKEN_OPTIONS, resolve_config, root_token_ids
-from fmsdata.textcorpus import bundled_tokenizer_path, stdlib_docstrings
 from fmsdata.tokenize import TokenizeSpec, run_tokenize
+from fmsdata.util.textcorpus import bundled_tokenizer_path, stdlib_docstrings
 
 EOS, BOS, VOCAB = 1, 0, 4096  # the bundled tokenizer's <|eos|>, <|bos|> and size
 SEQ, BATCH, BATCHES = 256, 4, 150  # 600 lines of 257 tokens: seven epochs of the 150 documents

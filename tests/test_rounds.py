@@ -1,5 +1,5 @@
 """Rounds: a worker pulls each logical shard's lines for several items at once and takes
-its state once, after the round's last item (``fmsdata.transport.item_rounds``).
+its state once, after the round's last item (``fmsdata.transport.rounds.item_rounds``).
 
 The items inside a round carry no shard state: a state saved there is the shards' state
 at the previous round's end plus the lines consumed since, replayed on resume. These
@@ -26,9 +26,9 @@ from support import (
 )
 from test_user_stages import everywhere
 
-import fmsdata.transport
+import fmsdata.transport.rounds
 from fmsdata import build_dataloader
-from fmsdata.replica import ConsumedState
+from fmsdata.loader.consumed import ConsumedState
 
 TOTAL = 40
 
@@ -56,10 +56,10 @@ def test_items_come_in_rounds(monkeypatch):
     """The sizes the workers follow: growing items and the first full one a round each
     (the first batch waits for one item), then full rounds."""
     small_items(monkeypatch, per_round=3)
-    counts = fmsdata.transport.item_batch_counts(4, 33, 1)
-    rounds = fmsdata.transport.item_rounds(counts)
+    counts = fmsdata.transport.rounds.item_batch_counts(4, 33, 1)
+    rounds = fmsdata.transport.rounds.item_rounds(counts)
     assert [next(rounds) for _ in range(4)] == [[1], [2], [2, 2, 2], [2, 2, 2]]
-    one = fmsdata.transport.item_rounds([1])  # items of one batch from the start
+    one = fmsdata.transport.rounds.item_rounds([1])  # items of one batch from the start
     assert [next(one) for _ in range(2)] == [[1], [1, 1, 1]]
 
 
@@ -145,14 +145,14 @@ def test_the_check_catches_a_replica_that_counts_only_the_last_item(data, monkey
 def test_a_round_holds_as_many_items_as_its_spans_allow(monkeypatch):
     """A round's items fill ``_ROUND_SPANS`` spans, between the least and the most items
     a round may hold; a round is sized by the spans per batch seen last."""
-    monkeypatch.setattr(fmsdata.transport, "_ROUND_SPANS", 100)
-    monkeypatch.setattr(fmsdata.transport, "_MIN_ITEMS_PER_ROUND", 2)
-    monkeypatch.setattr(fmsdata.transport, "_ITEMS_PER_ROUND", 6)
-    per_round = fmsdata.transport.items_per_round
+    monkeypatch.setattr(fmsdata.transport.rounds, "_ROUND_SPANS", 100)
+    monkeypatch.setattr(fmsdata.transport.rounds, "_MIN_ITEMS_PER_ROUND", 2)
+    monkeypatch.setattr(fmsdata.transport.rounds, "_ITEMS_PER_ROUND", 6)
+    per_round = fmsdata.transport.rounds.items_per_round
     assert [per_round(s) for s in (0, 10, 16.7, 20, 34, 51, 1000)] == [6, 6, 5, 5, 2, 2, 2]
     # Spans per batch as each full round starts (the growing items are a round each).
     seen = iter([0.0, 12.5, 30.0, 2.0])
-    rounds = fmsdata.transport.item_rounds([1, 2], lambda: next(seen))
+    rounds = fmsdata.transport.rounds.item_rounds([1, 2], lambda: next(seen))
     assert [next(rounds) for _ in range(6)] == [[1], [2], [2] * 6, [2] * 4, [2] * 2, [2] * 6]
 
 
@@ -168,7 +168,7 @@ def test_rounds_of_changing_size_change_no_batch_and_resume_exactly(data, monkey
         asked.append(spans_per_item)
         return next(sizes)
 
-    monkeypatch.setattr(fmsdata.transport, "items_per_round", next_size)
+    monkeypatch.setattr(fmsdata.transport.rounds, "items_per_round", next_size)
     head = build_dataloader(config(info, num_workers=num_workers), stages=everywhere)
     got = take(head, 17)
     resumed = build_dataloader(config(info, num_workers=num_workers), stages=everywhere)

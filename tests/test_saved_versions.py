@@ -17,8 +17,8 @@ import pytest
 import torch
 from support import assert_same_batches, base_config, corpus, global_steps, rank_loaders, take
 
-from fmsdata.loaderstate import STATE_VERSION
-from fmsdata.statefile import load_state
+from fmsdata.state.file import load_state
+from fmsdata.state.format import STATE_VERSION
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures")
 VERSIONS = (3, 4)
@@ -98,8 +98,8 @@ def _drop_every_fifth(tokens, document_id):
 
 
 def _filtered(shard):
-    from fmsdata.pipeline import default_stages
     from fmsdata.stages import DocumentFilter
+    from fmsdata.stages.shard import default_stages
 
     return DocumentFilter(default_stages(shard), _drop_every_fifth)
 
@@ -124,7 +124,7 @@ def _as_v3(state):
     ] + [
         {
             "path": None,
-            "stage": "fmsdata.stages.materialize.LineWriter",
+            "stage": "fmsdata.worker.materialize.LineWriter",
             "role": "materialize",
             "settings": writer,
         }

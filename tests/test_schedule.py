@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fmsdata.schedule import WeightSchedule
+from fmsdata.stages.schedule import WeightSchedule
 
 
 def reference_clock_at(targets, d, tokens):

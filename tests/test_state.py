@@ -9,10 +9,10 @@ import pytest
 from support import assert_same_batches, base_config, corpus, roundtrip, take
 
 from fmsdata import build_dataloader
+from fmsdata.data.synthetic import write_corpus
 from fmsdata.errors import StateMismatchError
 from fmsdata.stages.savedchain import stage_state
-from fmsdata.statefile import load_state, save_state, state_to_bytes
-from fmsdata.synthetic import write_corpus
+from fmsdata.state.file import load_state, save_state, state_to_bytes
 
 PLAIN = (int, float, str, bool, type(None))
 
@@ -129,10 +129,10 @@ def _worker_memory(loader):
 
 @pytest.mark.slow
 def test_worker_memory_stays_flat_over_a_long_run(tmp_path, monkeypatch):
-    import fmsdata.dataset
+    import fmsdata.worker.dataset
 
     # A small budget for mapped shard pages, so a small corpus shows the effect.
-    monkeypatch.setattr(fmsdata.dataset, "MAPPED_BUDGET", 4 << 20)
+    monkeypatch.setattr(fmsdata.worker.dataset, "MAPPED_BUDGET", 4 << 20)
     info = write_corpus(tmp_path, {"a": 8, "b": 8}, docs_per_file=200, mean_length=4000)
     corpus_bytes = sum(p.stat().st_size for p in tmp_path.rglob("*.arrow"))
     config = dict(

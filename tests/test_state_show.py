@@ -2,7 +2,7 @@
 
 The truth is counted independently of the state: from the token values of the batches
 (each corpus token value names its dataset, file, document and position). The counts
-come from the stages' own reports (``fmsdata.report``), so a chain without a shuffle
+come from the stages' own reports (``fmsdata.state.report``), so a chain without a shuffle
 buffer, a user's stage holding lines and skips are counted exactly once the lines in
 flight are replayed (``snapshot(settle=True)``, what ``state show --config`` reads).
 """
@@ -16,9 +16,9 @@ from test_user_stages import SwapPairs
 from fmsdata import build_dataloader
 from fmsdata.cli.main import main
 from fmsdata.cli.state import summarize
-from fmsdata.pipeline import default_stages
 from fmsdata.stages import DocumentFilter
-from fmsdata.statefile import save_state
+from fmsdata.stages.shard import default_stages
+from fmsdata.state.file import save_state
 
 
 def pack_only(shard):

@@ -14,9 +14,9 @@ from support import base_config, corpus, take
 from fmsdata import build_dataloader
 from fmsdata.cli.main import main
 from fmsdata.errors import StateMismatchError
-from fmsdata.statecheck import plain_problem
-from fmsdata.statefile import save_state, state_from_bytes, state_to_bytes
-from fmsdata.zipwrite import RLE, STRINGS, zip_bytes
+from fmsdata.state.file import save_state, state_from_bytes, state_to_bytes
+from fmsdata.util.statecheck import plain_problem
+from fmsdata.util.zipwrite import RLE, STRINGS, zip_bytes
 
 
 def test_zip_members_read_back_by_zipfile():

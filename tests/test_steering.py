@@ -25,7 +25,7 @@ from support import (
 from fmsdata import build_dataloader
 from fmsdata.cli.main import main
 from fmsdata.errors import StateMismatchError
-from fmsdata.statefile import save_state
+from fmsdata.state.file import save_state
 
 
 def shares(info, batches, names):

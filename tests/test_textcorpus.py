@@ -9,7 +9,7 @@ def test_a_file_named_like_a_stdlib_module_is_not_run(tmp_path):
     ``imp.py`` there must not be imported (run) in place of the standard library's."""
     (tmp_path / "imp.py").write_text("raise SystemExit('the stray imp.py ran')\n")
     script = (
-        "from fmsdata.textcorpus import stdlib_docstrings\n"
+        "from fmsdata.util.textcorpus import stdlib_docstrings\n"
         "texts = list(stdlib_docstrings(limit=None))\n"
         "print(len(texts))\n"
     )

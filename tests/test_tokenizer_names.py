@@ -10,7 +10,7 @@ from fmsdata import build_dataloader
 from fmsdata.cli.main import main
 from fmsdata.errors import ConfigError
 from fmsdata.handlers.text import TextTokenizer
-from fmsdata.textcorpus import bundled_tokenizer_path, resolve_tokenizer
+from fmsdata.util.textcorpus import bundled_tokenizer_path, resolve_tokenizer
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Return the number of items."]
 

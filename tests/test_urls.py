@@ -9,6 +9,7 @@ each is tried with a URL of a known protocol and of an unknown one.
 
 import argparse
 import dataclasses
+import importlib
 import os
 
 import pytest
@@ -17,7 +18,7 @@ from fmsdata.cli.main import build_parser, main
 from fmsdata.cli.parser import PathArg
 from fmsdata.config import PATH_FIELDS, SECTIONS, LoaderConfig
 from fmsdata.errors import ConfigError
-from fmsdata.urls import is_url, local_path, location, url_scheme
+from fmsdata.util.urls import is_url, local_path, location, url_scheme
 
 UNKNOWN = "s4://bucket/x"  # no fsspec protocol: refused everywhere
 KNOWN = "s3://bucket/x"  # usable where a place may be remote, refused where it must be local
@@ -304,27 +305,27 @@ FUNCTIONS = [
     ),
     (
         "save_state(path)",
-        lambda v, mp: __import__("fmsdata.statefile").statefile.save_state(v, {}),
+        lambda v, mp: importlib.import_module("fmsdata.state.file").save_state(v, {}),
         "local",
     ),
     (
         "load_state(path)",
-        lambda v, mp: __import__("fmsdata.statefile").statefile.load_state(v),
+        lambda v, mp: importlib.import_module("fmsdata.state.file").load_state(v),
         "local",
     ),
     (
         "peek_state(path)",
-        lambda v, mp: __import__("fmsdata.statefile").statefile.peek_state(v),
+        lambda v, mp: importlib.import_module("fmsdata.state.file").peek_state(v),
         "local",
     ),
     (
         "SafeFileSystemReader(path)",
-        lambda v, mp: __import__("fmsdata.dcpread").dcpread.SafeFileSystemReader(v),
+        lambda v, mp: importlib.import_module("fmsdata.state.dcp_read").SafeFileSystemReader(v),
         "local",
     ),
     (
         "read_metadata(folder)",
-        lambda v, mp: __import__("fmsdata.dcpread").dcpread.read_metadata(v),
+        lambda v, mp: importlib.import_module("fmsdata.state.dcp_read").read_metadata(v),
         "local",
     ),
     ("output_dir", lambda v, mp: _tokenize_spec(output_dir=v), "local"),
@@ -342,12 +343,14 @@ FUNCTIONS = [
     ("$FMSDATA_CACHE", _env_cache, "local"),
     (
         "index_root(root)",
-        lambda v, mp: __import__("fmsdata.indexing").indexing.index_root(v, None),
+        lambda v, mp: importlib.import_module("fmsdata.data.indexing").index_root(v, None),
         "write",
     ),
     (
         "index_root(cache_dir)",
-        lambda v, mp: __import__("fmsdata.indexing").indexing.index_root("r", None, cache_dir=v),
+        lambda v, mp: importlib.import_module("fmsdata.data.indexing").index_root(
+            "r", None, cache_dir=v
+        ),
         "local",
     ),
     ("metadata", lambda v, mp: __import__("fmsdata").get_dataset(v, 8), "read"),
@@ -362,10 +365,14 @@ FUNCTIONS = [
         lambda v, mp: __import__("fmsdata.remote.mirror").remote.mirror.plan_mirror("s", v, None),
         "local",
     ),
-    ("--plot", lambda v, mp: __import__("fmsdata.plots").plots.check_plot_target(v), "local"),
+    (
+        "--plot",
+        lambda v, mp: importlib.import_module("fmsdata.cli.plots").check_plot_target(v),
+        "local",
+    ),
     (
         "write_corpus(root)",
-        lambda v, mp: __import__("fmsdata.synthetic").synthetic.write_corpus(v, {"a": 1}),
+        lambda v, mp: importlib.import_module("fmsdata.data.synthetic").write_corpus(v, {"a": 1}),
         "local",
     ),
     ("tokenizer_path", lambda v, mp: _fms(tokenizer_path=v), "local"),

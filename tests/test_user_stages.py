@@ -22,10 +22,10 @@ from support import (
 
 from fmsdata import ConfigError, StateMismatchError, build_dataloader
 from fmsdata.cli.main import main
-from fmsdata.pipeline import Shard, default_stages
 from fmsdata.stages import SpanStage, TokenStage
-from fmsdata.stages.base import SAVED_SPAN_WIDTH, restore_spans
-from fmsdata.statefile import save_state
+from fmsdata.stages.shard import Shard, default_stages
+from fmsdata.stages.spans import SAVED_SPAN_WIDTH, restore_spans
+from fmsdata.state.file import save_state
 
 
 class SwapPairs(SpanStage):

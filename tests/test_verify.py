@@ -13,10 +13,10 @@ import yaml
 
 from fmsdata.cli.main import main
 from fmsdata.cli.objects import load_object
+from fmsdata.data.synthetic import write_corpus
 from fmsdata.errors import ConfigError
 from fmsdata.stages import SpanStage, TokenStage
-from fmsdata.synthetic import write_corpus
-from fmsdata.verify import verify
+from fmsdata.verify.runs import verify
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")

@@ -102,7 +102,7 @@ def test_a_rank_state_alone_cannot_rescale(tmp_path):
     rounds=st.integers(1, 6),
 )
 def test_row_dealer_follows_the_fewest_emitted_rule(counts, batch, rounds):
-    from fmsdata.topology import RowDealer
+    from fmsdata.worker.topology import RowDealer
 
     dealer = RowDealer(list(counts))
     expected = list(counts)
@@ -123,7 +123,7 @@ def test_row_dealer_follows_the_fewest_emitted_rule(counts, batch, rounds):
 def test_workers_split_the_shards_evenly_and_level_batches_whole_when_runs_divide(
     n_local, workers, batch, rounds
 ):
-    from fmsdata.topology import RowDealer, worker_shards
+    from fmsdata.worker.topology import RowDealer, worker_shards
 
     split = [worker_shards(n_local, w, workers, batch) for w in range(workers)]
     assert sorted(s for part in split for s in part) == list(range(n_local))

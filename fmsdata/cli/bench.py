@@ -12,7 +12,7 @@ timed. ``--workers 0,1,2`` measures each worker count in turn on a fresh loader.
 
 Kernels are compiled on their first call here (``FMSDATA_COMPILE=foreground``, in the
 DataLoader workers too), not in the background while their calls run as Python as in a
-training process (``fmsdata.compiled``): with an empty cache the timed window would
+training process (``fmsdata.util.compiled``): with an empty cache the timed window would
 otherwise hold batches made in Python. So the first batch includes compiling what is not
 yet in numba's cache.
 """
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, cast
 from fmsdata.cli.parser import PathArg, non_negative_int, positive_int
 
 if TYPE_CHECKING:
-    from fmsdata.dataset import RankLineDataset
     from fmsdata.loader import FmsDataLoader
+    from fmsdata.worker.dataset import RankLineDataset
 
 __all__ = ["add_parser", "run", "measure", "fill_batches", "tokens_per_second"]
 
@@ -108,7 +108,7 @@ def measure(
     """Figures of one loader: first batch latency, steady tokens/s and what was timed (after
     ``fill_batches`` + ``warmup`` untimed batches, at least ``batches`` batches and
     ``seconds``), the state's size and save/load times."""
-    from fmsdata.statefile import state_from_bytes, state_to_bytes
+    from fmsdata.state.file import state_from_bytes, state_to_bytes
 
     start = time.perf_counter()
     iterator = iter(loader)
@@ -167,9 +167,9 @@ def describe(figures: dict[str, Any], config: Any, owned: int) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fmsdata import compiled
     from fmsdata.config import LoaderConfig
     from fmsdata.loader import build_dataloader
+    from fmsdata.util import compiled
 
     config = LoaderConfig.from_yaml(args.config, args.overrides)
     counts = args.workers if args.workers is not None else [config.num_workers]

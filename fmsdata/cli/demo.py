@@ -58,7 +58,7 @@ def write_raw(folder: str) -> tuple[int, int]:
     A file already holding exactly these bytes is left alone (its modification time
     too), so that a rerun finds the same inputs and tokenize skips its finished shards.
     """
-    from fmsdata.textcorpus import stdlib_docstrings
+    from fmsdata.util.textcorpus import stdlib_docstrings
 
     os.makedirs(folder, exist_ok=True)
     texts = list(stdlib_docstrings())
@@ -78,8 +78,8 @@ def write_raw(folder: str) -> tuple[int, int]:
 
 def loader_config(root: str, workers: int) -> dict:
     """The demo's loader settings, with BOS/EOS from the root's metadata.json."""
+    from fmsdata.data.metadata import read_metadata, special_token_ids
     from fmsdata.errors import ConfigError
-    from fmsdata.metadata import read_metadata, special_token_ids
 
     tokens = special_token_ids(read_metadata(root) or {})
     if "bos" not in tokens or "eos" not in tokens:
@@ -137,13 +137,13 @@ def _train_example() -> tuple[str, str]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from fmsdata.data.indexing import index_root
     from fmsdata.handlers import ArrowDocHandler
     from fmsdata.handlers.text import TextTokenizer
-    from fmsdata.indexing import index_root
     from fmsdata.loader import build_dataloader
-    from fmsdata.statefile import load_state, save_state
-    from fmsdata.textcorpus import bundled_tokenizer_path
+    from fmsdata.state.file import load_state, save_state
     from fmsdata.tokenize import TokenizeSpec, run_tokenize
+    from fmsdata.util.textcorpus import bundled_tokenizer_path
 
     # Absolute, so the commands it prints run from any folder.
     work = os.path.abspath(args.dir) if args.dir else tempfile.mkdtemp(prefix="fmsdata-demo-")

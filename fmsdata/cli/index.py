@@ -33,7 +33,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fmsdata.indexing import index_root
+    from fmsdata.data.indexing import index_root
 
     handler = handler_from_args(args)
     datasets = [d for d in args.datasets.split(",") if d] if args.datasets else None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fmsdata.cli.parser import PathArg, non_negative_int
 from fmsdata.cli.progress import Progress
 from fmsdata.cli.storage_options import add_storage_options, remote_cache_dir, storage_from_args
-from fmsdata.textcorpus import TOKENIZER_HINT
+from fmsdata.util.textcorpus import TOKENIZER_HINT
 
 if TYPE_CHECKING:
     import numpy as np
@@ -107,7 +107,7 @@ def _files(path: str, handler, storage) -> tuple[str, dict[str, list[str]]]:
     """``(root, {dataset: shard paths relative to root})`` of a file, a dataset folder or a
     data root. Shards directly in the folder make it one dataset named after it; else each
     top-level folder holding shards is a dataset (shards nested freely below it)."""
-    from fmsdata.catalog import discover
+    from fmsdata.data.catalog import discover
 
     fs, base = storage.filesystem(path)
     name = path.rstrip("/").rsplit("/", 1)[-1] or path
@@ -159,9 +159,9 @@ def _use_root_metadata(args: argparse.Namespace, storage) -> None:
     """Fill what ``--file-type``, ``--tokenizer`` and ``--separator`` leave unset from the
     ``metadata.json`` of the root ``args.path`` lies in (the datasets' format, the tokenizer
     bundled there and its EOS), and refuse a given one that contradicts it, by the rule
-    the loader applies to its config (``fmsdata.metadata.agree``)."""
+    the loader applies to its config (``fmsdata.data.metadata.agree``)."""
+    from fmsdata.data.metadata import METADATA_FILE, agree, check_file_type, root_facts
     from fmsdata.mapstyle.source import find_root_metadata
-    from fmsdata.metadata import METADATA_FILE, agree, check_file_type, root_facts
     from fmsdata.remote.storage import is_local
 
     found = find_root_metadata(args.path, storage)
@@ -192,7 +192,7 @@ def _recorded_counts(root: str, files: list[str], storage) -> tuple[str, dict[st
     """The counts metadata (``meta/*counts*.csv``) of the data root that ``root`` lies in
     (itself or up to three folders above): ``(counts root, {file under root: documents})``
     for the inspected files it records; empty when there is none."""
-    from fmsdata.catalog import read_counts
+    from fmsdata.data.catalog import read_counts
 
     base = root.rstrip("/")
     for _ in range(4):
@@ -210,9 +210,9 @@ def _recorded_counts(root: str, files: list[str], storage) -> tuple[str, dict[st
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from fmsdata.access import count_mismatch
+    from fmsdata.data.access import count_mismatch
+    from fmsdata.data.indexing import CACHE_LIMIT
     from fmsdata.handlers.text import TextTokenizer
-    from fmsdata.indexing import CACHE_LIMIT
     from fmsdata.remote.cache import file_source
 
     plot = _plotter(args.plot)
@@ -300,7 +300,7 @@ def _plotter(path: str | None):
     """The plotting function when ``--plot`` was given, checked before any reading."""
     if path is None:
         return None
-    from fmsdata.plots import check_plot_target, plot_documents
+    from fmsdata.cli.plots import check_plot_target, plot_documents
 
     check_plot_target(path)
     return plot_documents

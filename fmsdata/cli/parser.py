@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from fmsdata.errors import ConfigError
-from fmsdata.urls import local_path, location
+from fmsdata.util.urls import local_path, location
 
 __all__ = [
     "ArgumentParser",
@@ -70,7 +70,7 @@ non_negative_int = int_at_least(0)
 
 
 class PathArg:
-    """An argparse ``type`` for a path argument, checked by ``fmsdata.urls``: ``"local"``, a
+    """An argparse ``type`` for a path argument, checked by ``fmsdata.util.urls``: ``"local"``, a
     path on this machine (a URL is refused by name, never made a local folder called
     ``s3:``; ``file://`` is its path); ``"read"`` or ``"write"``, a local path or a URL of
     any fsspec filesystem (an unknown protocol is refused; ``"write"`` refuses read-only

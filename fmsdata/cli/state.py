@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from fmsdata.cli.parser import PathArg
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.urls import is_url, local_path, location, url_scheme
+from fmsdata.util.urls import is_url, local_path, location, url_scheme
 
 if TYPE_CHECKING:
     from fmsdata.remote.storage import Storage
@@ -86,9 +86,9 @@ def read_states(path: str, storage: Storage | None = None) -> tuple[str, list[di
     """(where the states were found, every rank's snapshot) for any supported ``path``: a
     local path or a URL (``storage`` says how to reach it); a DCP folder only locally."""
     from fmsdata.checkpoint import latest_checkpoint, read_checkpoint
-    from fmsdata.checkpointsave import state_names
     from fmsdata.remote.folder import Folder
-    from fmsdata.statefile import state_from_bytes
+    from fmsdata.state.checkpointsave import state_names
+    from fmsdata.state.file import state_from_bytes
 
     here = Folder(location(path, "PATH"), storage)
     if here.is_file():
@@ -137,8 +137,8 @@ def _newest_dcp_step(path: str) -> str | None:
 
 
 def _read_dcp(path: str) -> list[dict[str, Any]]:
-    from fmsdata.dcpread import read_metadata, read_tensors
-    from fmsdata.loaderstate import LoaderState
+    from fmsdata.state.dcp_read import read_metadata, read_tensors
+    from fmsdata.state.format import LoaderState
 
     metadata = read_metadata(path)
     entries = read_tensors(path, metadata, _is_loader_key)
@@ -149,7 +149,7 @@ def _read_dcp(path: str) -> list[dict[str, Any]]:
 
 
 def _is_loader_key(key: str) -> bool:
-    from fmsdata.loaderstate import META_KEY, SHARD_PREFIX
+    from fmsdata.state.format import META_KEY, SHARD_PREFIX
 
     leaf = key.rsplit(".", 1)[-1]
     return leaf == META_KEY or leaf.startswith(SHARD_PREFIX)
@@ -158,11 +158,11 @@ def _is_loader_key(key: str) -> bool:
 def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per dataset and per logical shard: epoch, position, documents, tokens, skips; what
     was delivered, and what each stage counts, as the stages report them
-    (``fmsdata.report``). ``left_out`` says what the counts leave out (lines emitted after
+    (``fmsdata.state.report``). ``left_out`` says what the counts leave out (lines emitted after
     a shard's recorded state, stages this process cannot ask), None when they are exact."""
-    from fmsdata.loaderstate import LoaderState
-    from fmsdata.report import DELIVERY_KEYS, shard_report
     from fmsdata.stages.savedchain import stage_types
+    from fmsdata.state.format import LoaderState
+    from fmsdata.state.report import DELIVERY_KEYS, shard_report
 
     # Through the one reader of the format: checked, and an older version read as today's.
     states = [LoaderState.from_plain(state).to_plain() for state in states]
@@ -310,7 +310,7 @@ def _fraction(value: float | None) -> str:
 
 def run_show(args: argparse.Namespace) -> int:
     if args.plot is not None:
-        from fmsdata.plots import check_plot_target, plot_state
+        from fmsdata.cli.plots import check_plot_target, plot_state
 
         check_plot_target(args.plot)
     where, states = read_states(args.path, storage_from_args(args))

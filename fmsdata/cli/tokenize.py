@@ -10,7 +10,7 @@ from typing import Any
 
 from fmsdata.cli.parser import PathArg, non_negative_int, positive_int
 from fmsdata.cli.progress import Progress
-from fmsdata.textcorpus import TOKENIZER_HINT
+from fmsdata.util.textcorpus import TOKENIZER_HINT
 
 __all__ = ["add_parser", "run", "parse_size"]
 

@@ -74,7 +74,7 @@ def _counts(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from fmsdata.config import LoaderConfig
     from fmsdata.handlers import FileHandler, register_handler
-    from fmsdata.verify import verify
+    from fmsdata.verify.runs import verify
 
     for spec in args.handler:
         cls = load_object(spec, "--handler")

@@ -1,7 +1,7 @@
 """``fmsdata warm [CONFIG ...]``: compile the loader's kernels into numba's disk cache now.
 
 A process that finds its kernels in the cache loads them in milliseconds; one that does not
-serves its first batches in Python while it compiles them (``fmsdata.compiled``). Where
+serves its first batches in Python while it compiles them (``fmsdata.util.compiled``). Where
 every job starts on a fresh machine or container, run this once where the cache is kept:
 in the image build (``RUN fmsdata warm``; the cache is numba's ``__pycache__`` beside the
 installed package, or ``NUMBA_CACHE_DIR``), or on a shared cache folder. Kernels are
@@ -76,7 +76,7 @@ def builtin_configs(folder: str) -> list[Any]:
     import numpy as np
 
     from fmsdata.config import LoaderConfig
-    from fmsdata.synthetic import write_corpus
+    from fmsdata.data.synthetic import write_corpus
 
     configs = []
     for dtype in (np.uint16, np.uint32):
@@ -108,8 +108,8 @@ def builtin_configs(folder: str) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fmsdata import compiled
     from fmsdata.config import LoaderConfig
+    from fmsdata.util import compiled
 
     started = time.perf_counter()
     batches = 0

@@ -49,8 +49,8 @@ from fmsdata.config import LoaderConfig
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.loader import FmsDataLoader, build_dataloader
 from fmsdata.remote.folder import Folder
-from fmsdata.textcorpus import TOKENIZER_HINT
-from fmsdata.urls import is_url, local_path, location
+from fmsdata.util.textcorpus import TOKENIZER_HINT
+from fmsdata.util.urls import is_url, local_path, location
 
 __all__ = [
     "FMS_DEFAULTS",

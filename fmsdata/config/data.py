@@ -19,7 +19,7 @@ DEFAULT_FILE_TYPE = "arrow"
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """The data root and the format options of its files: what the catalog lists and the
-    format handler reads with (``fmsdata.dataformat.handler_for``). Which of the root's
+    format handler reads with (``fmsdata.data.dataformat.handler_for``). Which of the root's
     datasets are read is the ``mix`` section's ``datasets``.
 
     Attributes:

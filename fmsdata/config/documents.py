@@ -72,7 +72,7 @@ class DocumentsConfig:
         bos_token, eos_token: Added at the start / end of every document when set; a
             document that already starts / ends with that token (``pbin``, ``npy``, or as
             the root's ``metadata.json`` records) keeps just one. Elsewhere a file most of
-            whose sampled documents already carry it is refused (``fmsdata.delimiters``):
+            whose sampled documents already carry it is refused (``fmsdata.data.delimiters``):
             list it in ``strip_tokens``, or unset the field. Unset ``eos_token`` is
             the EOS the root's ``metadata.json`` records; a set one must agree with it,
             as must a set ``bos_token`` with the tokenizer's BOS recorded there.

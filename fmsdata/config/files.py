@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from fmsdata.errors import ConfigError
-from fmsdata.urls import local_path
+from fmsdata.util.urls import local_path
 
 __all__ = ["read_yaml", "parse_overrides", "FMS_WRAPPER"]
 

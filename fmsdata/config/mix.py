@@ -1,6 +1,6 @@
 """The ``mix`` section: which datasets are read and in what token shares over the run.
 
-Its fields are the loader state's mix (``fmsdata.fingerprint.MIX_FIELDS``): what a resume
+Its fields are the loader state's mix (``fmsdata.state.fingerprint.MIX_FIELDS``): what a resume
 with ``allow_mix_change`` may change.
 """
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fmsdata.errors import ConfigError
-from fmsdata.textcorpus import TOKENIZER_HINT
-from fmsdata.urls import local_path, location
+from fmsdata.util.textcorpus import TOKENIZER_HINT
+from fmsdata.util.urls import local_path, location
 
 __all__ = [
     "split_csv",
@@ -89,7 +89,7 @@ def optional_token(field: str, value: Any) -> int | None:
     return int(token)
 
 
-# Every field that holds a path, and where it may be (``fmsdata.urls``): "read" and
+# Every field that holds a path, and where it may be (``fmsdata.util.urls``): "read" and
 # "write", a local path or a URL of any fsspec filesystem (read from, or written to);
 # "local", a path on this machine (a URL is refused by name, never made a local folder).
 PATH_FIELDS = {

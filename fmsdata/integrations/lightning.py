@@ -38,9 +38,9 @@ from typing import Any
 
 from fmsdata.config import LoaderConfig, as_config
 from fmsdata.errors import ConfigError
-from fmsdata.extras import require
 from fmsdata.integrations.ranks import FORMAT, carried_state, packed_union, resolve_dp
 from fmsdata.loader import FmsDataLoader, build_dataloader
+from fmsdata.util.extras import require
 
 require("pytorch_lightning", "fmsdata.integrations.lightning")
 

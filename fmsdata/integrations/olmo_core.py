@@ -41,9 +41,9 @@ import torch
 
 from fmsdata.config import LoaderConfig
 from fmsdata.errors import ConfigError
-from fmsdata.extras import require
 from fmsdata.integrations.ranks import carried_state, packed_union, resolve_dp
 from fmsdata.loader import FmsDataLoader, build_dataloader
+from fmsdata.util.extras import require
 
 require("olmo_core", "fmsdata.integrations.olmo_core")
 

@@ -20,7 +20,7 @@ its format::
      ...,
      "fmsdata_shard_{L-1:05d}": b"PK..."}
 
-Reading it parses JSON and state files (``fmsdata.statefile``: JSON and ``.npy`` headers
+Reading it parses JSON and state files (``fmsdata.state.file``: JSON and ``.npy`` headers
 with ``allow_pickle=False``); nothing of fmsdata's is pickled. (The trainers' own checkpoint
 writers serialize the dict with ``torch.save`` or DCP; that layer is theirs.)
 
@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.loaderstate import META_KEY, SHARD_PREFIX
+from fmsdata.state.format import META_KEY, SHARD_PREFIX
 
 __all__ = ["FORMAT", "carried_state", "gather_rank_payloads", "packed_union", "resolve_dp"]
 

@@ -20,17 +20,17 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from fmsdata.data.indexing import CACHE_LIMIT
 from fmsdata.errors import ConfigError
 from fmsdata.handlers import make_handler
 from fmsdata.handlers.derived import default_cache_dir
-from fmsdata.indexing import CACHE_LIMIT
 from fmsdata.mapstyle.files import StreamFiles, list_stream_files
 from fmsdata.mapstyle.source import RootSpec, resolve_root
 from fmsdata.mapstyle.windows import StreamReader
-from fmsdata.permute import derive_key, permute
 from fmsdata.remote.cache import file_source
 from fmsdata.remote.storage import Storage
-from fmsdata.urls import local_path
+from fmsdata.util.permute import derive_key, permute
+from fmsdata.util.urls import local_path
 
 __all__ = ["TokenWindowDataset", "get_dataset", "SPLITS"]
 
@@ -266,7 +266,7 @@ def get_dataset(
             ``pad_token_id``; the padding is a document of its own).
         eos_token: The token between documents (default: the metadata's EOS; a different
             one is refused, as are ``file_type`` and a ``vocab_size`` smaller than the
-            metadata's: see ``fmsdata.metadata.agree``).
+            metadata's: see ``fmsdata.data.metadata.agree``).
         documents_end_with_eos: Whether the stored documents already end with
             ``eos_token`` (Megatron data written with ``--append-eod``, Arrow or Parquet
             another tool wrote with its EOS). None (default): as the root's

@@ -11,7 +11,7 @@ reading options), so later datasets over the same root, in any process, open not
 Where an EOS is added, only the documents can tell that they already end with one
 (Megatron data written with ``--append-eod``, Arrow another tool wrote with its EOS), and
 a doubled EOS is silent in every window. So a file an EOS is added to has a few of its
-documents' ends sampled (``fmsdata.delimiters.sample_edges``) each time a process first
+documents' ends sampled (``fmsdata.data.delimiters.sample_edges``) each time a process first
 opens it, when counting it and before reading a window from it, and most of them ending
 with the EOS is refused (``check_stored_eos``), unless the caller said
 ``documents_end_with_eos=False``. The cache key holds whether files are checked, so a
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.catalog import discover, read_counts
-from fmsdata.delimiters import most_carry, sample_edges
+from fmsdata.data.catalog import discover, read_counts
+from fmsdata.data.delimiters import most_carry, sample_edges
 from fmsdata.errors import ConfigError, EmptyDatasetError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.npy_header import load_npy
@@ -161,7 +161,7 @@ def list_stream_files(
 
 def check_stored_eos(handler: FileHandler, reader: Any, path: str, eos: int) -> None:
     """Refuse to add ``eos`` after the documents of a file most of whose sampled
-    documents already end with it (the sample and the rule of ``fmsdata.delimiters``).
+    documents already end with it (the sample and the rule of ``fmsdata.data.delimiters``).
 
     Args:
         handler, reader: The file's handler and its open reader.

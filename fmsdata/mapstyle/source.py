@@ -18,8 +18,7 @@ from typing import Any
 
 import yaml
 
-from fmsdata.errors import ConfigError
-from fmsdata.metadata import (
+from fmsdata.data.metadata import (
     EOS_NAMES,
     FORMAT_FILE_TYPES,
     agree,
@@ -27,8 +26,9 @@ from fmsdata.metadata import (
     check_vocab_size,
     root_facts,
 )
+from fmsdata.errors import ConfigError
 from fmsdata.remote.storage import Storage
-from fmsdata.urls import is_url, location
+from fmsdata.util.urls import is_url, location
 
 __all__ = [
     "RootSpec",
@@ -157,7 +157,7 @@ def resolve_root(
 ) -> RootSpec:
     """The root ``metadata`` names, with what its metadata says about reading it. Arguments
     left None take the recorded values; given ones must agree with fmsdata metadata
-    (``fmsdata.metadata.agree``, the rule the loader applies to its config). tatm metadata
+    (``fmsdata.data.metadata.agree``, the rule the loader applies to its config). tatm metadata
     records no ``documents_end_with_eos``: its files store the EOS unless the caller says
     they do not.
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.access import ReaderCache
+from fmsdata.data.access import ReaderCache
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.flat import FlatTokensHandler

@@ -29,7 +29,7 @@ from typing import Any
 from fmsdata.errors import RemoteIOError
 from fmsdata.remote.retry import retrying
 from fmsdata.remote.storage import Storage, is_local
-from fmsdata.urls import url_scheme
+from fmsdata.util.urls import url_scheme
 
 __all__ = ["Folder", "ATOMIC_PUT_PROTOCOLS"]
 

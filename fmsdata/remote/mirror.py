@@ -33,7 +33,7 @@ from fmsdata.remote.transfer import (
     md5_of_etag,
     object_info,
 )
-from fmsdata.urls import local_path, location
+from fmsdata.util.urls import local_path, location
 
 __all__ = ["MirrorPlan", "MirrorResult", "plan_mirror", "run_mirror", "refusal", "MANIFEST"]
 

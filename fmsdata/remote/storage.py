@@ -24,8 +24,8 @@ from fsspec.utils import get_protocol
 
 from fmsdata.config import RemoteConfig
 from fmsdata.errors import ConfigError
-from fmsdata.extras import PROTOCOL_PACKAGES, missing
 from fmsdata.remote.retry import RetryPolicy
+from fmsdata.util.extras import PROTOCOL_PACKAGES, missing
 
 __all__ = ["Storage", "is_local", "filesystem_class"]
 

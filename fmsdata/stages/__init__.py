@@ -1,6 +1,6 @@
 """The stages of a logical shard's pipeline, and the protocol your own stages follow.
 
-Each logical shard runs a chain of stages built by a *stage factory* (``fmsdata.pipeline``);
+Each logical shard runs a chain of stages built by a *stage factory* (``fmsdata.stages.shard``);
 the default one is ``shard.shuffle(shard.pack(shard.documents()))``: document walks per
 dataset mixed by token share (``TokenShareMixer``, the document source), packed into lines
 (``LinePacker``), shuffled (``ShuffleBuffer``). Two kinds of stage extend it:
@@ -88,10 +88,14 @@ from fmsdata.stages.fim import FillInMiddle
 from fmsdata.stages.mixing import DatasetStreams, TokenShareMixer
 from fmsdata.stages.outputs import TokenLine
 from fmsdata.stages.packing import LinePacker
+from fmsdata.stages.shard import Shard, StageFactory, default_stages
 from fmsdata.stages.shuffle import ShuffleBuffer
 from fmsdata.stages.source import Documents, DocumentSource
 
 __all__ = [
+    "Shard",
+    "StageFactory",
+    "default_stages",
     "Stage",
     "SpanStage",
     "TokenStage",

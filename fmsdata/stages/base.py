@@ -1,32 +1,20 @@
-"""What every pipeline stage shares, and the span layout lines are made of.
-
-Everything before materialization works on *spans*, never on tokens: a span is one row
-``(dataset, file, doc, start, length)`` naming ``length`` tokens of a *decorated*
-document (BOS + stripped tokens + EOS) starting at ``start``. A packed line is an int64
-array of spans; its tokens are read from the shard files only when the line is emitted.
-That keeps buffers and saved state small however many tokens they stand for.
-
-At run time a span carries two more columns, facts about its document found when the
-document was first measured: ``dlen`` (decorated length) and ``base`` (where the
-document's first kept token sits in its file's flat token buffer, -1 when the format has
-none). They let lines be written without looking documents up again. Saved state keeps
-the first five columns only; after a resume the writer finds the facts again (-1 = unknown).
-"""
+"""What every pipeline stage shares: the ``Stage`` protocol, span-level and token-level
+stages, the walk over a live chain and the record of it a state's fingerprint keeps. The
+span layout lines are made of is ``fmsdata.stages.spans``."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from torch.utils.data import IterableDataset
 
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.statecheck import need_keys, plain_problem, within
-
-if TYPE_CHECKING:
-    from fmsdata.stages.lineblock import LineBlock
+from fmsdata.stages.lineblock import LineBlock
+from fmsdata.stages.spans import DS, SAVED_SPAN_WIDTH
+from fmsdata.util.statecheck import need_keys, plain_problem, within
 
 __all__ = [
     "Stage",
@@ -35,33 +23,7 @@ __all__ = [
     "DatasetRenumbering",
     "walk",
     "layout",
-    "SPAN_WIDTH",
-    "SAVED_SPAN_WIDTH",
-    "DS",
-    "FILE",
-    "DOC",
-    "START",
-    "LENGTH",
-    "DLEN",
-    "BASE",
-    "empty_spans",
-    "restore_spans",
 ]
-
-SAVED_SPAN_WIDTH = 5
-SPAN_WIDTH = 7
-DS, FILE, DOC, START, LENGTH, DLEN, BASE = range(SPAN_WIDTH)
-
-
-def empty_spans() -> np.ndarray:
-    return np.zeros((0, SPAN_WIDTH), dtype=np.int64)
-
-
-def restore_spans(saved: np.ndarray) -> np.ndarray:
-    """Runtime spans from saved ones: the document facts marked unknown (-1)."""
-    spans = np.full((len(saved), SPAN_WIDTH), -1, dtype=np.int64)
-    spans[:, :SAVED_SPAN_WIDTH] = saved
-    return spans
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +130,7 @@ class Stage(IterableDataset):
     @classmethod
     def report(cls, own: dict[str, Any]) -> dict[str, Any]:
         """What this stage's own saved state holds and counts, for ``fmsdata state show``
-        (``fmsdata.report``), which asks every stage of the chain and never reads a stage's
+        (``fmsdata.state.report``), which asks every stage of the chain and never reads a stage's
         keys itself.
 
         Returns plain data, any of: ``held`` (``[n, SAVED_SPAN_WIDTH]`` spans taken from the
@@ -256,8 +218,6 @@ class SpanStage(Stage):
         gives. The built-in shuffle buffer and packer hand lines on this way, one compiled
         pass instead of a numpy array per line (unless a subclass changes ``__next__`` or
         ``take``); a stage of yours needs only ``__next__``."""
-        from fmsdata.stages.lineblock import LineBlock  # it imports the span layout from here
-
         return LineBlock.of(self.take(n))
 
 

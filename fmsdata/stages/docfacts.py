@@ -1,6 +1,6 @@
 """What a saved span's document is, measured from its files as the line writer measures
 it: its decorated length and where its kept tokens start (``document_facts``). Shared by
-the check of saved spans before a resume (``fmsdata.spancheck``) and the shuffle buffer's
+the check of saved spans before a resume (``fmsdata.worker.spancheck``) and the shuffle buffer's
 restored lines (``fmsdata.stages.savedlines``); it lives among the stages, with no import
 of the modules that use it, so importing either first works."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import StateMismatchError
-from fmsdata.stages.base import DOC, FILE
+from fmsdata.stages.spans import DOC, FILE
 
 __all__ = ["document_facts"]
 

@@ -51,7 +51,6 @@ import numpy as np
 
 from fmsdata.config import DOCUMENT_ORDERS, Decoration
 from fmsdata.errors import ConfigError, EmptyDatasetError, StateMismatchError
-from fmsdata.permute import Permutations, derive_key, hash_values, permute
 from fmsdata.stages.deal import (
     all_fragments,
     document_deal,
@@ -60,7 +59,8 @@ from fmsdata.stages.deal import (
     shard_fragments,
 )
 from fmsdata.stages.source import Documents, DocumentSource
-from fmsdata.statecheck import need_count, need_int
+from fmsdata.util.permute import Permutations, derive_key, hash_values, permute
+from fmsdata.util.statecheck import need_count, need_int
 
 __all__ = [
     "Decoration",
@@ -99,7 +99,7 @@ class WalkOrder:
         order: A permutation of the fragment indices: the walk reads fragment ``order[0]``
             first, then ``order[1]``, ...
         keys: None to read each fragment's documents in stored order, or one 64-bit key per
-            fragment *in walk order* (``fmsdata.permute.derive_key``): its documents are
+            fragment *in walk order* (``fmsdata.util.permute.derive_key``): its documents are
             read in the keyed pseudo-random permutation of that key.
     """
 
@@ -586,7 +586,7 @@ class DocumentStream(DocumentSource):
     @classmethod
     def report(cls, own: dict[str, Any]) -> dict[str, Any]:
         """Where the stream is: documents and tokens taken, epoch, position of ``size`` documents,
-        documents skipped as shorter than ``min_length`` (``fmsdata.report`` files it
+        documents skipped as shorter than ``min_length`` (``fmsdata.state.report`` files it
         under the dataset its settings name)."""
         return {
             "dataset": {

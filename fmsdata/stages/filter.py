@@ -28,7 +28,7 @@ documents split over lines whose other pieces it has not seen yet (``OPEN_COLUMN
 piece ends its document when another piece follows it in the line, or when it reaches the
 document's known length. ``report`` gives ``fmsdata state show`` the tokens taken out and
 the damaged documents per dataset, and the split documents damaged so far: those no stage
-still holds a piece of count as dropped, the others as held (``fmsdata.report``).
+still holds a piece of count as dropped, the others as held (``fmsdata.state.report``).
 """
 
 from __future__ import annotations
@@ -39,18 +39,9 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.stages.base import (
-    DLEN,
-    DOC,
-    DS,
-    FILE,
-    LENGTH,
-    START,
-    DatasetRenumbering,
-    Stage,
-    TokenStage,
-)
+from fmsdata.stages.base import DatasetRenumbering, Stage, TokenStage
 from fmsdata.stages.outputs import TokenLine, document_ids_of
+from fmsdata.stages.spans import DLEN, DOC, DS, FILE, LENGTH, START
 
 __all__ = ["DocumentTransform", "DocumentFilter", "COUNTS", "DATASET_COLUMNS", "OPEN_COLUMNS"]
 

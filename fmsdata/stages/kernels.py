@@ -1,13 +1,13 @@
 """Compiled loops (numba) for the per-token and per-span work of a worker.
 
 What numpy cannot do without per-token index arrays or dozens of passes over the spans is
-done here in one compiled pass: laying lines out (``fmsdata.stages.materialize``; their
-pieces are copied by ``fmsdata.batchwrite.copy_spans``, beside the batch writing it
+done here in one compiled pass: laying lines out (``fmsdata.worker.materialize``; their
+pieces are copied by ``fmsdata.transport.batchwrite.copy_spans``, beside the batch writing it
 feeds), and splitting a run of documents into hard-packed lines
 (``fmsdata.stages.packing``). There is one code path: these kernels are the
 implementation, not an accelerated copy of a numpy one.
 
-Each kernel is compiled on its first call and cached on disk (``fmsdata.compiled`` says
+Each kernel is compiled on its first call and cached on disk (``fmsdata.util.compiled`` says
 where, and what happens when the cache cannot be written).
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fmsdata.compiled import compiled
-from fmsdata.stages.base import DLEN, LENGTH, START
+from fmsdata.stages.spans import DLEN, LENGTH, START
+from fmsdata.util.compiled import compiled
 
 __all__ = ["lay_out_lines", "plan_hard_lines"]
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fmsdata.compiled import compiled
-from fmsdata.stages.base import SPAN_WIDTH
+from fmsdata.stages.spans import SPAN_WIDTH
+from fmsdata.util.compiled import compiled
 
 __all__ = ["LineBlock", "SpanScratch", "as_block", "chained_offsets", "copy_rows", "gather_rows"]
 

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fmsdata.compiled import compiled
-from fmsdata.stages.base import SPAN_WIDTH
 from fmsdata.stages.lineblock import LineBlock, gather_rows
+from fmsdata.stages.spans import SPAN_WIDTH
+from fmsdata.util.compiled import compiled
 
 __all__ = ["LineStore", "RESTORED"]
 

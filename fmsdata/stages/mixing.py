@@ -2,7 +2,7 @@
 
 The rule is deterministic and memoryless. Each dataset has a *target*: the tokens it
 should have given by each clock value, the integral of its normalized weight over the
-shard's clock (``fmsdata.schedule.ShareTargets``; with constant weights, its share of the
+shard's clock (``fmsdata.stages.schedule.ShareTargets``; with constant weights, its share of the
 clock). A document's key is the clock at which its dataset's target passes the document's
 first token, and the next document is the one with the smallest key (ties to the dataset
 listed first; a dataset whose target never passes it gives no more). So each dataset's
@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.compiled import compiled
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.schedule import ShareTargets, WeightSchedule
 from fmsdata.stages.base import DatasetRenumbering, Stage
 from fmsdata.stages.documents import not_started
+from fmsdata.stages.schedule import ShareTargets, WeightSchedule
 from fmsdata.stages.source import Documents, DocumentSource
-from fmsdata.statecheck import need_count
+from fmsdata.util.compiled import compiled
+from fmsdata.util.statecheck import need_count
 
 __all__ = ["DatasetStreams", "TokenShareMixer"]
 

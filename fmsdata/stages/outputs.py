@@ -1,7 +1,7 @@
 """What a packed line becomes in a batch besides its tokens: the label ignored on padding
 (``IGNORE_INDEX``), the document pieces of a line (``TokenLine``: what token-level stages
 see and change), and from them the per-batch ``position_ids``, ``cu_seqlens`` and
-``document_ids`` (built in ``fmsdata.transport``).
+``document_ids`` (built in ``fmsdata.transport.items``).
 
 A *document id* names the source document of a token: ``dataset << 56 | file << 32 |
 doc``, where ``dataset`` is the dataset's index in the config's ``datasets`` order,
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from fmsdata.errors import ShardFormatError
-from fmsdata.stages.base import DOC, DS, FILE, LENGTH
 from fmsdata.stages.lineblock import LineBlock, as_block
+from fmsdata.stages.spans import DOC, DS, FILE, LENGTH
 
 __all__ = [
     "IGNORE_INDEX",

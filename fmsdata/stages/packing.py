@@ -17,7 +17,11 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.stages.base import (
+from fmsdata.stages.base import DatasetRenumbering, SpanStage
+from fmsdata.stages.kernels import plan_hard_lines
+from fmsdata.stages.lineblock import LineBlock
+from fmsdata.stages.source import Documents, DocumentSource
+from fmsdata.stages.spans import (
     BASE,
     DLEN,
     DOC,
@@ -27,15 +31,10 @@ from fmsdata.stages.base import (
     SAVED_SPAN_WIDTH,
     SPAN_WIDTH,
     START,
-    DatasetRenumbering,
-    SpanStage,
     empty_spans,
     restore_spans,
 )
-from fmsdata.stages.kernels import plan_hard_lines
-from fmsdata.stages.lineblock import LineBlock
-from fmsdata.stages.source import Documents, DocumentSource
-from fmsdata.statecheck import need_int, need_list
+from fmsdata.util.statecheck import need_int, need_list
 
 __all__ = ["LinePacker"]
 

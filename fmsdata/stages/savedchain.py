@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import StateMismatchError
-from fmsdata.stages.base import SAVED_SPAN_WIDTH, Stage
+from fmsdata.stages.base import Stage
 from fmsdata.stages.documents import DocumentStream
-from fmsdata.statecheck import fail, join, within
+from fmsdata.stages.spans import SAVED_SPAN_WIDTH
+from fmsdata.util.statecheck import fail, join, within
 
 __all__ = ["SavedStage", "held_spans", "saved_stages", "stage_class", "stage_state", "stage_types"]
 

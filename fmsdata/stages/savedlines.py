@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.compiled import compiled
 from fmsdata.errors import StateMismatchError
-from fmsdata.stages.base import (
+from fmsdata.stages.docfacts import document_facts
+from fmsdata.stages.linestore import RESTORED
+from fmsdata.stages.spans import (
     BASE,
     DLEN,
     DS,
@@ -39,9 +40,8 @@ from fmsdata.stages.base import (
     START,
     restore_spans,
 )
-from fmsdata.stages.docfacts import document_facts
-from fmsdata.stages.linestore import RESTORED
-from fmsdata.statecheck import fail, need_keys
+from fmsdata.util.compiled import compiled
+from fmsdata.util.statecheck import fail, need_keys
 
 __all__ = [
     "SavedLines",

@@ -14,10 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from fmsdata.compiled import compiled
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.permute import hash_array
-from fmsdata.stages.base import LENGTH, DatasetRenumbering, SpanStage
+from fmsdata.stages.base import DatasetRenumbering, SpanStage
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.linestore import RESTORED, LineStore
 from fmsdata.stages.savedlines import (
@@ -28,7 +26,10 @@ from fmsdata.stages.savedlines import (
     resolve,
     unpack_lines,
 )
-from fmsdata.statecheck import need_count, within
+from fmsdata.stages.spans import LENGTH
+from fmsdata.util.compiled import compiled
+from fmsdata.util.permute import hash_array
+from fmsdata.util.statecheck import need_count, within
 
 __all__ = ["ShuffleBuffer", "BUFFER_KEY"]
 
@@ -46,7 +47,7 @@ class ShuffleBuffer(SpanStage):
         window: Lines held at most; 0 or 1 passes lines through in order.
         key: Shuffle key (derived from seed and logical shard).
         documents: Where restored lines find their documents' lengths; a shard's
-            pipeline (``fmsdata.pipeline.build_pipeline``) sets it on every shuffle
+            pipeline (``fmsdata.worker.chain.build_pipeline``) sets it on every shuffle
             buffer of its chain. Without it lines are saved with every length.
     """
 
@@ -125,7 +126,7 @@ class ShuffleBuffer(SpanStage):
         return StateMismatchError(
             "shuffle buffer: a restored line runs to the end of a document whose length is "
             "not known here (its dataset has no files in this chain, or the chain was not "
-            "built by fmsdata.pipeline.build_pipeline)"
+            "built by fmsdata.worker.chain.build_pipeline)"
         )
 
     def own_state(self) -> dict[str, Any]:

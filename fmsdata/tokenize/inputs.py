@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.jsonl import decode_text, open_binary, parse_record
-from fmsdata.urls import local_path
+from fmsdata.util.urls import local_path
 
 __all__ = [
     "InputFile",

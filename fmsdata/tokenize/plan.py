@@ -17,9 +17,9 @@ import os
 from collections.abc import Sequence
 
 from fmsdata.errors import ConfigError
-from fmsdata.textcorpus import BUNDLED_TOKENIZERS, TOKENIZER_HINT, resolve_tokenizer
 from fmsdata.tokenize.inputs import InputFile, Piece, split_input
-from fmsdata.urls import local_path
+from fmsdata.util.textcorpus import BUNDLED_TOKENIZERS, TOKENIZER_HINT, resolve_tokenizer
+from fmsdata.util.urls import local_path
 
 __all__ = [
     "TokenizeSpec",

@@ -23,12 +23,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fmsdata import __version__
-from fmsdata.catalog import COUNTS_HEADER, META_DIR
+from fmsdata.data.catalog import COUNTS_HEADER, META_DIR
+from fmsdata.data.indexing import write_counts
+from fmsdata.data.metadata import EOS_NAMES
 from fmsdata.errors import ConfigError
-from fmsdata.extras import require
 from fmsdata.handlers.text import TextTokenizer
-from fmsdata.indexing import write_counts
-from fmsdata.metadata import EOS_NAMES
 from fmsdata.tokenize.inputs import InputFile, find_inputs
 from fmsdata.tokenize.plan import (
     EOS_FORMATS,
@@ -47,6 +46,7 @@ from fmsdata.tokenize.work import (
     write_json_atomic,
 )
 from fmsdata.tokenize.writers import MDS_COLUMN, mds_index
+from fmsdata.util.extras import require
 
 __all__ = ["TokenizeResult", "run_tokenize", "clear_dataset", "BACKENDS"]
 

@@ -14,9 +14,9 @@ from make_fms_fsdp_fixtures import generator_probe
 from support import run_torchrun
 
 from fmsdata.compat.fms_fsdp import get_data_loader
+from fmsdata.data.indexing import index_root
+from fmsdata.data.synthetic import write_corpus
 from fmsdata.handlers import ArrowDocHandler
-from fmsdata.indexing import index_root
-from fmsdata.synthetic import write_corpus
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "examples", "fms_fsdp_bamba.py")

@@ -19,12 +19,12 @@ from fmsdata.compat.fms_fsdp import (
     get_dummy_loader,
     loader_config,
 )
+from fmsdata.data.indexing import index_root
 from fmsdata.errors import ConfigError, ShardFormatError, StateMismatchError
 from fmsdata.handlers import ArrowDocHandler
 from fmsdata.handlers.arrow import write_arrow_docs
 from fmsdata.handlers.text import TextTokenizer
-from fmsdata.indexing import index_root
-from fmsdata.textcorpus import bundled_tokenizer_path
+from fmsdata.util.textcorpus import bundled_tokenizer_path
 
 BAMBA = {"lang=en/dataset=commoncrawl": 3, "lang=de/dataset=wikipedia": 2}
 

@@ -20,7 +20,7 @@ from make_fms_fsdp_fixtures import generator_probe
 from fmsdata.compat.fms_fsdp import get_data_loader
 from fmsdata.errors import ConfigError, EmptyDatasetError, StateMismatchError
 from fmsdata.loader import FmsDataLoader
-from fmsdata.statefile import load_state
+from fmsdata.state.file import load_state
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = json.load(open(os.path.join(HERE, "fixtures", "fms_fsdp_mamba_new.json")))

@@ -7,10 +7,10 @@ import pytest
 
 from fmsdata import LoaderConfig
 from fmsdata.config import DataConfig, FimConfig, RemoteConfig
-from fmsdata.dataformat import handler_for
+from fmsdata.data.dataformat import handler_for
 from fmsdata.handlers import ArrowDocHandler, FlatTokensHandler
-from fmsdata.pipeline import ShardRecipe
 from fmsdata.remote.storage import Storage
+from fmsdata.stages.shard import ShardRecipe
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,7 +35,7 @@ def imported_modules(folder):
 
 # What the config layer may use below it: the errors and the lowest layer's helpers (which
 # values are URLs, the bundled tokenizers' names).
-BELOW_THE_CONFIG = {"fmsdata.errors", "fmsdata.urls", "fmsdata.textcorpus"}
+BELOW_THE_CONFIG = {"fmsdata.errors", "fmsdata.util.urls", "fmsdata.util.textcorpus"}
 
 
 def test_the_config_imports_only_itself_and_the_layer_below():
@@ -52,7 +52,7 @@ def test_the_handlers_do_not_know_the_config():
     assert not [m for m in modules if m.startswith("fmsdata.config")], modules
 
 
-@pytest.mark.parametrize("path", ["fmsdata/access.py", "fmsdata/stages/materialize.py"])
+@pytest.mark.parametrize("path", ["fmsdata/data/access.py", "fmsdata/worker/materialize.py"])
 def test_decoration_comes_from_the_config_layer(path):
     with open(os.path.join(REPO, path), encoding="utf-8") as handle:
         tree = ast.parse(handle.read())

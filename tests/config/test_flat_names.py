@@ -334,7 +334,7 @@ def test_the_sections_and_fields_are_those_documented():
 
 
 def test_fingerprint_groups_are_those_of_before_the_sections():
-    from fmsdata import fingerprint
+    from fmsdata.state import fingerprint
 
     assert fingerprint.MIX_FIELDS == (
         "datasets",

@@ -20,7 +20,7 @@ from fmsdata.handlers import (
     PbinHandler,
 )
 from fmsdata.handlers.megatron import write_megatron
-from fmsdata.textcorpus import bundled_tokenizer_path
+from fmsdata.util.textcorpus import bundled_tokenizer_path
 
 DOCS = [np.arange(10 * i + 5, 10 * i + 5 + 3 + i % 4, dtype=np.uint16) for i in range(12)]
 

@@ -15,7 +15,7 @@ from fmsdata import build_dataloader
 from fmsdata.errors import EmptyDatasetError, ShardFormatError
 from fmsdata.handlers import HFArrowHandler, JsonlHandler, MdsHandler
 from fmsdata.handlers.text import TextTokenizer
-from fmsdata.textcorpus import bundled_tokenizer_path
+from fmsdata.util.textcorpus import bundled_tokenizer_path
 
 DOCS = [np.arange(10 * i + 5, 10 * i + 5 + 3 + i % 4, dtype=np.uint16) for i in range(12)]
 TEXTS = [f"document {i} holds a few words, number {i * 7}" for i in range(40)]

@@ -21,7 +21,7 @@ from support import assert_same_batches, take
 
 from fmsdata import build_dataloader
 from fmsdata.handlers.text import TextTokenizer
-from fmsdata.textcorpus import bundled_tokenizer_path, stdlib_docstrings
+from fmsdata.util.textcorpus import bundled_tokenizer_path, stdlib_docstrings
 
 EOS = 1  # <|eos|> of the bundled tokenizer
 

@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers import make_handler
 from fmsdata.handlers.text import TextTokenizer
-from fmsdata.textcorpus import bundled_tokenizer_path
+from fmsdata.util.textcorpus import bundled_tokenizer_path
 
 EOS = 1
 DOCS = [np.arange(40 * i + 3, 40 * i + 3 + 2 + (7 * i) % 9, dtype=np.uint16) for i in range(10)]

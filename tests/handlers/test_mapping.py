@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from fmsdata.access import ReaderCache
+from fmsdata.data.access import ReaderCache
 from fmsdata.handlers import fault_note, mapping
 from fmsdata.handlers.mapping import MappedFile
 

@@ -14,7 +14,7 @@ from examplecommands import (
     unbroken_hashes,
 )
 
-from fmsdata.rootconfig import root_token_ids
+from fmsdata.data.rootconfig import root_token_ids
 
 pytestmark = pytest.mark.trainers
 

@@ -18,7 +18,7 @@ import pytest
 from support import take
 
 from fmsdata import build_dataloader
-from fmsdata.synthetic import write_corpus
+from fmsdata.data.synthetic import write_corpus
 
 pytestmark = pytest.mark.trainers
 

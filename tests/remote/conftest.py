@@ -10,8 +10,8 @@ import pytest
 from s3local import CREDENTIALS, REGION, FaultProxy, S3Server, upload_tree
 from support import corpus
 
+from fmsdata.data.indexing import index_root
 from fmsdata.handlers import ArrowDocHandler
-from fmsdata.indexing import index_root
 
 HERE = pathlib.Path(__file__).parent
 

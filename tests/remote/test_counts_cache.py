@@ -12,10 +12,11 @@ import pytest
 from s3local import upload_tree
 from support import base_config, corpus
 
-from fmsdata import build_dataloader, filecounts, indexing, metacount
-from fmsdata.catalog import discover
+from fmsdata import build_dataloader
+from fmsdata.data import filecounts, indexing, metacount
+from fmsdata.data.catalog import discover
+from fmsdata.data.indexing import index_root
 from fmsdata.handlers import ArrowDocHandler
-from fmsdata.indexing import index_root
 from fmsdata.remote.storage import Storage
 
 pytestmark = pytest.mark.remote

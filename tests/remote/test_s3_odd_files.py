@@ -10,9 +10,10 @@ from oddfiles import loader_config, write_layout
 from s3local import upload_tree
 from support import assert_same_batches, take
 
-from fmsdata import build_dataloader, filecounts
+from fmsdata import build_dataloader
+from fmsdata.data import filecounts
+from fmsdata.data.indexing import index_root
 from fmsdata.handlers import ArrowDocHandler
-from fmsdata.indexing import index_root
 from fmsdata.remote.cache import RemoteFiles
 
 pytestmark = pytest.mark.remote

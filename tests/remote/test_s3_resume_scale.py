@@ -16,10 +16,11 @@ import pytest
 from s3local import upload_tree
 from support import assert_same_batches, base_config, corpus, take
 
-from fmsdata import build_dataloader, filecounts
-from fmsdata.catalog import discover
+from fmsdata import build_dataloader
+from fmsdata.data import filecounts
+from fmsdata.data.catalog import discover
+from fmsdata.data.indexing import index_root
 from fmsdata.handlers import ArrowDocHandler
-from fmsdata.indexing import index_root
 from fmsdata.remote.cache import RemoteFiles
 from fmsdata.remote.storage import Storage
 from fmsdata.remote.usage import LOCK_SUFFIX

@@ -16,9 +16,9 @@ from s3local import upload_tree
 from support import assert_same_batches, corpus, take
 
 from fmsdata import build_dataloader
+from fmsdata.data.indexing import index_root
 from fmsdata.handlers import ArrowDocHandler
 from fmsdata.handlers.mapping import MappedFile
-from fmsdata.indexing import index_root
 from fmsdata.remote.cache import RemoteFiles
 from fmsdata.remote.retry import RetryPolicy
 from fmsdata.remote.storage import Storage

@@ -25,8 +25,8 @@ from s3local import upload_tree
 from support import assert_same_batches, base_config, corpus, take
 
 from fmsdata import build_dataloader
+from fmsdata.data.indexing import index_root
 from fmsdata.handlers import ArrowDocHandler
-from fmsdata.indexing import index_root
 from fmsdata.remote import usage
 
 pytestmark = pytest.mark.remote

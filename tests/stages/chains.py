@@ -7,10 +7,12 @@ from typing import Any
 from support import accesses
 
 from fmsdata.config import LoaderConfig
-from fmsdata.pipeline import ShardRecipe, build_pipeline
-from fmsdata.stages.base import DOC, DS, FILE, START, Stage
+from fmsdata.data.synthetic import CorpusInfo
+from fmsdata.stages.base import Stage
 from fmsdata.stages.documents import Decoration
-from fmsdata.synthetic import CorpusInfo
+from fmsdata.stages.shard import ShardRecipe
+from fmsdata.stages.spans import DOC, DS, FILE, START
+from fmsdata.worker.chain import build_pipeline
 
 
 def recipe(info: CorpusInfo, **fields: Any) -> ShardRecipe:

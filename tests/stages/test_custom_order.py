@@ -22,11 +22,11 @@ from support import accesses, base_config, corpus, delivered_truth, roundtrip, s
 from fmsdata import build_dataloader
 from fmsdata.cli.main import main as cli
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.permute import derive_key, permute
-from fmsdata.pipeline import build_pipeline
 from fmsdata.stages import Decoration, DocumentStream, WalkOrder, walk
 from fmsdata.stages.deal import file_deal_fits, shard_fragments
-from fmsdata.statefile import save_state
+from fmsdata.state.file import save_state
+from fmsdata.util.permute import derive_key, permute
+from fmsdata.worker.chain import build_pipeline
 
 
 class FilesShuffled(DocumentStream):

@@ -14,11 +14,11 @@ from support import FIRST_TOKEN, PAD, Ledger, base_config, corpus, roundtrip, sc
 
 from fmsdata import ConfigError, build_dataloader
 from fmsdata.cli.main import main
-from fmsdata.pipeline import Shard, default_stages
 from fmsdata.stages import DocumentFilter, DocumentTransform
-from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.outputs import split_document_id
-from fmsdata.statefile import save_state
+from fmsdata.stages.shard import Shard, default_stages
+from fmsdata.state.file import save_state
+from fmsdata.worker.materialize import LineWriter
 
 
 def drop_every_third(tokens, document_id):

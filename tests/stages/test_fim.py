@@ -10,9 +10,9 @@ from stagecheck import TokenLines, check_stage_rescale, check_stage_resume
 from support import BOS, EOS, FIRST_TOKEN, PAD, Ledger, base_config, corpus, scratch_dir, take
 
 from fmsdata import ConfigError, LoaderConfig, build_dataloader
-from fmsdata.pipeline import Shard, default_stages
-from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.outputs import split_document_id
+from fmsdata.stages.shard import Shard, default_stages
+from fmsdata.worker.materialize import LineWriter
 
 PRE, MID, SUF = 8, 9, 10
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fmsdata.compiled import compiled
 from fmsdata.stages import kernels
-from fmsdata.stages.base import DLEN, LENGTH, SPAN_WIDTH, START
 from fmsdata.stages.kernels import lay_out_lines, plan_hard_lines
+from fmsdata.stages.spans import DLEN, LENGTH, SPAN_WIDTH, START
+from fmsdata.util.compiled import compiled
 
 
 def reference_rows(spans, counts, width, bol, eol, pad, bos, eos, documents):
@@ -160,7 +160,7 @@ def test_without_a_writable_cache_kernels_compile_in_memory_with_a_warning(monke
             raise RuntimeError("cannot cache function 'f': no locator available")
         return real(*args, **kwargs)
 
-    from fmsdata import compiled as compiling
+    from fmsdata.util import compiled as compiling
 
     monkeypatch.setattr(numba, "njit", no_cache)
     kernel = compiled(kernels.plan_hard_lines.func)
@@ -168,7 +168,7 @@ def test_without_a_writable_cache_kernels_compile_in_memory_with_a_warning(monke
     rows[0, LENGTH] = 5
     compiling._set_mode("foreground")  # compiled by this call (not in the background)
     try:
-        with caplog.at_level(logging.WARNING, logger="fmsdata.compiled"):
+        with caplog.at_level(logging.WARNING, logger="fmsdata.util.compiled"):
             spans, offsets, _, _ = kernel(rows, 2)
     finally:
         compiling._set_mode(None)
@@ -180,13 +180,13 @@ CACHED_RUN = textwrap.dedent(
     """
     import numpy as np
     from fmsdata.stages import kernels
-    from fmsdata.stages.base import LENGTH, SPAN_WIDTH
+    from fmsdata.stages.spans import LENGTH, SPAN_WIDTH
 
     rows = np.zeros((1, SPAN_WIDTH), dtype=np.int64)
     rows[0, LENGTH] = 5
     kernels.plan_hard_lines(rows, 2)
     # A kernel that calls intrinsics (non-temporal stores) is cached the same way.
-    from fmsdata import batchwrite
+    from fmsdata.transport import batchwrite
 
     tokens = np.zeros((1, 3), dtype=np.int32)
     out = np.zeros((2, 1, 2), dtype=np.int64)

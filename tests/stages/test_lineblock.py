@@ -11,13 +11,14 @@ from test_shuffle import Counter, numbers
 
 from fmsdata import build_dataloader
 from fmsdata.errors import ConfigError
-from fmsdata.permute import hash_array
-from fmsdata.pipeline import default_stages
-from fmsdata.stages.base import SPAN_WIDTH, SpanStage, TokenStage
+from fmsdata.stages.base import SpanStage, TokenStage
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.linestore import RESTORED, LineStore
 from fmsdata.stages.packing import LinePacker
+from fmsdata.stages.shard import default_stages
 from fmsdata.stages.shuffle import ShuffleBuffer
+from fmsdata.stages.spans import SPAN_WIDTH
+from fmsdata.util.permute import hash_array
 
 
 def make_lines(sizes, first=0):

@@ -8,16 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import accesses, scratch_dir
 
+from fmsdata.data.synthetic import CorpusInfo
 from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers.arrow import write_arrow_docs
-from fmsdata.schedule import WeightSchedule
-from fmsdata.stages.base import BASE, DLEN, restore_spans
 from fmsdata.stages.documents import Decoration, RandomWalk
 from fmsdata.stages.lineblock import LineBlock
-from fmsdata.stages.materialize import LineWriter
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.packing import LinePacker
-from fmsdata.synthetic import CorpusInfo
+from fmsdata.stages.schedule import WeightSchedule
+from fmsdata.stages.spans import BASE, DLEN, restore_spans
+from fmsdata.worker.materialize import LineWriter
 
 STRIP = 9
 ONE = WeightSchedule.constant([1.0])
@@ -202,7 +202,7 @@ def test_a_pending_copy_reads_buffers_whose_readers_were_closed(tmp_path):
     """The copy reads buffers by address after lay_out; readers evicted or closed in
     between (a cache of one reader, then closed) unmap nothing it reads: the rows equal a
     copy made while every reader was open."""
-    from fmsdata.access import ReaderCache
+    from fmsdata.data.access import ReaderCache
 
     info = stripped_corpus(str(tmp_path), 3, dtypes=(np.uint16, np.int64))
     deco = Decoration(bos=1, eos=2)

@@ -4,10 +4,10 @@ from hypothesis import strategies as st
 from stagecheck import check_stage_rescale, check_stage_resume, saved
 from support import accesses, corpus, scratch_dir
 
-from fmsdata.schedule import WeightSchedule
 from fmsdata.stages.documents import Decoration, RandomWalk
 from fmsdata.stages.mixing import TokenShareMixer, _range_totals
 from fmsdata.stages.packing import LinePacker
+from fmsdata.stages.schedule import WeightSchedule
 
 
 def mixer(info, weights, shard=0, n_shards=1, seed=3, deco=None):

@@ -192,8 +192,8 @@ def test_a_dataset_that_has_nothing_says_what_it_holds(tmp_path, files, said):
 def test_files_are_searched_only_where_their_counts_leave_it_open(tmp_path, monkeypatch):
     """A file whose counts show it holds more tokens than skipped documents could is not
     opened to be searched; one whose counts cannot tell is, up to its first kept document."""
-    from fmsdata import filecounts
-    from fmsdata.access import DatasetAccess
+    from fmsdata.data import filecounts
+    from fmsdata.data.access import DatasetAccess
 
     info = corpus(tmp_path, {"a": 3}, docs_per_file=30, mean_length=40)
     searched = []

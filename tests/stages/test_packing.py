@@ -4,11 +4,11 @@ from hypothesis import strategies as st
 from stagecheck import check_stage_rescale, check_stage_resume
 from support import accesses, corpus, scratch_dir
 
-from fmsdata.schedule import WeightSchedule
-from fmsdata.stages.base import DLEN, LENGTH, START
 from fmsdata.stages.documents import Decoration, RandomWalk
 from fmsdata.stages.mixing import TokenShareMixer
 from fmsdata.stages.packing import LinePacker
+from fmsdata.stages.schedule import WeightSchedule
+from fmsdata.stages.spans import DLEN, LENGTH, START
 
 
 def packer(info, capacity, mode="hard", weights=None, seed=1):

@@ -6,7 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fmsdata.errors import StateMismatchError
-from fmsdata.stages.base import BASE, DLEN, DS, LENGTH, SAVED_SPAN_WIDTH, SPAN_WIDTH, START
 from fmsdata.stages.documents import Decoration
 from fmsdata.stages.savedlines import (
     COLUMNS,
@@ -15,7 +14,8 @@ from fmsdata.stages.savedlines import (
     resolve,
     unpack_lines,
 )
-from fmsdata.statefile import state_from_bytes, state_to_bytes
+from fmsdata.stages.spans import BASE, DLEN, DS, LENGTH, SAVED_SPAN_WIDTH, SPAN_WIDTH, START
+from fmsdata.state.file import state_from_bytes, state_to_bytes
 
 DECORATION = Decoration(bos=1, eos=2)
 

@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fmsdata.stages.base import LENGTH, SPAN_WIDTH
 from fmsdata.stages.outputs import row_segment_lengths
+from fmsdata.stages.spans import LENGTH, SPAN_WIDTH
 
 
 def one_line(lengths, has_bol, has_eol, content, seq):

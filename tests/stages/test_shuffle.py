@@ -3,9 +3,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagecheck import check_stage_resume
 
-from fmsdata.permute import hash_index
-from fmsdata.stages.base import SPAN_WIDTH, SpanStage
+from fmsdata.stages.base import SpanStage
 from fmsdata.stages.shuffle import ShuffleBuffer
+from fmsdata.stages.spans import SPAN_WIDTH
+from fmsdata.util.permute import hash_index
 
 
 class Counter(SpanStage):

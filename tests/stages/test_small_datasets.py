@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from stagecheck import check_stage_rescale, check_stage_resume
 from support import accesses, corpus, scratch_dir
 
-from fmsdata.stages.base import DOC, DS, FILE, START
 from fmsdata.stages.documents import Decoration, RandomWalk, stream_class
+from fmsdata.stages.spans import DOC, DS, FILE, START
 
 SHARDS = 1024
 SEQ = 32  # 33 tokens per line: the budget is 1024 * 33 tokens per dataset

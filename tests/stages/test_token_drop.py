@@ -11,9 +11,9 @@ import pytest
 from support import assert_same_batches, base_config, check_resume, corpus, scratch_dir, take
 
 from fmsdata import build_dataloader
-from fmsdata.pipeline import default_stages
 from fmsdata.stages import TokenStage
 from fmsdata.stages.outputs import IGNORE_INDEX
+from fmsdata.stages.shard import default_stages
 
 PAD = 0
 

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from textinputs import write_jsonl, zst_open
 
-from fmsdata.textcorpus import bundled_tokenizer_path, stdlib_docstrings
+from fmsdata.util.textcorpus import bundled_tokenizer_path, stdlib_docstrings
 
 
 @pytest.fixture(scope="session")

@@ -14,11 +14,11 @@ from textinputs import output_files, write_jsonl
 
 from fmsdata import build_dataloader
 from fmsdata.cli.main import main
+from fmsdata.data.indexing import index_root
 from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers import ArrowDocHandler
 from fmsdata.handlers.megatron import MegatronHandler
 from fmsdata.handlers.text import TextTokenizer
-from fmsdata.indexing import index_root
 from fmsdata.tokenize import TokenizeSpec, run_tokenize
 
 SHARD = 16_000  # bytes of input per output shard: many shards from a small corpus

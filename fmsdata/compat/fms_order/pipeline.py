@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.statefile import load_state, save_state
+from fmsdata.state.file import load_state, save_state
 
 from .arrowdocs import ArrowDocs
 from .docstream import DocStream

@@ -1,0 +1,128 @@
+"""``build_dataloader``: a rank's loader from a config, resumed from its automatic
+checkpoints when they exist; and the advice it logs about a config that works but is
+likely not what was meant.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from fmsdata.checkpoint import (
+    latest_checkpoint,
+    load_loader_state,
+    step_folders,
+)
+from fmsdata.config import LoaderConfig, as_config
+from fmsdata.data.dataformat import handler_for
+from fmsdata.data.rootconfig import resolve_config
+from fmsdata.errors import ConfigError
+from fmsdata.loader.dataloader import FmsDataLoader
+from fmsdata.remote.storage import Storage
+from fmsdata.stages.shard import StageFactory
+from fmsdata.worker.dataset import Preprocess, RankLineDataset
+from fmsdata.worker.topology import Topology
+
+__all__ = ["build_dataloader", "config_advice"]
+
+logger = logging.getLogger(__name__)
+
+
+def build_dataloader(
+    config: LoaderConfig | Mapping[str, Any] | str | os.PathLike[str],
+    rank: int | None = None,
+    world_size: int | None = None,
+    preprocess: Preprocess | None = None,
+    stages: StageFactory | None = None,
+) -> FmsDataLoader:
+    """Build this rank's loader.
+
+    Args:
+        config: A ``LoaderConfig``, a dict of its fields, or a YAML file path. What it
+            leaves unset that the root's ``metadata.json`` records (format, EOS id,
+            vocabulary size) comes from there (``fmsdata.data.rootconfig``); the loader's
+            ``config`` attribute is the completed one.
+        rank, world_size: Default to ``torch.distributed``, then ``RANK``/``WORLD_SIZE``.
+        preprocess: Optional per-line function run in the workers in place of the built-in
+            causal-LM shift: ``preprocess(line, n_tokens) -> {name: array}``, where ``line``
+            is the packed int64 line (``seq_length + 1`` tokens, padding after
+            ``n_tokens``); batches then hold those names, stacked.
+        stages: Builds each logical shard's chain of stages, ``stages(shard) -> Stage``
+            (default ``fmsdata.stages.default_stages``; see ``fmsdata.stages`` for the
+            protocol). A module-level function: workers receive it pickled. Its stages'
+            settings are part of the state fingerprint.
+
+    Returns:
+        An ``FmsDataLoader`` yielding dicts with ``input_ids`` and ``labels`` of shape
+        ``[batch_size, seq_length]`` (plus ``position_ids`` / ``cu_seqlens`` on request),
+        or, with ``batch_format="tuple"`` in the config, ``(input_ids, labels, ...)``.
+
+    Raises:
+        ConfigError: Invalid config, missing data, more ranks than logical shards, a
+            setting that contradicts the root's ``metadata.json``.
+        EmptyDatasetError: A dataset without shards.
+    """
+    # Settings the root's metadata.json records fill what the config leaves unset.
+    config = resolve_config(as_config(config))
+    if preprocess is not None and (config.output_dtype != "int64" or config.ignore_first_labels):
+        raise ConfigError(
+            "output_dtype and ignore_first_labels shape the built-in outputs, which a "
+            f"preprocess replaces: got output_dtype={config.output_dtype!r}, "
+            f"ignore_first_labels={config.ignore_first_labels} with a preprocess"
+        )
+    topology = Topology.resolve(rank, world_size)
+    handler = handler_for(config.data, config.documents.eos_token)
+    dataset = RankLineDataset(config, topology, handler, preprocess, stages)
+    catalog = dataset.catalog()
+    dataset.data_fingerprint = catalog.fingerprint()
+    dataset.layout()  # the chain a stage factory builds is refused now, not in a worker
+    loader = FmsDataLoader(dataset)
+    if config.checkpoint_dir:
+        storage = Storage.from_config(config.remote)
+        latest = latest_checkpoint(config.checkpoint_dir, storage=storage)
+        if latest is not None:
+            load_loader_state(loader, latest, storage=storage)
+            logger.info("resumed the loader from %s, at step %d", latest, loader.steps)
+        elif step_folders(config.checkpoint_dir, storage=storage):
+            logger.warning(
+                "%s holds step_* folders but none is complete (every rank's file of one save): "
+                "the loader starts from the beginning",
+                config.checkpoint_dir,
+            )
+    if config.logical_shards % topology.world_size:
+        logger.warning(
+            "logical_shards=%d is not a multiple of world_size=%d: ranks get unequal shard counts "
+            "and batches are not world-size invariant",
+            config.logical_shards,
+            topology.world_size,
+        )
+    if topology.rank == 0:
+        for advice in config_advice(config, topology.world_size):
+            logger.warning(advice)
+    return loader
+
+
+def config_advice(config: LoaderConfig, world_size: int) -> list[str]:
+    """Settings that work but are likely not what the user wants, each said in a sentence."""
+    advice = []
+    if config.bos_token is None and config.eos_token is None:
+        advice.append(
+            "neither bos_token nor eos_token is set: documents are packed back to back with "
+            "nothing between them, so the model cannot see where one ends; set them to your "
+            "tokenizer's ids (a tokenize root's metadata.json lists them), unless the "
+            "documents already carry their own"
+        )
+    global_batch = world_size * config.batch_size
+    if global_batch % config.logical_shards:
+        # The smallest batch_size at least the configured one that fills whole rounds.
+        step = config.logical_shards // math.gcd(world_size, config.logical_shards)
+        fix = -(-config.batch_size // step) * step
+        advice.append(
+            f"global batch {world_size} x {config.batch_size} = {global_batch} is not a "
+            f"multiple of logical_shards={config.logical_shards} (steps change if resumed on "
+            f"another world size): use batch_size={fix} or fewer logical_shards"
+        )
+    return advice

@@ -1,0 +1,482 @@
+"""``FmsDataLoader``: the stateful DataLoader over a rank's logical shards."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from fmsdata.checkpoint import (
+    AutoCheckpointer,
+)
+from fmsdata.config import LoaderConfig
+from fmsdata.errors import ConfigError, ShardFormatError
+from fmsdata.handlers import fault_note
+from fmsdata.handlers.mapping import changed_in_dead_workers
+from fmsdata.loader.consumed import ConsumedState
+from fmsdata.loader.feed import PIN_AHEAD, RUNNING, AheadFeed, Feed
+from fmsdata.remote.storage import Storage
+from fmsdata.state.fingerprint import MIX_FIELDS, stream_fingerprint
+from fmsdata.state.format import LoaderState, ShardEntry
+from fmsdata.state.remix import remix
+from fmsdata.transport.assemble import assemble_batch
+from fmsdata.transport.batchring import BatchRing
+from fmsdata.transport.batchwrite import token_fields
+from fmsdata.transport.items import WorkerItem
+from fmsdata.transport.rounds import item_batch_counts, ring_slots
+from fmsdata.util.exits import finish_at_exit
+from fmsdata.worker.dataset import RankLineDataset, Start
+from fmsdata.worker.topology import RowDealer
+
+__all__ = ["FmsDataLoader", "as_tuple"]
+
+logger = logging.getLogger(__name__)
+
+
+def _keep(part: Any) -> Any:
+    return part
+
+
+class FmsDataLoader(DataLoader):
+    """A DataLoader over a rank's logical shards whose state is exactly what was consumed.
+
+    Iterating yields batches (dicts of tensors, or tuples: ``batch_format``).
+    ``state_dict()`` after any batch, loaded into a loader built from the same config in a
+    fresh process — on the same or another world size — continues with the batch that
+    would have come next. Each ``iter()`` continues from the consumed position; workers
+    are started per iteration.
+    """
+
+    def __init__(self, dataset: RankLineDataset):
+        config = dataset.config
+        workers = config.num_workers
+        super().__init__(
+            dataset,
+            batch_size=None,
+            num_workers=workers,
+            collate_fn=_keep,
+            pin_memory=False,  # batches are pinned after assembly
+            prefetch_factor=config.prefetch_factor if workers > 0 else None,
+            multiprocessing_context=config.multiprocessing_context if workers > 0 else None,
+        )
+        self.config: LoaderConfig = config
+        self._consumed = ConsumedState(dataset.shard_ids)
+        # A loaded state's mix change, applied at the next iteration (``_settle``).
+        self._mix_change: _MixChange | None = None
+        self._parts: Any = None
+        self._generation = 0  # bumped by load_state_dict(): a running iteration restarts
+        self._pending_skip = 0  # skipped batches the running iteration has yet to pass over
+        # Where the workers of the running iteration write their process ids.
+        self._pids: torch.Tensor | None = None
+        # Final batches written by the workers, made at the first iteration and kept.
+        self._ring: BatchRing | None = None
+        self._fields = token_fields(config.return_position_ids, config.return_document_ids)
+        self._max_item_batches = item_batch_counts(
+            config.batch_size, config.line_length, max(1, workers)
+        )[-1]
+        self.checkpointer = AutoCheckpointer.from_config(
+            config.checkpoint, Storage.from_config(config.remote)
+        )
+        self._iterations: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
+        # At exit, while every module is still whole: finish its pending checkpoint save
+        # and close the files and workers of iterations still running.
+        finish_at_exit(self.close, "closing the data loader")
+
+    # -- iteration -----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        iteration = self._batches()
+        self._iterations.add(iteration)
+        return iteration
+
+    def close(self) -> None:
+        """Finish the checkpoint save in flight, then stop every iteration of this loader
+        (its workers and open files go). Safe to call twice; iterating again afterwards
+        continues from the consumed state. Runs by itself at interpreter exit.
+
+        Raises:
+            The error of the pending save, if it failed (after the iterations are closed).
+        """
+        try:
+            if self.checkpointer is not None:
+                self.checkpointer.wait()
+        finally:
+            self._parts = None
+            for iteration in list(self._iterations):
+                if not iteration.gi_running:  # type: ignore[attr-defined]
+                    iteration.close()  # type: ignore[attr-defined]
+
+    def _batches(self) -> Iterator[Any]:
+        tuples = self.config.batch_format != "dict"
+        while True:
+            generation = self._generation
+            self._pending_skip = 0  # the workers start after every skip recorded so far
+            parts, ring = self._start_workers()
+            feed: Feed = Feed(parts, ring, max(1, self.num_workers), self._assemble)
+            if self.config.pin_memory and self.num_workers > 0:
+                # Batches are assembled straight into pinned memory on a side thread, a few
+                # ahead; the training thread only does the bookkeeping of what it consumed.
+                # Without workers the training thread makes every batch anyway and pins it
+                # there: a side thread running the whole pipeline held the GIL, and each
+                # hand-over waited for Python's switch interval (5 ms a batch).
+                feed = AheadFeed(feed, PIN_AHEAD)
+            restart = False
+            RUNNING[id(parts)] = parts
+            try:
+                while not restart:
+                    items, n_batches = self._next_items(feed)
+                    k = 0
+                    while True:
+                        self._apply_configured_skips()
+                        # Batches skipped meanwhile are counted as consumed already: pass
+                        # over those the workers prepared; restart the workers after a longer
+                        # skip, or a loaded state.
+                        k, restart = self._pass_skipped(k, n_batches, generation)
+                        if restart or k == n_batches:
+                            break
+                        batch = self._consume(items, feed.batch(k), k)
+                        yield as_tuple(batch) if tuples else batch
+                        k += 1
+                    if not restart:
+                        self._consumed.finish_items(items)
+            finally:
+                try:
+                    feed.close()
+                finally:
+                    # Stopped here, not left to the DataLoader iterator's ``__del__``:
+                    # see ``RUNNING``.
+                    if self._parts is parts:
+                        self._parts = None
+                        self._pids = None
+                    # The last reference but the local one: torch's ``__del__`` of the
+                    # DataLoader iterator stops the workers when it goes, below.
+                    RUNNING.pop(id(parts), None)
+            # Workers restart from the consumed state (they fast-forward the skipped lines).
+            del parts, feed
+
+    def _assemble(
+        self, items: list[WorkerItem], ring: BatchRing | None, k: int
+    ) -> dict[str, torch.Tensor]:
+        config = self.config
+        return assemble_batch(
+            items,
+            ring,
+            self._fields,
+            k,
+            config.batch_size,
+            config.return_cu_seqlens,
+            config.pin_memory,
+        )
+
+    def _consume(
+        self, items: list[WorkerItem], batch: dict[str, torch.Tensor], k: int
+    ) -> dict[str, torch.Tensor]:
+        """Count batch ``k`` of the current items as consumed."""
+        self._consumed.consume_batch(items, k)
+        self._consumed.steps += 1
+        if self.checkpointer is not None:
+            self.checkpointer.after_step(self)
+        return batch
+
+    def _pass_skipped(self, k: int, n_batches: int, generation: int) -> tuple[int, bool]:
+        """Batch ``k`` of the current items moved past pending skipped batches, and whether
+        the workers must restart instead (state loaded, or a skip reaching further than the
+        current items and one more: fast-forwarding at span level is then cheaper)."""
+        if self._generation != generation:
+            return k, True
+        if not self._pending_skip:  # the common case: no attribute of the loader is set
+            return k, False
+        passed = min(self._pending_skip, n_batches - k)
+        self._pending_skip -= passed
+        restart = self._pending_skip > self._max_item_batches
+        return k + passed, restart
+
+    def _next_items(self, feed: Any) -> tuple[list[Any], int]:
+        """The next item of each worker. A worker killed by a signal (a SIGBUS when a
+        mapped shard is cut short under it) becomes a ``ShardFormatError`` naming the file
+        that changed, where one did; PyTorch's own message blames shared memory."""
+        if self.num_workers == 0:
+            fault_note.start()  # a SIGBUS here prints the stack, naming the mapped files
+        try:
+            return feed.items()
+        except RuntimeError as err:
+            changed = changed_in_dead_workers(self.worker_pids())
+            if changed:
+                raise ShardFormatError(
+                    f"{'; '.join(changed)} (a DataLoader worker died reading it: {err})"
+                ) from err
+            raise
+
+    def _start_workers(self) -> tuple[Iterator[Any], BatchRing | None]:
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        config = self.config
+        # One ring per live iteration: a second iteration started while another still
+        # runs (both continue from the consumed position) gets a ring of its own.
+        if (self._ring is None or self._ring.in_use) and dataset.preprocess is None:
+            slots = ring_slots(
+                config.batch_size, config.line_length, config.prefetch_factor, self.num_workers
+            )
+            self._ring = BatchRing(
+                slots,
+                self._fields,
+                config.batch_size,
+                config.seq_length,
+                self.num_workers > 0,
+                getattr(torch, config.output_dtype),
+            )
+        self._settle()
+        self._pids = None
+        if self.num_workers > 0:
+            self._pids = torch.zeros(self.num_workers, dtype=torch.int64).share_memory_()
+        dataset.start_at(
+            Start(
+                paths=self._consumed.paths,
+                states=self._consumed.shard_states(),
+                advance=self._consumed.workers_start(),
+                emitted=self._consumed.emitted(),
+                ring=self._ring,
+                first_batch=self._ring.position if self._ring is not None else 0,
+                pids=self._pids,
+            )
+        )
+        self._parts = super().__iter__()
+        return self._parts, self._ring
+
+    def skip(self, n_steps: int) -> None:
+        """Pass over the next ``n_steps`` batches of this rank without reading their tokens.
+
+        The lines those batches would have held are consumed from their logical shards, so
+        nothing of them is ever emitted; the skip is recorded in the state (``skips``) and,
+        being per-shard positions, holds across resumes and rescales. Call it on every rank
+        with the same ``n_steps``. Called inside a ``for batch in loader`` loop, the next
+        batch is the one the run without the skip yields ``n_steps`` later: batches the
+        workers already prepared are passed over, and a longer skip restarts the workers
+        after it.
+        """
+        if n_steps < 0:
+            raise ConfigError(f"skip needs a non-negative number of steps, got {n_steps}")
+        if n_steps == 0:
+            return
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        dealer = RowDealer(self._consumed.emitted())
+        lines: collections.Counter[int] = collections.Counter()
+        for _ in range(n_steps):
+            for local in dealer.deal(self.config.batch_size):
+                lines[dataset.shard_ids[local]] += 1
+        self._consumed.skips.append([self._consumed.steps, n_steps])
+        self._consumed.advance_by(lines)
+        self._consumed.steps += n_steps
+        # A running iteration passes over these batches: in place when its workers already
+        # prepared them, else by restarting its workers after them.
+        self._pending_skip += n_steps
+
+    def _apply_configured_skips(self) -> None:
+        """Skips from ``config.skip_steps`` whose step has come and that the state lacks."""
+        if not self.config.skip_steps:
+            return
+        for at, n in self.config.skip_steps:
+            if self._consumed.steps == at and [at, n] not in self._consumed.skips:
+                self.skip(n)
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the workers of the current iteration (empty without workers; a
+        worker not started yet is left out)."""
+        return [pid for pid in self._pids.tolist() if pid] if self._pids is not None else []
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """What a state must match to load here: data hash and stream-shaping config."""
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        names = dataset.mix_names
+        data = {
+            name: digest
+            for name, digest in dataset.catalog().fingerprint().items()
+            if name in names
+        }
+        stages, writer = dataset.layout()
+        return stream_fingerprint(self.config, dataset.handler, names, data, stages, writer)
+
+    @property
+    def steps(self) -> int:
+        """Batches consumed since the start of the run (carried through resumes)."""
+        return self._consumed.steps
+
+    def restart_step_count(self) -> None:
+        """Count steps from 0 again, at the same data position.
+
+        For a run that continues another run's data under its own step count (a new
+        training stage): automatic checkpoints then fall on this run's steps.
+        """
+        self._consumed.steps = 0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's state keyed by logical shard, each entry a uint8 tensor.
+
+        The loader is a ``torch.distributed.checkpoint`` ``Stateful``: this is what DCP
+        saves (tensors only, nothing pickled), and since the keys name logical shards, a
+        DCP load on another world size brings each rank the shards it now owns (load with
+        ``fmsdata.checkpoint.LoadPlanner()``, which sizes the entries from the checkpoint,
+        and ``storage_reader=fmsdata.checkpoint.SafeFileSystemReader(path)``, with which
+        loading the checkpoint runs nothing its files hold).
+        ``snapshot()`` has the same content as nested plain data.
+        """
+        return self._saved().pack()
+
+    def snapshot(self, settle: bool = False) -> dict[str, Any]:
+        """This rank's state as plain nested data (ints, strings, lists, numpy arrays;
+        the layout is ``fmsdata.state.format``'s).
+
+        Each shard entry is a pipeline state plus ``advance``, the lines the shard emitted
+        after it (at most a round of a worker's items, ``fmsdata.transport.rounds.item_rounds``:
+        about a hundred lines a shard with 64 shards); a resume replays them.
+        ``settle=True`` replays them here instead, reading document metadata, so every
+        entry describes its shard exactly (``advance`` 0) — for inspection; resuming does
+        not need it.
+        """
+        saved = self._saved()
+        pending = {e.id: e for e in saved.shards if e.advance}
+        if settle and pending:
+            settled = self._replay(self.dataset, pending)  # type: ignore[arg-type]
+            saved.shards = [settled.get(e.id, e) for e in saved.shards]
+        return saved.to_plain()
+
+    def _saved(self) -> LoaderState:
+        """What was consumed, as a ``LoaderState`` of this rank."""
+        self._settle()
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        consumed = self._consumed
+        advances = consumed.advances()
+        return LoaderState(
+            fingerprint=self.fingerprint,
+            world_size=dataset.topology.world_size,
+            steps=consumed.steps,
+            skips=[list(skip) for skip in consumed.skips],
+            span_datasets=[d.name for d in dataset.catalog().datasets],
+            shards=[
+                ShardEntry(sid, state, advances[sid])
+                for sid, state in consumed.shard_states().items()
+            ],
+            rank=dataset.topology.rank,
+        )
+
+    def load_state_dict(self, state: Any, allow_changes: Sequence[str] = ()) -> None:
+        """Resume from this rank's own state, or from the states of every rank of a save.
+
+        States from a run with another world size rescale: each logical shard continues
+        from its saved position, on whichever rank now owns it. Loading reads the state
+        (``fmsdata.state.format``), checks its fingerprint, takes this rank's shards and
+        records where the next iteration starts; an allowed mix change is recorded too
+        and applied then. Each shard's chain is built and its state loaded where it runs,
+        and there its stages check their own parts against the data, before any batch is
+        yielded (a ``StateMismatchError`` naming the path inside the state and the value).
+
+        Args:
+            state: A ``state_dict()`` or ``snapshot()`` of this rank, a list of every
+                rank's, or (packed form) the union of their dicts.
+            allow_changes: Fingerprint fields or stage settings allowed to differ (an
+                intended config change), e.g. ``["min_length"]``.
+
+        Raises:
+            StateMismatchError: Wrong version, different data or stream config, or the
+                given states do not hold every shard this rank needs.
+        """
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        current = self.fingerprint
+        saved = LoaderState.read(state, self.config.logical_shards)
+        entries = saved.for_shards(dataset.shard_ids, dataset.topology.rank)
+        rebase = saved.check(current, allow_changes, self.config.allow_mix_change)
+        self._consumed = ConsumedState(dataset.shard_ids, entries, saved.steps, saved.skips)
+        dropped = sorted(set(saved.fingerprint["datasets"]) - set(dataset.mix_names))
+        if dropped:
+            logger.warning(
+                "datasets %s are no longer in the mix; their positions are dropped", dropped
+            )
+        remix = rebase or saved.span_datasets != dataset.mix_names
+        self._mix_change = _MixChange(saved, entries, rebase) if remix else None
+        self._generation += 1
+
+    def _settle(self) -> None:
+        """Apply a loaded state's mix change, once: replay each shard's lines emitted after
+        its saved state with the mix they were drawn with, then carry the states over to
+        the new dataset list (``fmsdata.state.remix``); datasets no longer mixed whose lines
+        saved states still hold stay readable until emitted (``RankLineDataset.drain``)."""
+        change, self._mix_change = self._mix_change, None
+        if change is None:
+            return
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        saved, rebase = change.saved, change.rebase
+        entries = dict(change.entries)
+        pending = {sid: e for sid, e in entries.items() if e.state is not None and e.advance}
+        if rebase and pending:
+            entries.update(self._replay(self._saved_mix(saved), pending))
+        mix = dataset.mix_names
+        stages = saved.fingerprint["stages"]
+        entries, space = remix(entries, stages, mix, saved.span_datasets, rebase)
+        dataset.drain(space[len(mix) :])
+        consumed = self._consumed
+        advances = consumed.advances()  # lines skipped since the load come after the replay
+        entries = {
+            sid: dataclasses.replace(
+                entry, advance=advances[sid] - (change.entries[sid].advance - entry.advance)
+            )
+            for sid, entry in entries.items()
+        }
+        self._consumed = ConsumedState(dataset.shard_ids, entries, consumed.steps, consumed.skips)
+
+    def _saved_mix(self, saved: LoaderState) -> RankLineDataset:
+        """This rank's dataset as configured when ``saved`` was taken (its dataset list,
+        weights and schedule), for replaying the lines drawn with that mix."""
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        fingerprint = saved.fingerprint
+        old = self.config.replace(
+            **{field: fingerprint[field] for field in MIX_FIELDS},
+            allow_mix_change=False,
+            checkpoint_dir=None,
+            checkpoint_every=0,
+        )
+        replay = RankLineDataset(old, dataset.topology, dataset.handler, stages=dataset.stages)
+        replay.drain([n for n in saved.span_datasets if n not in fingerprint["datasets"]])
+        return replay
+
+    @staticmethod
+    def _replay(
+        dataset: RankLineDataset, pending: Mapping[int, ShardEntry]
+    ) -> dict[int, ShardEntry]:
+        """Each pending shard's entry with the lines emitted after its state replayed on
+        ``dataset``'s chain (``advance`` 0)."""
+        context = dataset.shard_context(len(pending))
+        out = {}
+        try:
+            writer = dataset._writer(context)
+            for sid, entry in pending.items():
+                pipeline = context.open(
+                    sid, dataset.stages, state=entry.state, advance=entry.advance, writer=writer
+                )
+                out[sid] = dataclasses.replace(entry, state=pipeline.state_dict(), advance=0)
+        finally:
+            context.close()
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _MixChange:
+    """A loaded state saved with another dataset list, weights or schedule: its shard
+    entries as loaded, applied at the next iteration (``FmsDataLoader._settle``)."""
+
+    saved: LoaderState
+    entries: Mapping[int, ShardEntry]
+    rebase: bool  # the weights or schedule changed: every share is measured afresh
+
+
+def as_tuple(batch: dict[str, torch.Tensor]) -> Any:
+    """A batch's tensors in its key order (``batch_format="tuple"``); one tensor alone."""
+    values = tuple(batch.values())
+    return values[0] if len(values) == 1 else values
