@@ -1,7 +1,11 @@
 """G6: the state is plain, small data; the dataset pickles small; spawn works."""
 
 import io
+import json
+import os
 import pickle
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -127,34 +131,48 @@ def _worker_memory(loader):
     return int(fields["RssAnon"].split()[0]) * 1024, int(fields["RssFile"].split()[0]) * 1024
 
 
-@pytest.mark.slow
-def test_worker_memory_stays_flat_over_a_long_run(tmp_path, monkeypatch):
-    import fmsdata.worker.dataset
+# Run in a fresh interpreter: a worker forked from a process that ran other tests first
+# inherits its mappings, and their pages, touched again, blurred the figures.
+_FLAT_RUN = """
+import json, sys
+import fmsdata.worker.dataset
+from fmsdata import build_dataloader
+from fmsdata.data.synthetic import write_corpus
+sys.path.insert(0, sys.argv[2])
+from test_state import _worker_memory
 
-    # A small budget for mapped shard pages, so a small corpus shows the effect.
-    monkeypatch.setattr(fmsdata.worker.dataset, "MAPPED_BUDGET", 4 << 20)
-    info = write_corpus(tmp_path, {"a": 8, "b": 8}, docs_per_file=200, mean_length=4000)
-    corpus_bytes = sum(p.stat().st_size for p in tmp_path.rglob("*.arrow"))
-    config = dict(
-        data_path=info.root,
-        seq_length=1024,
-        batch_size=8,
-        logical_shards=8,
-        shuffle_window=8,
-        eos_token=0,
-        num_workers=1,
-        multiprocessing_context="fork",
-    )
-    loader = build_dataloader(config)
-    iterator = iter(loader)
+# A small budget for mapped shard pages, so a small corpus shows the effect.
+fmsdata.worker.dataset.MAPPED_BUDGET = 4 << 20
+info = write_corpus(sys.argv[1], {"a": 8, "b": 8}, docs_per_file=200, mean_length=4000)
+config = dict(
+    data_path=info.root, seq_length=1024, batch_size=8, logical_shards=8, shuffle_window=8,
+    eos_token=0, num_workers=1, multiprocessing_context="fork",
+)
+iterator = iter(loader := build_dataloader(config))
+next(iterator)
+anon_start, mapped_start = _worker_memory(loader)
+for _ in range(400):
     next(iterator)
-    anon_start, mapped_start = _worker_memory(loader)
-    for _ in range(400):
-        next(iterator)
-    anon_early, _ = _worker_memory(loader)
-    for _ in range(1600):
-        next(iterator)
-    anon_late, mapped_late = _worker_memory(loader)
+anon_early, _ = _worker_memory(loader)
+for _ in range(1600):
+    next(iterator)
+anon_late, mapped_late = _worker_memory(loader)
+print(json.dumps([anon_early, anon_late, mapped_start, mapped_late]))
+"""
+
+
+@pytest.mark.slow
+def test_worker_memory_stays_flat_over_a_long_run(tmp_path):
+    tests = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run(
+        [sys.executable, "-c", _FLAT_RUN, str(tmp_path), tests],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    anon_early, anon_late, mapped_start, mapped_late = json.loads(done.stdout.splitlines()[-1])
+    corpus_bytes = sum(p.stat().st_size for p in tmp_path.rglob("*.arrow"))
     assert 2000 * 8 * 1024 * 4 > corpus_bytes > 40 << 20  # the run read all of a 40+ MB corpus
     assert anon_late - anon_early < 16 << 20, (anon_early, anon_late)
     # Shard pages read through the maps are given back: what stays resident is the budget
