@@ -33,7 +33,7 @@ def test_a_script_beside_the_checkout_imports_the_package(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert lines[0] == "fmsdata.loader ArrowDocHandler"
+    assert lines[0] == "fmsdata.loader.build ArrowDocHandler"
     assert lines[1] == os.path.join(REPO, "fmsdata", "__init__.py")
     assert lines[2] == os.path.join(REPO, "handlers", "__init__.py")
     assert lines[3] == "True"  # package data resolves inside the package folder

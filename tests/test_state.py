@@ -124,11 +124,25 @@ def test_spawn_workers_give_the_same_batches(tmp_path):
     assert_same_batches(reference[12:], take(resumed, 6))
 
 
-def _worker_memory(loader):
+def _worker_memory(loader, root=None):
+    """The worker's anonymous resident bytes and its resident bytes of file mappings (of
+    files under ``root`` only, when given: the shard files, not the libraries a worker maps
+    as it goes, such as the compiler's when its kernels compile)."""
     (pid,) = loader.worker_pids()
     with open(f"/proc/{pid}/status") as status:
         fields = dict(line.split(":", 1) for line in status if ":" in line)
-    return int(fields["RssAnon"].split()[0]) * 1024, int(fields["RssFile"].split()[0]) * 1024
+    anon = int(fields["RssAnon"].split()[0]) * 1024
+    if root is None:
+        return anon, int(fields["RssFile"].split()[0]) * 1024
+    mapped, inside = 0, False
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and ":" not in head[0]:  # a mapping's line
+                inside = len(head) >= 6 and head[5].startswith(str(root))
+            elif inside and line.startswith("Rss:"):
+                mapped += int(head[1]) * 1024
+    return anon, mapped
 
 
 # Run in a fresh interpreter: a worker forked from a process that ran other tests first
@@ -150,13 +164,13 @@ config = dict(
 )
 iterator = iter(loader := build_dataloader(config))
 next(iterator)
-anon_start, mapped_start = _worker_memory(loader)
+anon_start, mapped_start = _worker_memory(loader, info.root)
 for _ in range(400):
     next(iterator)
-anon_early, _ = _worker_memory(loader)
+anon_early, _ = _worker_memory(loader, info.root)
 for _ in range(1600):
     next(iterator)
-anon_late, mapped_late = _worker_memory(loader)
+anon_late, mapped_late = _worker_memory(loader, info.root)
 print(json.dumps([anon_early, anon_late, mapped_start, mapped_late]))
 """
 
