@@ -187,5 +187,5 @@ def test_an_automatic_resume_says_what_it_resumed_from(tmp_path, caplog):
     loader.close()
     with caplog.at_level(logging.INFO, logger="fmsdata"):
         resumed = build_dataloader(config)
-    assert resumed.steps == 4
+        assert resumed.steps == 4  # its first use loads the newest checkpoint
     assert f"resumed the loader from {latest_checkpoint(root)}, at step 4" in caplog.text

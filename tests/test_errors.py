@@ -1,4 +1,8 @@
-"""G8: bad input gets a typed error that names what is wrong."""
+"""G8: bad input gets a typed error that names what is wrong.
+
+What the config alone shows is refused when the loader is built; what the data shows, at
+its first use (building it reads only the root's ``metadata.json``).
+"""
 
 import os
 
@@ -12,22 +16,25 @@ from fmsdata.state.file import state_to_bytes
 
 def test_missing_data_path(tmp_path):
     missing = str(tmp_path / "nowhere")
+    loader = build_dataloader({"data_path": missing, "seq_length": 8})
     with pytest.raises(ConfigError, match="nowhere.*does not exist"):
-        build_dataloader({"data_path": missing, "seq_length": 8})
+        iter(loader)
 
 
 def test_missing_dataset_folder_lists_what_exists(tmp_path):
     info = corpus(tmp_path)
+    loader = build_dataloader(base_config(info, datasets=["a", "c"]))
     with pytest.raises(ConfigError, match=r"dataset 'c' is not a folder.*\['a', 'b'\]"):
-        build_dataloader(base_config(info, datasets=["a", "c"]))
+        loader.state_dict()
 
 
 def test_dataset_without_shards(tmp_path):
     info = corpus(tmp_path)
     os.makedirs(tmp_path / "empty")
     (tmp_path / "empty" / "README.txt").write_text("no shards here")
+    loader = build_dataloader(base_config(info, datasets=["a", "empty"]))
     with pytest.raises(EmptyDatasetError, match=r"'empty'.*no arrow shard"):
-        build_dataloader(base_config(info, datasets=["a", "empty"]))
+        loader.steps  # noqa: B018 (its first use)
 
 
 def test_truncated_shard_names_the_file(tmp_path):

@@ -172,7 +172,8 @@ def test_the_command_line_reports_exact_or_the_stage(config, tmp_path, capsys):
     found = json.loads(capsys.readouterr().out)
     assert found["exact"] is False
     assert found["difference"]["stage"] == "planted.Noisy"
-    assert found["difference"]["step"] == 0
+    # An unseeded draw shows within the first steps (which one is up to the draws).
+    assert 0 <= found["difference"]["step"] < 12
 
 
 def test_settings_that_cannot_be_checked_are_refused(config):

@@ -11,17 +11,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from fmsdata.checkpoint import (
-    latest_checkpoint,
-    load_loader_state,
-    step_folders,
-)
 from fmsdata.config import LoaderConfig, as_config
-from fmsdata.data.dataformat import handler_for
 from fmsdata.data.rootconfig import resolve_config
 from fmsdata.errors import ConfigError
 from fmsdata.loader.dataloader import FmsDataLoader
-from fmsdata.remote.storage import Storage
 from fmsdata.stages.shard import StageFactory
 from fmsdata.worker.dataset import Preprocess, RankLineDataset
 from fmsdata.worker.topology import Topology
@@ -60,10 +53,15 @@ def build_dataloader(
         ``[batch_size, seq_length]`` (plus ``position_ids`` / ``cu_seqlens`` on request),
         or, with ``batch_format="tuple"`` in the config, ``(input_ids, labels, ...)``.
 
+    Nothing but the root's ``metadata.json`` is read here: the data root is listed and
+    checked, the chain the stage factory builds is checked and an automatic checkpoint
+    (``checkpoint_dir``) is loaded at the loader's first use (iterating it, or taking,
+    loading or asking its state, its ``steps`` or ``fingerprint``).
+
     Raises:
-        ConfigError: Invalid config, missing data, more ranks than logical shards, a
-            setting that contradicts the root's ``metadata.json``.
-        EmptyDatasetError: A dataset without shards.
+        ConfigError: Invalid config, more ranks than logical shards, a setting that
+            contradicts the root's ``metadata.json`` (here); missing data (at first use).
+        EmptyDatasetError: A dataset without documents (at first use).
     """
     # Settings the root's metadata.json records fill what the config leaves unset.
     config = resolve_config(as_config(config))
@@ -74,24 +72,7 @@ def build_dataloader(
             f"ignore_first_labels={config.ignore_first_labels} with a preprocess"
         )
     topology = Topology.resolve(rank, world_size)
-    handler = handler_for(config.data, config.documents.eos_token)
-    dataset = RankLineDataset(config, topology, handler, preprocess, stages)
-    catalog = dataset.catalog()
-    dataset.data_fingerprint = catalog.fingerprint()
-    dataset.layout()  # the chain a stage factory builds is refused now, not in a worker
-    loader = FmsDataLoader(dataset)
-    if config.checkpoint_dir:
-        storage = Storage.from_config(config.remote)
-        latest = latest_checkpoint(config.checkpoint_dir, storage=storage)
-        if latest is not None:
-            load_loader_state(loader, latest, storage=storage)
-            logger.info("resumed the loader from %s, at step %d", latest, loader.steps)
-        elif step_folders(config.checkpoint_dir, storage=storage):
-            logger.warning(
-                "%s holds step_* folders but none is complete (every rank's file of one save): "
-                "the loader starts from the beginning",
-                config.checkpoint_dir,
-            )
+    loader = FmsDataLoader(RankLineDataset(config, topology, preprocess, stages))
     if config.logical_shards % topology.world_size:
         logger.warning(
             "logical_shards=%d is not a multiple of world_size=%d: ranks get unequal shard counts "

@@ -3,28 +3,24 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from fmsdata.checkpoint import (
-    AutoCheckpointer,
-)
 from fmsdata.config import LoaderConfig
 from fmsdata.errors import ConfigError, ShardFormatError
 from fmsdata.handlers import fault_note
 from fmsdata.handlers.mapping import changed_in_dead_workers
+from fmsdata.loader import resume
 from fmsdata.loader.consumed import ConsumedState
 from fmsdata.loader.feed import PIN_AHEAD, RUNNING, AheadFeed, Feed
-from fmsdata.remote.storage import Storage
-from fmsdata.state.fingerprint import MIX_FIELDS, stream_fingerprint
+from fmsdata.state.checkpoint import AutoCheckpointer, resume_from_folder
+from fmsdata.state.fingerprint import stream_fingerprint
 from fmsdata.state.format import LoaderState, ShardEntry
-from fmsdata.state.remix import remix
 from fmsdata.transport.assemble import assemble_batch
 from fmsdata.transport.batchring import BatchRing
 from fmsdata.transport.batchwrite import token_fields
@@ -66,9 +62,11 @@ class FmsDataLoader(DataLoader):
             multiprocessing_context=config.multiprocessing_context if workers > 0 else None,
         )
         self.config: LoaderConfig = config
-        self._consumed = ConsumedState(dataset.shard_ids)
+        # Made at the first use (``_prepare``): nothing is read while the loader is built.
+        self._consumed_state: ConsumedState | None = None
+        self.checkpointer: AutoCheckpointer | None = None
         # A loaded state's mix change, applied at the next iteration (``_settle``).
-        self._mix_change: _MixChange | None = None
+        self._mix_change: resume.MixChange | None = None
         self._parts: Any = None
         self._generation = 0  # bumped by load_state_dict(): a running iteration restarts
         self._pending_skip = 0  # skipped batches the running iteration has yet to pass over
@@ -76,21 +74,47 @@ class FmsDataLoader(DataLoader):
         self._pids: torch.Tensor | None = None
         # Final batches written by the workers, made at the first iteration and kept.
         self._ring: BatchRing | None = None
-        self._fields = token_fields(config.return_position_ids, config.return_document_ids)
-        self._max_item_batches = item_batch_counts(
-            config.batch_size, config.line_length, max(1, workers)
-        )[-1]
-        self.checkpointer = AutoCheckpointer.from_config(
-            config.checkpoint, Storage.from_config(config.remote)
-        )
         self._iterations: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
         # At exit, while every module is still whole: finish its pending checkpoint save
         # and close the files and workers of iterations still running.
         finish_at_exit(self.close, "closing the data loader")
 
+    @property
+    def _consumed(self) -> ConsumedState:
+        """What was consumed (``fmsdata.loader.consumed``), once the loader is prepared."""
+        self._prepare()
+        assert self._consumed_state is not None
+        return self._consumed_state
+
+    @_consumed.setter
+    def _consumed(self, consumed: ConsumedState) -> None:
+        self._consumed_state = consumed
+
+    def _prepare(self) -> None:
+        """What building the loader leaves to its first use (an iteration, a state taken or
+        loaded, a skip), done once: the data root listed and checked, the chain the stage
+        factory builds checked, the automatic checkpointer made and, where
+        ``checkpoint_dir`` holds a complete checkpoint, the newest loaded.
+
+        Raises:
+            ConfigError: Missing data, a chain that cannot run (named).
+            EmptyDatasetError: A dataset without documents.
+        """
+        if self._consumed_state is not None:
+            return
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        dataset.data_fingerprint = dataset.catalog().fingerprint()
+        dataset.layout()
+        self._consumed_state = ConsumedState(dataset.shard_ids)
+        storage = dataset.storage
+        self.checkpointer = AutoCheckpointer.from_config(self.config.checkpoint, storage)
+        if self.config.checkpoint_dir:
+            resume_from_folder(self, self.config.checkpoint_dir, storage)
+
     # -- iteration -----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._prepare()
         iteration = self._batches()
         self._iterations.add(iteration)
         return iteration
@@ -160,6 +184,11 @@ class FmsDataLoader(DataLoader):
             # Workers restart from the consumed state (they fast-forward the skipped lines).
             del parts, feed
 
+    @property
+    def _fields(self) -> tuple[str, ...]:
+        """The per-token outputs of a batch, in order."""
+        return token_fields(self.config.return_position_ids, self.config.return_document_ids)
+
     def _assemble(
         self, items: list[WorkerItem], ring: BatchRing | None, k: int
     ) -> dict[str, torch.Tensor]:
@@ -194,7 +223,9 @@ class FmsDataLoader(DataLoader):
             return k, False
         passed = min(self._pending_skip, n_batches - k)
         self._pending_skip -= passed
-        restart = self._pending_skip > self._max_item_batches
+        config = self.config
+        most = item_batch_counts(config.batch_size, config.line_length, max(1, self.num_workers))
+        restart = self._pending_skip > most[-1]
         return k + passed, restart
 
     def _next_items(self, feed: Any) -> tuple[list[Any], int]:
@@ -294,6 +325,7 @@ class FmsDataLoader(DataLoader):
     @property
     def fingerprint(self) -> dict[str, Any]:
         """What a state must match to load here: data hash and stream-shaping config."""
+        self._prepare()
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         names = dataset.mix_names
         data = {
@@ -344,7 +376,7 @@ class FmsDataLoader(DataLoader):
         saved = self._saved()
         pending = {e.id: e for e in saved.shards if e.advance}
         if settle and pending:
-            settled = self._replay(self.dataset, pending)  # type: ignore[arg-type]
+            settled = resume.replay(self.dataset, pending)  # type: ignore[arg-type]
             saved.shards = [settled.get(e.id, e) for e in saved.shards]
         return saved.to_plain()
 
@@ -388,6 +420,7 @@ class FmsDataLoader(DataLoader):
             StateMismatchError: Wrong version, different data or stream config, or the
                 given states do not hold every shard this rank needs.
         """
+        self._prepare()
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         current = self.fingerprint
         saved = LoaderState.read(state, self.config.logical_shards)
@@ -400,80 +433,15 @@ class FmsDataLoader(DataLoader):
                 "datasets %s are no longer in the mix; their positions are dropped", dropped
             )
         remix = rebase or saved.span_datasets != dataset.mix_names
-        self._mix_change = _MixChange(saved, entries, rebase) if remix else None
+        self._mix_change = resume.MixChange(saved, entries, rebase) if remix else None
         self._generation += 1
 
     def _settle(self) -> None:
-        """Apply a loaded state's mix change, once: replay each shard's lines emitted after
-        its saved state with the mix they were drawn with, then carry the states over to
-        the new dataset list (``fmsdata.state.remix``); datasets no longer mixed whose lines
-        saved states still hold stay readable until emitted (``RankLineDataset.drain``)."""
+        """Apply a loaded state's mix change, once (``fmsdata.loader.resume``)."""
         change, self._mix_change = self._mix_change, None
-        if change is None:
-            return
-        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        saved, rebase = change.saved, change.rebase
-        entries = dict(change.entries)
-        pending = {sid: e for sid, e in entries.items() if e.state is not None and e.advance}
-        if rebase and pending:
-            entries.update(self._replay(self._saved_mix(saved), pending))
-        mix = dataset.mix_names
-        stages = saved.fingerprint["stages"]
-        entries, space = remix(entries, stages, mix, saved.span_datasets, rebase)
-        dataset.drain(space[len(mix) :])
-        consumed = self._consumed
-        advances = consumed.advances()  # lines skipped since the load come after the replay
-        entries = {
-            sid: dataclasses.replace(
-                entry, advance=advances[sid] - (change.entries[sid].advance - entry.advance)
-            )
-            for sid, entry in entries.items()
-        }
-        self._consumed = ConsumedState(dataset.shard_ids, entries, consumed.steps, consumed.skips)
-
-    def _saved_mix(self, saved: LoaderState) -> RankLineDataset:
-        """This rank's dataset as configured when ``saved`` was taken (its dataset list,
-        weights and schedule), for replaying the lines drawn with that mix."""
-        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        fingerprint = saved.fingerprint
-        old = self.config.replace(
-            **{field: fingerprint[field] for field in MIX_FIELDS},
-            allow_mix_change=False,
-            checkpoint_dir=None,
-            checkpoint_every=0,
-        )
-        replay = RankLineDataset(old, dataset.topology, dataset.handler, stages=dataset.stages)
-        replay.drain([n for n in saved.span_datasets if n not in fingerprint["datasets"]])
-        return replay
-
-    @staticmethod
-    def _replay(
-        dataset: RankLineDataset, pending: Mapping[int, ShardEntry]
-    ) -> dict[int, ShardEntry]:
-        """Each pending shard's entry with the lines emitted after its state replayed on
-        ``dataset``'s chain (``advance`` 0)."""
-        context = dataset.shard_context(len(pending))
-        out = {}
-        try:
-            writer = dataset._writer(context)
-            for sid, entry in pending.items():
-                pipeline = context.open(
-                    sid, dataset.stages, state=entry.state, advance=entry.advance, writer=writer
-                )
-                out[sid] = dataclasses.replace(entry, state=pipeline.state_dict(), advance=0)
-        finally:
-            context.close()
-        return out
-
-
-@dataclasses.dataclass(frozen=True)
-class _MixChange:
-    """A loaded state saved with another dataset list, weights or schedule: its shard
-    entries as loaded, applied at the next iteration (``FmsDataLoader._settle``)."""
-
-    saved: LoaderState
-    entries: Mapping[int, ShardEntry]
-    rebase: bool  # the weights or schedule changed: every share is measured afresh
+        if change is not None:
+            dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+            self._consumed = resume.settle(change, dataset, self._consumed)
 
 
 def as_tuple(batch: dict[str, torch.Tensor]) -> Any:

@@ -58,6 +58,7 @@ __all__ = [
     "LoadPlanner",
     "SafeFileSystemReader",
     "AutoCheckpointer",
+    "resume_from_folder",
 ]
 
 logger = logging.getLogger(__name__)
@@ -296,3 +297,19 @@ class AutoCheckpointer:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+
+def resume_from_folder(loader: Any, root: str, storage: Storage | None = None) -> None:
+    """Load into ``loader`` the newest complete checkpoint of an automatic checkpoint
+    folder (``checkpoint_dir``), if it holds one; say so when it holds only incomplete
+    ones (the loader then starts from the beginning)."""
+    latest = latest_checkpoint(root, storage=storage)
+    if latest is not None:
+        load_loader_state(loader, latest, storage=storage)
+        logger.info("resumed the loader from %s, at step %d", latest, loader.steps)
+    elif step_folders(root, storage=storage):
+        logger.warning(
+            "%s holds step_* folders but none is complete (every rank's file of one save): "
+            "the loader starts from the beginning",
+            root,
+        )

@@ -24,7 +24,6 @@ from fmsdata.config import (
 )
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers.base import FileHandler
-from fmsdata.util.statecheck import need_keys, need_mapping
 
 __all__ = ["MIX_FIELDS", "LINE_FIELDS", "stream_fingerprint", "check_fingerprint", "mix_changed"]
 
@@ -180,20 +179,9 @@ def _check_stages(
             for stages in (saved, current)
         )
 
-    def shape(stages: Any) -> list[tuple[Any, Any]]:
-        if not isinstance(stages, list) or not all(isinstance(s, Mapping) for s in stages):
-            raise StateMismatchError(f"fingerprint 'stages' must be a list of stages: {stages!r}")
-        for i, stage in enumerate(stages):
-            where = f"fingerprint.stages[{i}]"
-            need_keys(stage, where, ("path", "stage", "role", "settings"))
-            need_mapping(stage["settings"], f"{where}.settings")
-        return [(s.get("path"), s.get("stage")) for s in stages]
+    def shape(stages: list[Mapping[str, Any]]) -> list[tuple[Any, Any]]:
+        return [(s["path"], s["stage"]) for s in stages]
 
-    if saved is None:
-        raise StateMismatchError(
-            "fingerprint.stages: the saved loader state records no stages "
-            "(saved by an older fmsdata)"
-        )
     if shape(saved) != shape(current):
         raise StateMismatchError(
             (f"{changed}: " if changed else "")
@@ -260,8 +248,7 @@ def _check_writer(
 ) -> None:
     """The line writer's settings (line length, line delimiters, padding) as saved, but
     those in ``allowed``; a differing one is named, after the config fields that differ."""
-    before = need_mapping(fingerprint.get(WRITER_KEY, {}), f"fingerprint.{WRITER_KEY}")
-    after = now.get(WRITER_KEY) or {}
+    before, after = fingerprint[WRITER_KEY], now[WRITER_KEY]
     for key in sorted(set(before) | set(after)):
         if key in allowed or before.get(key) == after.get(key):
             continue

@@ -159,6 +159,7 @@ class LoaderState:
             fingerprint = _chain_of_v3(fingerprint, join(path, "fingerprint.stages"))
         if value["version"] in (3, 4):
             fingerprint = _writer_of_v4(fingerprint, join(path, "fingerprint.stages"))
+        _check_chain_record(fingerprint, join(path, "fingerprint"))
         skips = []
         for i, skip in enumerate(need_list(value["skips"], join(path, "skips"))):
             at, n = need_list(skip, join(path, f"skips[{i}]"), 2)
@@ -311,6 +312,24 @@ _V3_ORDERS = {
     "random": "fmsdata.stages.documents.RandomWalk",
     "sequential": "fmsdata.stages.documents.StoredOrder",
 }
+
+
+def _check_chain_record(fingerprint: Mapping[str, Any], where: str) -> None:
+    """The fingerprint's record of the chain as a saved state must hold it (a list of
+    stages, each with its path, type, role and settings; the line writer's settings), so
+    the fingerprint's comparisons (``fmsdata.state.fingerprint``) read it without checks.
+
+    Raises:
+        StateMismatchError: Naming the field.
+    """
+    stages = fingerprint.get("stages")
+    if stages is None:
+        raise fail(join(where, "stages"), "records no stages (saved by an older fmsdata)")
+    for i, stage in enumerate(need_list(stages, join(where, "stages"))):
+        need_keys(stage, join(where, f"stages[{i}]"), ("path", "stage", "role", "settings"))
+        need_list(stage["path"], join(where, f"stages[{i}].path"))
+        need_mapping(stage["settings"], join(where, f"stages[{i}].settings"))
+    need_mapping(fingerprint.get(WRITER_KEY), join(where, WRITER_KEY))
 
 
 def _writer_of_v4(fingerprint: dict[str, Any], where: str) -> dict[str, Any]:

@@ -366,15 +366,7 @@ def _blame(
         shard = recording.shards.get(sid)
         if shard is None:
             continue
-        writer = LineWriter(
-            shard.accesses,
-            shard.recipe.decoration,
-            resolved.line_length,
-            bol=resolved.bol_token,
-            eol=resolved.eol_token,
-            pad=resolved.pad_token if resolved.packing == "pad" else None,
-            vocab_size=resolved.vocab_size,
-        )
+        writer = LineWriter.for_config(shard.accesses, shard.recipe.decoration, resolved)
         found = blame_shard(shard, stages, writer, lines)
         if found is not None:
             return found

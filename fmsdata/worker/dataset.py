@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,6 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from fmsdata.config import LoaderConfig
 from fmsdata.data.access import DatasetAccess, ReaderCache, make_accesses
 from fmsdata.data.catalog import Catalog, discover
+from fmsdata.data.dataformat import handler_for
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.derived import default_cache_dir
@@ -133,13 +135,13 @@ class _LineBuffer:
 class RankLineDataset(IterableDataset):
     """Yields ``WorkerItem``s: this worker's rows of consecutive batches of the rank.
 
-    The object is small when pickled: the catalog and all readers are built lazily in
-    each process and dropped on pickling.
+    The object is small when pickled, and made without reading anything: its format
+    handler, storage and logical shards are found when first asked for, the catalog and
+    all readers are built lazily in each process and dropped on pickling.
 
     Args:
-        config: Loader config.
+        config: Loader config (completed by the root's ``metadata.json``).
         topology: Rank and world size.
-        handler: Shard format handler.
         preprocess: Optional per-line function run in the workers instead of the built-in
             causal-LM shift (see ``Preprocess``).
         stages: Stage factory building each logical shard's chain (default:
@@ -150,16 +152,14 @@ class RankLineDataset(IterableDataset):
         self,
         config: LoaderConfig,
         topology: Topology,
-        handler: FileHandler,
         preprocess: Preprocess | None = None,
         stages: StageFactory | None = None,
     ):
         self.config = config
         self.topology = topology
-        self.handler = handler
-        self.storage = Storage.from_config(config.remote)
         self.preprocess = preprocess
         self.stages = stages
+        # This rank's logical shards, in order (more ranks than shards is refused here).
         self.shard_ids = list(
             owned_shards(topology.rank, topology.world_size, config.logical_shards)
         )
@@ -169,6 +169,16 @@ class RankLineDataset(IterableDataset):
         self.data_fingerprint: dict[str, str] | None = None
         self._catalog: Catalog | None = None
         self._layout: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
+
+    @functools.cached_property
+    def handler(self) -> FileHandler:
+        """The format handler the data section asks for."""
+        return handler_for(self.config.data, self.config.documents.eos_token)
+
+    @functools.cached_property
+    def storage(self) -> Storage:
+        """How the data root is reached (the remote section)."""
+        return Storage.from_config(self.config.remote)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -204,22 +214,14 @@ class RankLineDataset(IterableDataset):
                     context.accesses,
                     self.stages,
                 )
-                self._layout = (pipeline.layout(), self._writer(context).settings())
+                self._layout = (pipeline.layout(), self.line_writer(context).settings())
             finally:
                 context.close()
         return self._layout
 
-    def _writer(self, context: ShardContext) -> LineWriter:
-        config = self.config
-        return LineWriter(
-            context.accesses,
-            context.recipe.decoration,
-            config.line_length,
-            bol=config.bol_token,
-            eol=config.eol_token,
-            pad=config.pad_token if config.packing == "pad" else None,
-            vocab_size=config.vocab_size,
-        )
+    def line_writer(self, context: ShardContext) -> LineWriter:
+        """What materializes the lines of shards opened in ``context``."""
+        return LineWriter.for_config(context.accesses, context.recipe.decoration, self.config)
 
     @property
     def mix_names(self) -> list[str]:
@@ -296,7 +298,7 @@ class RankLineDataset(IterableDataset):
         mine = set(worker_shards(len(self.shard_ids), worker, num_workers, config.batch_size))
         context = self.shard_context(len(mine))
         readers = context.readers
-        writer = self._writer(context)
+        writer = self.line_writer(context)
         start = self.start
         shards: dict[int, ShardPipeline] = {}
 

@@ -80,6 +80,20 @@ class LineWriter:
         self._limit = _INT32_MAX if vocab_size is None else min(_INT32_MAX, vocab_size - 1)
         self._first_file: np.ndarray | None = None  # each dataset's first dense file number
 
+    @classmethod
+    def for_config(cls, accesses: Sequence[Any], decoration: Any, config: Any) -> LineWriter:
+        """The writer a loader config asks for: its line length, line delimiters, padding
+        (``packing: pad``) and vocabulary."""
+        return cls(
+            accesses,
+            decoration,
+            config.line_length,
+            bol=config.bol_token,
+            eol=config.eol_token,
+            pad=config.pad_token if config.packing == "pad" else None,
+            vocab_size=config.vocab_size,
+        )
+
     def settings(self) -> dict[str, Any]:
         """What the rows depend on besides the spans (the state fingerprint's ``writer``;
         the vocabulary is a check and changes no row)."""

@@ -81,11 +81,15 @@ def no_order(shard):
     return shard.pack(shard.documents(NoOrder))
 
 
-def test_an_order_without_walk_order_is_refused_when_the_loader_is_built(tmp_path):
+def test_an_order_without_walk_order_is_refused_before_any_worker_starts(tmp_path):
+    """Refused at the loader's first use, in the main process (its workers would only
+    raise it later, and once per worker)."""
     info = corpus(tmp_path, {"a": 2}, docs_per_file=5)
     config = base_config(info, datasets=["a"], weights=[1], num_workers=1)
+    loader = build_dataloader(config, stages=no_order)
     with pytest.raises(ConfigError, match="NoOrder does not define walk_order"):
-        build_dataloader(config, stages=no_order)
+        iter(loader)
+    assert loader.worker_pids() == []
 
 
 class NotAPermutation(DocumentStream):
@@ -331,10 +335,11 @@ def numpy_setting(shard):
     return shard.pack(shard.documents(NumpySetting))
 
 
-def test_a_setting_a_state_cannot_keep_is_refused_when_the_loader_is_built(tmp_path):
+def test_a_setting_a_state_cannot_keep_is_refused_before_any_batch(tmp_path):
     info = corpus(tmp_path, {"a": 2}, docs_per_file=5)
+    loader = build_dataloader(base_config(info, datasets=["a"], weights=[1]), stages=numpy_setting)
     with pytest.raises(ConfigError, match="NumpySetting: settings\\(\\)\\['flag'\\] is bool"):
-        build_dataloader(base_config(info, datasets=["a"], weights=[1]), stages=numpy_setting)
+        iter(loader)
 
 
 def test_a_state_of_a_same_named_order_from_elsewhere_is_refused_naming_both(tmp_path):
