@@ -114,7 +114,8 @@ def carried_state(loader: Any, dp_rank: int, dp_world_size: int) -> dict[str, An
 
     Args:
         loader: This rank's ``FmsDataLoader``.
-        dp_rank, dp_world_size: This rank's place in data parallelism.
+        dp_rank: This rank's data-parallel rank.
+        dp_world_size: The data-parallel size.
 
     Raises:
         ConfigError: The gathered states do not fit together (ranks at different steps,
