@@ -5,7 +5,7 @@ an unbroken run (each global step's sequences compared by hash).
 The unbroken run is fmsdata's own loader on one rank with the same global batch: by G2 a
 global step's sequences do not depend on the number of ranks, and the 2-process run's first
 steps are checked against it too. Deselected by default (``-m trainers`` runs them; they
-need the ``test-trainers`` extra, see the README)."""
+need the ``test-trainers`` extra, see docs/guide/trainers.md)."""
 
 import hashlib
 import json
