@@ -14,7 +14,7 @@ shards, about 10,000 buffered lines, EOS per document):
   tokens) upweighted to 20% of the mix, so it cycles through many epochs;
 - ``smallmix``: 1,024 logical shards, ``short`` documents mixed 1:1 with a small dataset of
   1,100 documents of about 60 tokens (at full size), each shard's share of it far below a
-  line: it rotates its portions over the shards' epochs (README "Document order").
+  line: it rotates its portions over the shards' epochs (docs/guide/document-order.md).
 
 Per corpus: tokens/s in process and with each worker count asked for, each as a ratio to
 the bare read taken just before it, and to a *shuffled* bare read of the same files (each

@@ -181,7 +181,8 @@ class FlatBuffer:
     Args:
         path: The shard, for error messages.
         flat: All tokens of the shard (usually a view of a memory map).
-        starts, lengths: Each document's first token in ``flat`` and its token count.
+        starts: Each document's first token in ``flat``.
+        lengths: Each document's token count.
         maps: The ``MappedFile``s behind ``flat`` (released and closed with the reader).
     """
 

@@ -306,7 +306,7 @@ def check_exactly_once_per_epoch(
     emitted batch plus those states, each document of a logical shard is seen exactly
     ``epoch`` times, or once more if the shard's walk passed it in the current epoch.
 
-    A small dataset that rotates (README "Document order") reads, in epoch ``e``, the
+    A small dataset that rotates (docs/guide/document-order.md) reads, in epoch ``e``, the
     portion of shard ``order[(at + e) % n_shards]`` (``order[at]`` the shard itself): each
     portion's documents are then seen once for every completed epoch any shard spent on it,
     and the documents seen once more than that add up to the positions of the shards

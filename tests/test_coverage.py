@@ -55,7 +55,7 @@ def test_every_token_once_per_epoch_across_ranks(tmp_path, num_workers):
     steps=st.integers(1, 60),
     packing=st.sampled_from(["hard", "pad"]),
 )
-# A 15-document dataset over 6 shards rotates its portions (README "Document order").
+# A 15-document dataset over 6 shards rotates its portions (docs/guide/document-order.md).
 @example(seed=0, shards=6, window=0, weight=1.0, mean=3, steps=1, packing="hard")
 def test_coverage_over_configurations(seed, shards, window, weight, mean, steps, packing):
     info = corpus(scratch_dir(), {"a": 2, "b": 1}, docs_per_file=15, mean_length=mean)

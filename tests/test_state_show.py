@@ -107,10 +107,12 @@ def test_counts_leave_out_what_a_filter_dropped_per_dataset(
     )
     assert main(["state", "show", str(tmp_path / "state.fms")]) == 0
     text = capsys.readouterr().out
-    assert "dropped docs" in text
+    assert "dropped by filters" in text
     for name, got in truth.items():
         row = next(line.split() for line in text.splitlines() if line.startswith(name + " "))
         assert row[1:3] == [f"{got['docs']:,}", f"{got['tokens']:,}"], row
+        dropped = summary["datasets"][name]
+        assert row[6:8] == [f"{dropped['dropped_docs']:,}", f"{dropped['dropped_tokens']:,}"]
 
 
 @pytest.mark.parametrize("how", ["skip", "skip_steps"])

@@ -11,6 +11,7 @@ is JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -82,35 +83,85 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     show.set_defaults(run=run_show)
 
 
+@dataclasses.dataclass(frozen=True)
+class FoundStates:
+    """Loader states found at a path: where exactly (a file or folder), every rank's
+    snapshot, and what held them when it was not fmsdata's own file (a trainer's
+    checkpoint entry, a DCP entry), else None."""
+
+    where: str
+    states: list[dict[str, Any]]
+    source: str | None = None
+
+
 def read_states(path: str, storage: Storage | None = None) -> tuple[str, list[dict[str, Any]]]:
     """(where the states were found, every rank's snapshot) for any supported ``path``: a
-    local path or a URL (``storage`` says how to reach it); a DCP folder only locally."""
+    local path or a URL (``storage`` says how to reach it); DCP and trainer checkpoint
+    folders only locally."""
+    found = find_states(path, storage)
+    return found.where, found.states
+
+
+def find_states(path: str, storage: Storage | None = None) -> FoundStates:
+    """The loader states at ``path``: a state file, a loader checkpoint folder, a folder of
+    automatic checkpoints, a DCP folder, or a trainer's checkpoint (torchtitan, OLMo-core,
+    Lightning: ``fmsdata.integrations.checkpoints``), each read without running anything.
+
+    Raises:
+        StateMismatchError: Nothing readable there, saying what was found instead.
+    """
     from fmsdata.checkpoint import latest_checkpoint, read_checkpoint
+    from fmsdata.integrations.checkpoints import dcp_loader_state, trainer_checkpoint_state
     from fmsdata.remote.folder import Folder
     from fmsdata.state.checkpointsave import state_names
-    from fmsdata.state.file import state_from_bytes
 
+    local = not is_url(path) or url_scheme(path) == "file"
     here = Folder(location(path, "PATH"), storage)
     if here.is_file():
-        return path, [state_from_bytes(here.read(), path)]
+        return _file_states(path, here, local)
     names = here.names()
     if not names:
         raise StateMismatchError(f"{path}: no such file or folder")
     if ".metadata" in names:
-        return path, _read_dcp(_local_dcp(path))
+        return _unpacked(dcp_loader_state(_local_dcp(path)))
     if state_names(names):
-        return path, read_checkpoint(path, storage=storage)
+        return FoundStates(path, read_checkpoint(path, storage=storage))
     latest = latest_checkpoint(path, storage=storage)
     if latest is not None:
-        return latest, read_checkpoint(latest, storage=storage)
-    if not is_url(path) or url_scheme(path) == "file":
-        dcp_step = _newest_dcp_step(local_path(path, "PATH"))
-        if dcp_step is not None:
-            return dcp_step, _read_dcp(dcp_step)
+        return FoundStates(latest, read_checkpoint(latest, storage=storage))
+    if local:
+        found = trainer_checkpoint_state(local_path(path, "PATH"))
+        if found is not None:
+            return _unpacked(found)
     raise StateMismatchError(
         f"{path}: no loader state (loader_rank_*.fms, a complete step_*/ folder of them, "
-        "or, in a local folder, a torch.distributed.checkpoint)"
+        "or, in a local folder, a torch.distributed.checkpoint, a torchtitan step-<N>/, an "
+        "OLMo-core step<N>/ or a Lightning .ckpt, or a folder of their step folders)"
     )
+
+
+def _file_states(path: str, here: Any, local: bool) -> FoundStates:
+    """A single file: fmsdata's state file, or a trainer's ``torch.save`` checkpoint (a
+    Lightning ``.ckpt``, an OLMo-core ``rank<r>.pt``); a local one is read in place (only
+    its pickle, not the tensors)."""
+    import io
+
+    from fmsdata.integrations.checkpoints import torch_save_loader_state
+    from fmsdata.state.file import state_from_bytes
+    from fmsdata.state.torchsave_read import is_torch_save
+
+    with open(local_path(path, "PATH"), "rb") if local else io.BytesIO(here.read()) as stream:
+        if is_torch_save(stream):
+            return _unpacked(torch_save_loader_state(stream, path))
+        return FoundStates(path, [state_from_bytes(stream.read(), path)])
+
+
+def _unpacked(found: Any) -> FoundStates:
+    """A ``TrainerState``'s packed union as one plain state."""
+    from fmsdata.state.format import LoaderState
+
+    states = [LoaderState.unpack(found.packed).to_plain()]
+    return FoundStates(found.where, states, found.source)
 
 
 def _local_dcp(path: str) -> str:
@@ -121,38 +172,6 @@ def _local_dcp(path: str) -> str:
         "torch.distributed.checkpoint folders are read from local disk: copy the folder "
         "first (fmsdata download URL DIR)",
     )
-
-
-def _newest_dcp_step(path: str) -> str | None:
-    """The ``step_<N>`` sub-folder of ``path`` holding a DCP checkpoint with the largest
-    ``N`` (a training script's checkpoint folder, as ``examples/train_fsdp.py`` writes
-    one), or None. The summary names the folder, so the user sees which step was read."""
-    steps = []
-    for name in os.listdir(path):
-        number = name.removeprefix("step_")
-        if number != name and number.isdigit():
-            if os.path.isfile(os.path.join(path, name, ".metadata")):
-                steps.append((int(number), name))
-    return os.path.join(path, max(steps)[1]) if steps else None
-
-
-def _read_dcp(path: str) -> list[dict[str, Any]]:
-    from fmsdata.state.dcp_read import read_metadata, read_tensors
-    from fmsdata.state.format import LoaderState
-
-    metadata = read_metadata(path)
-    entries = read_tensors(path, metadata, _is_loader_key)
-    if not entries:
-        raise StateMismatchError(f"{path}: the checkpoint holds no fmsdata loader state")
-    packed = {key.rsplit(".", 1)[-1]: value for key, value in entries.items()}
-    return [LoaderState.unpack(packed).to_plain()]
-
-
-def _is_loader_key(key: str) -> bool:
-    from fmsdata.state.format import META_KEY, SHARD_PREFIX
-
-    leaf = key.rsplit(".", 1)[-1]
-    return leaf == META_KEY or leaf.startswith(SHARD_PREFIX)
 
 
 def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -304,8 +323,14 @@ def settle_states(
     return [loader.snapshot(settle=True)]
 
 
-def _fraction(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+def print_tables(summary: dict[str, Any]) -> None:
+    """The per-dataset and per-logical-shard tables (``fmsdata.cli.statetable``)."""
+    from fmsdata.cli.statetable import dataset_table, shard_table
+
+    print("\nper dataset:")
+    print("\n".join(dataset_table(summary["datasets"])))
+    print("\nper logical shard:")
+    print("\n".join(shard_table(summary["shards"])))
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -313,7 +338,8 @@ def run_show(args: argparse.Namespace) -> int:
         from fmsdata.cli.plots import check_plot_target, plot_state
 
         check_plot_target(args.plot)
-    where, states = read_states(args.path, storage_from_args(args))
+    found = find_states(args.path, storage_from_args(args))
+    where, states = found.where, found.states
     saved_version = states[0].get("version") if states and isinstance(states[0], dict) else None
     if args.stages and not args.config:
         raise ConfigError("--stages names the run's chain for --config: pass both")
@@ -324,9 +350,9 @@ def run_show(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot_state(summary, args.plot, title=f"loader state: {where}")
     if args.json:
-        print(json.dumps({"path": where, **summary}, indent=2))
+        print(json.dumps({"path": where, "source": found.source, **summary}, indent=2))
         return 0
-    print(f"loader state: {where}")
+    print(f"loader state: {where}" + (f" ({found.source})" if found.source else ""))
     print(
         f"format version {summary['saved_version']}"
         + (
@@ -352,40 +378,7 @@ def run_show(args: argparse.Namespace) -> int:
         print(f"note: {summary['left_out']}")
     else:
         print("the counts below are exact: every line delivered is in them")
-    print(
-        "\ndelivered = in lines handed out; buffered = in lines still in the shuffle buffer; "
-        "unsent = rest of a document split across lines, not handed out yet; held = in "
-        "lines another stage holds; dropped = taken out of the lines by a filter or "
-        "transform (a document with a dropped piece); too short = documents under "
-        "min_length, never read into lines"
-    )
-    print(
-        f"{'dataset':16} {'delivered docs':>14} {'tokens':>14} {'buffered docs':>13} "
-        f"{'tokens':>10} {'unsent tokens':>13} {'held tokens':>11} {'dropped docs':>12} "
-        f"{'tokens':>10} {'too short':>9} {'epochs done':>11}"
-    )
-    for name, total in summary["datasets"].items():
-        print(
-            f"{name:16} {total['docs']:14,} {total['tokens']:14,} {total['buffered_docs']:13,} "
-            f"{total['buffered_tokens']:10,} {total['unsent_tokens']:13,} "
-            f"{total['held_tokens']:11,} {total['dropped_docs']:12,} "
-            f"{total['dropped_tokens']:10,} {total['skipped_docs']:9,} "
-            f"{_fraction(total['epochs_done']):>11}"
-        )
-    header = f"{'shard':>5} {'dataset':16} {'epoch':>5} {'position':>17}"
-    print(f"\n{header} {'delivered docs':>14} {'tokens':>14} {'buffered tokens':>15}")
-    for row in summary["shards"]:
-        for name, info in row["datasets"].items():
-            position = f"{info['pos']}/{info['size']}" if info["size"] >= 0 else "not started"
-            print(
-                f"{row['id']:5} {name:16} {info['epoch']:5} {position:>17} {info['docs']:14,} "
-                f"{info['tokens']:14,} {info['buffered_tokens']:15,}"
-            )
-        if row["advance"]:
-            print(
-                f"{'':5} (+{row['advance']} line(s) emitted after this recorded position, "
-                "not in these counts)"
-            )
+    print_tables(summary)
     for name, counts in summary["stage_counts"].items():
         print(f"\n{name}: " + ", ".join(f"{key} {value:,}" for key, value in counts.items()))
     if args.plot is not None:

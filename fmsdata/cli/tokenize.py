@@ -81,8 +81,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default="arrow",
         dest="fmt",
         help="shard format written: arrow (Bamba), megatron (.bin+.idx), flat (tatm/OLMo token "
-        "streams with EOS), pbin (Modalities), mds (MosaicML streaming); see the README's "
-        "formats table",
+        "streams with EOS), pbin (Modalities), mds (MosaicML streaming); see the "
+        "table in docs/guide/tokenize.md",
     )
     parser.add_argument(
         "--eos-token",

@@ -243,11 +243,12 @@ def get_data_loader(
 
     Args:
         cfg: fms-fsdp's ``train_config`` (or any object or mapping with its fields).
-        rank, world_size: This process's place in the job.
+        rank: This process's rank.
+        world_size: The number of ranks in the job.
         postprocess: Callables applied in order to each line (an int32 tensor); their
             result (a tensor or a tuple of tensors) is batched like PyTorch's collate.
 
-        order: ``"fmsdata"`` (exact rescale, see the README) or ``"fms-fsdp"``: the
+        order: ``"fmsdata"`` (exact rescale, see the docs' fms-fsdp page) or ``"fms-fsdp"``: the
             batches fms-fsdp ``mamba-new`` yields for this config, rank, world size and
             workers, bit for bit (with ``fim_training``: ``mamba-fim``'s, FIM included),
             resuming from its ``loader_state_*.pth`` checkpoints

@@ -12,7 +12,7 @@ __all__ = ["SteeringConfig"]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SteeringConfig:
-    """Interventions in a run (README "Steering a run"): a mix changed on resume, batches
+    """Interventions in a run (docs/guide/steering.md): a mix changed on resume, batches
     passed over. Neither shapes a line, so neither is part of a state's fingerprint.
 
     Attributes:

@@ -33,13 +33,21 @@ trainers do.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.state.format import META_KEY, SHARD_PREFIX
 
-__all__ = ["FORMAT", "carried_state", "gather_rank_payloads", "packed_union", "resolve_dp"]
+__all__ = [
+    "FORMAT",
+    "carried_state",
+    "gather_rank_payloads",
+    "packed_union",
+    "resolve_dp",
+    "saved_union",
+]
 
 FORMAT = "fmsdata-rank-states/1"
 _FORMAT_KEY = "format"
@@ -106,7 +114,8 @@ def carried_state(loader: Any, dp_rank: int, dp_world_size: int) -> dict[str, An
 
     Args:
         loader: This rank's ``FmsDataLoader``.
-        dp_rank, dp_world_size: This rank's place in data parallelism.
+        dp_rank: This rank's data-parallel rank.
+        dp_world_size: The data-parallel size.
 
     Raises:
         ConfigError: The gathered states do not fit together (ranks at different steps,
@@ -175,6 +184,32 @@ def packed_union(state: Any, logical_shards: int, where: str) -> dict[str, bytes
             raise StateMismatchError(f"{where}.{key}: expected bytes, got {type(value).__name__}")
         union[key] = bytes(value)
     return union
+
+
+def saved_union(state: Any, where: str) -> dict[str, bytes]:
+    """``packed_union`` of an entry whose ``logical_shards`` is not known beforehand (a tool
+    reading a trainer's checkpoint): it is read from the entry's own meta, then the entry
+    is checked as strictly as a loader checks it.
+
+    Raises:
+        StateMismatchError: Naming ``where``, the field and the value found.
+    """
+    if not isinstance(state, Mapping) or state.get(_FORMAT_KEY) != FORMAT:
+        return packed_union(state, 1, where)  # raises: not a mapping, or not this format
+    meta = state.get(META_KEY)
+    if not isinstance(meta, (bytes, bytearray)):
+        raise StateMismatchError(f"{where}.{META_KEY}: expected bytes, got {type(meta).__name__}")
+    try:
+        shards = json.loads(bytes(meta).decode("utf-8"))["fingerprint"]["logical_shards"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise StateMismatchError(
+            f"{where}.{META_KEY}: not the JSON of a loader state's meta entry ({err!r})"
+        ) from None
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
+        raise StateMismatchError(
+            f"{where}.{META_KEY}: fingerprint.logical_shards is {shards!r}, not a count"
+        )
+    return packed_union(state, shards, where)
 
 
 def _as_bytes(value: Any) -> bytes:

@@ -38,7 +38,9 @@ def build_dataloader(
             leaves unset that the root's ``metadata.json`` records (format, EOS id,
             vocabulary size) comes from there (``fmsdata.data.rootconfig``); the loader's
             ``config`` attribute is the completed one.
-        rank, world_size: Default to ``torch.distributed``, then ``RANK``/``WORLD_SIZE``.
+        rank: This process's rank; default from ``torch.distributed``, then ``RANK``.
+        world_size: The number of ranks; default from ``torch.distributed``, then
+            ``WORLD_SIZE``.
         preprocess: Optional per-line function run in the workers in place of the built-in
             causal-LM shift: ``preprocess(line, n_tokens) -> {name: array}``, where ``line``
             is the packed int64 line (``seq_length + 1`` tokens, padding after

@@ -125,7 +125,8 @@ class FmsDataLoader(DataLoader):
         continues from the consumed state. Runs by itself at interpreter exit.
 
         Raises:
-            The error of the pending save, if it failed (after the iterations are closed).
+            FmsDataError: The error of the pending save, if it failed (after the iterations
+                are closed), whatever its class.
         """
         try:
             if self.checkpointer is not None:

@@ -283,11 +283,15 @@ def get_dataset(
             ``dense_mask``; see ``document_mask``).
         dense_mask: Return the mask as the dense ``[L, L]`` boolean matrix.
         token_output_format: ``"torch"`` (int64 tensors) or ``"numpy"`` (int64 arrays).
-        val_split_size, split, split_seed: ``create_split(val_split_size, split_seed)``
+        val_split_size: With ``split``: ``create_split(val_split_size, split_seed)``
             then ``set_split(split)``.
+        split: ``"train"``, ``"val"`` or None (see ``val_split_size``).
+        split_seed: The seed of ``create_split`` (None: the last windows are held out).
         vocab_size: Default: the metadata's (a larger one is a padded model vocabulary).
-        file_type, col_name, token_dtype: How to read the files, where the metadata does
-            not say (``dtype`` is tatm's name for ``token_dtype``).
+        file_type: The shard format, where the metadata does not say.
+        col_name: The token column, where the metadata does not say.
+        token_dtype: The token type, where the metadata does not say (``dtype`` is tatm's
+            name for it).
         cache_dir: Where one-time indexes go (default ``$FMSDATA_CACHE``).
         storage: Access options of remote roots.
 

@@ -41,8 +41,11 @@ class FillInMiddle(TokenStage):
     Args:
         source: The chain it follows.
         key: The shard's random key for this stage (``Shard.key("fim")``).
-        psm_rate, spm_rate: Probabilities of the two layouts (sum at most 1).
-        pre, mid, suf: Sentinel token ids (None: no token inserted).
+        psm_rate: Probability of the PSM layout (with ``spm_rate``, at most 1).
+        spm_rate: Probability of the SPM layout.
+        pre: The ``<PRE>`` sentinel token id (None: no token inserted).
+        mid: The ``<MID>`` sentinel token id (None: no token inserted).
+        suf: The ``<SUF>`` sentinel token id (None: no token inserted).
         min_length: Pieces whose content is shorter stay as they are.
         frame: Line and document delimiters (BOL, BOS, EOS, EOL ids) that stay at the
             edges of a piece rather than being moved.

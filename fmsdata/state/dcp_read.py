@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
     Metadata,
     MetadataIndex,
     StorageMeta,
@@ -39,7 +40,13 @@ from torch.futures import Future
 from fmsdata.errors import StateMismatchError
 from fmsdata.util.urls import local_path
 
-__all__ = ["SafeFileSystemReader", "read_metadata", "read_tensors", "ALLOWED_GLOBALS"]
+__all__ = [
+    "SafeFileSystemReader",
+    "read_metadata",
+    "read_tensors",
+    "read_objects",
+    "ALLOWED_GLOBALS",
+]
 
 METADATA_FILE = ".metadata"
 
@@ -268,7 +275,49 @@ def read_tensors(
     return out
 
 
+def read_objects(
+    folder: str | os.PathLike[str], metadata: Metadata, wanted: Callable[[str], bool]
+) -> dict[str, Any]:
+    """The non-tensor entries (DCP's bytes entries: strings, bytes, numbers, small dicts)
+    whose key passes ``wanted``, each read with ``torch.load(weights_only=True)``.
+
+    Raises:
+        StateMismatchError: An entry's storage is missing, outside the folder, cut short,
+            transformed, or holds anything ``weights_only`` refuses (nothing is run).
+    """
+    folder = os.fspath(folder)
+    storage = metadata.storage_data if isinstance(metadata.storage_data, dict) else {}
+    out = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if wanted(key) and isinstance(meta, BytesStorageMetadata):
+            data = _entry_bytes(folder, key, storage.get(MetadataIndex(key)))
+            try:
+                out[key] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            except Exception as err:
+                raise StateMismatchError(
+                    f"{folder}: DCP entry {key!r} is not plain data that "
+                    f"torch.load(weights_only=True) accepts ({_reason(err)}); nothing in it "
+                    "was run"
+                ) from None
+    return out
+
+
 def _read_entry(folder: str, key: str, info: Any, size: tuple[int, ...]) -> torch.Tensor:
+    where = f"{folder}: DCP entry {key!r}"
+    data = _entry_bytes(folder, key, info)
+    try:
+        tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise StateMismatchError(
+            f"{where}: not a tensor saved by DCP ({type(err).__name__}: {err})"
+        ) from None
+    if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != size:
+        raise StateMismatchError(f"{where}: the stored tensor does not have the recorded size")
+    return tensor
+
+
+def _entry_bytes(folder: str, key: str, info: Any) -> bytes:
+    """The stored bytes of one entry, at the place ``info`` (its ``_StorageInfo``) gives."""
     where = f"{folder}: DCP entry {key!r}"
     relative = getattr(info, "relative_path", None)
     offset, length = getattr(info, "offset", None), getattr(info, "length", None)
@@ -293,12 +342,4 @@ def _read_entry(folder: str, key: str, info: Any, size: tuple[int, ...]) -> torc
         raise StateMismatchError(
             f"{where}: {path} ends {length - len(data)} bytes before the entry does"
         )
-    try:
-        tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise StateMismatchError(
-            f"{where}: not a tensor saved by DCP ({type(err).__name__}: {err})"
-        ) from None
-    if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != size:
-        raise StateMismatchError(f"{where}: the stored tensor does not have the recorded size")
-    return tensor
+    return data

@@ -1,6 +1,6 @@
 """The trainer tests (marker ``trainers``) are deselected unless asked for with
 ``-m trainers``: they need the ``test-trainers`` extra and several torchrun launches
-(see the README section "Using it with torchtitan / OLMo-core / Lightning")."""
+(see docs/guide/trainers.md)."""
 
 import pytest
 

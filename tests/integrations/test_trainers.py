@@ -5,7 +5,7 @@ an unbroken run (each global step's sequences compared by hash).
 The unbroken run is fmsdata's own loader on one rank with the same global batch: by G2 a
 global step's sequences do not depend on the number of ranks, and the 2-process run's first
 steps are checked against it too. Deselected by default (``-m trainers`` runs them; they
-need the ``test-trainers`` extra, see the README)."""
+need the ``test-trainers`` extra, see docs/guide/trainers.md)."""
 
 import hashlib
 import json
@@ -30,6 +30,12 @@ TRAINERS = {
     "lightning": ("lightning_train.py", "--ckpt-dir"),
 }
 GLOBAL_BATCH, SEQ, SHARDS, STEPS, SAVED_AT = 4, 32, 4, 6, 3
+# Where each trainer's checkpoint keeps the loader state, as ``fmsdata state show`` names it.
+SOURCES = {
+    "torchtitan": "torch.distributed.checkpoint, entry 'dataloader'",
+    "olmo_core": "OLMo-core trainer state, entry 'data_loader'",
+    "lightning": "Lightning checkpoint, entry 'FmsDataModule'",
+}
 
 
 def step_hash(input_ids):
@@ -83,6 +89,25 @@ def data(tmp_path_factory):
     return str(root), unbroken
 
 
+def check_state_show(trainer, folder):
+    """``fmsdata state show`` on the folder the trainer wrote finds its newest checkpoint
+    and reads every data-parallel rank's state from it (every logical shard), without
+    running it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "fmsdata.cli.main", "state", "show", str(folder), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["source"] == SOURCES[trainer]
+    assert (summary["steps"], summary["world_size"]) == (SAVED_AT, 2)
+    assert summary["lines"] == SAVED_AT * GLOBAL_BATCH
+    assert [shard["id"] for shard in summary["shards"]] == list(range(SHARDS))
+    assert str(SAVED_AT) in os.path.relpath(summary["path"], folder)
+
+
 @pytest.mark.parametrize("trainer", sorted(TRAINERS))
 def test_checkpoint_resume_and_rescale_through_the_trainer(trainer, data, tmp_path):
     pytest.importorskip(trainer if trainer != "lightning" else "pytorch_lightning")
@@ -103,6 +128,7 @@ def test_checkpoint_resume_and_rescale_through_the_trainer(trainer, data, tmp_pa
     first, sizes = launch(2, "two", SAVED_AT, "first.jsonl")
     assert sizes == {2}
     assert first == {s: unbroken[s] for s in range(1, SAVED_AT + 1)}
+    check_state_show(trainer, tmp_path / "two")
     shutil.copytree(tmp_path / "two", tmp_path / "one")
 
     on_two, sizes = launch(2, "two", STEPS, "on_two.jsonl")
