@@ -12,6 +12,9 @@ __all__ = [
     "StateMismatchError",
     "RemoteIOError",
     "MissingDependencyError",
+    "WorkerStalledError",
+    "WorkerDiedError",
+    "CheckpointWarning",
 ]
 
 
@@ -41,3 +44,18 @@ class RemoteIOError(FmsDataError, OSError):
 
 class MissingDependencyError(FmsDataError, ImportError):
     """An optional package a feature needs is not installed; names the ``pip install`` fix."""
+
+
+class WorkerStalledError(FmsDataError, RuntimeError):
+    """A DataLoader worker sent nothing for ``worker_timeout`` seconds; names the worker,
+    its logical shards, the stage and file it was in, and its Python stack."""
+
+
+class WorkerDiedError(FmsDataError, RuntimeError):
+    """A DataLoader worker was killed (by the OS, a signal, an abort); names the worker,
+    its logical shards and how it ended."""
+
+
+class CheckpointWarning(UserWarning):
+    """An automatic checkpoint could not be written whole (its folder was removed while it
+    was written, ...); names the folder. The run goes on; the next save is written anew."""

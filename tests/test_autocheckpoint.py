@@ -6,13 +6,14 @@ import shutil
 import threading
 
 import pytest
-from support import base_config, corpus, global_steps, rank_loaders, take
+from support import assert_same_batches, base_config, corpus, global_steps, rank_loaders, take
 
 from fmsdata import build_dataloader
 from fmsdata.checkpoint import latest_checkpoint, load_loader_state, save_loader_state
-from fmsdata.errors import StateMismatchError
+from fmsdata.errors import CheckpointWarning, RemoteIOError, StateMismatchError
 from fmsdata.remote.folder import Folder
 from fmsdata.state import checkpoint as ckpt
+from fmsdata.state.checkpointsave import complete_save
 
 
 def auto_config(info, root, every=1, keep=1, **overrides):
@@ -189,3 +190,48 @@ def test_an_automatic_resume_says_what_it_resumed_from(tmp_path, caplog):
         resumed = build_dataloader(config)
         assert resumed.steps == 4  # its first use loads the newest checkpoint
     assert f"resumed the loader from {latest_checkpoint(root)}, at step 4" in caplog.text
+
+
+@pytest.mark.parametrize("removed", ["step folder", "checkpoint root"])
+def test_a_save_whose_folder_is_removed_meanwhile_warns_and_the_run_goes_on(
+    tmp_path, monkeypatch, removed
+):
+    """The folder of the save in flight (or the whole checkpoint root) is removed after
+    the state file is written, before its marker: the run goes on with a
+    ``CheckpointWarning`` naming the folder, that save is never read, and the next save
+    is complete and resumes where an unbroken run is."""
+    info = corpus(tmp_path / "data")
+    root = tmp_path / "auto"
+    config = auto_config(info, root, every=2, keep=0)
+    unbroken = take(build_dataloader({**config, "checkpoint_dir": None, "checkpoint_every": 0}), 10)
+    real = Folder.write
+
+    def removed_meanwhile(folder, name, data):
+        if name.endswith(".done") and folder.location.endswith("step_000000004"):
+            shutil.rmtree(root / "step_000000004" if removed == "step folder" else root)
+        return real(folder, name, data)
+
+    monkeypatch.setattr(Folder, "write", removed_meanwhile)
+    loader = build_dataloader(config)
+    with pytest.warns(CheckpointWarning, match=r"auto/step_000000004 was removed while"):
+        batches = take(loader, 6)
+    loader.close()
+    assert_same_batches(unbroken[:6], batches)
+    assert latest_checkpoint(root) == str(root / "step_000000006")
+    assert complete_save(Folder(root / "step_000000004")) is None
+    resumed = build_dataloader(config)
+    assert_same_batches(unbroken[6:], take(resumed, 4))
+
+
+def test_a_save_that_fails_otherwise_still_raises(tmp_path, monkeypatch):
+    """Only a folder removed meanwhile is a warning: a save the store refuses is an error."""
+    info = corpus(tmp_path / "data")
+    root = tmp_path / "auto"
+
+    def refused(folder, name, data):
+        raise RemoteIOError(f"write {folder.join(name)} failed: AccessDenied")
+
+    monkeypatch.setattr(Folder, "write", refused)
+    loader = build_dataloader(auto_config(info, root, every=2))
+    with pytest.raises(RemoteIOError, match="AccessDenied"):
+        take(loader, 4)

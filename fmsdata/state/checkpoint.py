@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # handed out by __getattr__ below
     from fmsdata.state.dcp_read import SafeFileSystemReader
 
 from fmsdata.config import CheckpointConfig
+from fmsdata.errors import CheckpointWarning
 from fmsdata.remote.folder import Folder
 from fmsdata.remote.storage import Storage
 from fmsdata.state.checkpointsave import (
@@ -223,7 +225,9 @@ class AutoCheckpointer:
     The state is captured on the calling thread (it describes exactly the batches handed
     out so far); serializing and writing happen on the thread. ``wait()`` (called before
     the next save, by ``FmsDataLoader.close()`` and at interpreter exit) finishes a save in
-    flight. A save cut short leaves its folder incomplete (``fmsdata.state.checkpointsave``).
+    flight. A save cut short leaves its folder incomplete (``fmsdata.state.checkpointsave``);
+    one whose folder was removed while it was written warns (``CheckpointWarning``) and
+    the run goes on.
 
     Only rank 0 removes old folders, and only complete ones beyond the newest ``keep``
     complete saves (``keep`` 0 keeps all), plus incomplete ones older than those (saves
@@ -240,6 +244,7 @@ class AutoCheckpointer:
         self.folder = _folder(root, storage, "checkpoint_dir", write=True)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._lost: str | None = None  # a save whose folder was removed meanwhile
 
     @classmethod
     def from_config(
@@ -273,6 +278,15 @@ class AutoCheckpointer:
             write_save(snapshot, folder)
             if int(snapshot["rank"]) == 0:
                 self._prune()
+        except FileNotFoundError as err:
+            # Its folder (or the checkpoint root) was removed while it was written: this
+            # save is lost, not the run; the previous complete save and the next are whole.
+            self._lost = (
+                f"the loader checkpoint {folder.location} was removed while it was saved "
+                f"(step {snapshot['steps']}, rank {snapshot['rank']}): this save is "
+                f"incomplete and is never read; the run goes on and saves again at the "
+                f"next multiple of checkpoint_every={self.every} ({err})"
+            )
         except BaseException as err:  # reported on the training thread by wait()
             self._error = err
 
@@ -289,11 +303,21 @@ class AutoCheckpointer:
                 remove_save(self.folder.sub(name))
 
     def wait(self) -> None:
-        """Block until the save in flight is written; re-raise its error, if any."""
+        """Block until the save in flight is written; re-raise its error, if any. A save
+        whose folder was removed while it was written is not an error: a
+        ``CheckpointWarning`` naming the folder (the run goes on).
+
+        Raises:
+            FmsDataError: The error of the save in flight, whatever its class.
+        """
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         release(self.wait)
+        if self._lost is not None:
+            lost, self._lost = self._lost, None
+            logger.warning("%s", lost)
+            warnings.warn(lost, CheckpointWarning, stacklevel=2)
         if self._error is not None:
             error, self._error = self._error, None
             raise error

@@ -36,6 +36,7 @@ former rule: every rank's file present and recording the same world size and ste
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import re
 from collections.abc import Iterable, Sequence
@@ -90,16 +91,32 @@ def marker_name(save: Save) -> str:
 
 def write_save(snapshot: dict[str, Any], folder: Folder) -> str:
     """Write one rank's ``snapshot`` into ``folder``: its state file, then its marker,
-    then this rank's older markers there go. Returns the state file's location."""
+    then this rank's older markers there go. Returns the state file's location.
+
+    Raises:
+        FileNotFoundError: The folder was removed while the save was written (names it).
+        RemoteIOError: A remote write failed through every retry.
+    """
     save = Save(int(snapshot["rank"]), int(snapshot["world_size"]), int(snapshot["steps"]))
     data = state_to_bytes(snapshot)
     path = folder.write(rank_name(save.rank), data)
     marker = marker_name(save)
     folder.write(marker, b"")
-    for name in folder.names():
+    names = folder.names()
+    for name in names:
         match = _MARKER.match(name)
         if match and int(match.group(1)) == save.rank and name != marker:
             folder.delete(name)
+    # The listing that finds older markers also shows the folder still holds what was
+    # written: one removed meanwhile (by hand, by a cleanup job) is recreated by a later
+    # write on local disk or is a bare prefix on an object store, never an error there.
+    lost = [n for n in (rank_name(save.rank), marker) if n not in names]
+    if lost:
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"{folder.location}: removed while the loader state was saved into it "
+            f"({', '.join(lost)} gone)",
+        )
     return path
 
 
