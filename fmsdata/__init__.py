@@ -18,6 +18,8 @@ from fmsdata.errors import (
     RemoteIOError,
     ShardFormatError,
     StateMismatchError,
+    WorkerDiedError,
+    WorkerStalledError,
 )
 
 if TYPE_CHECKING:
@@ -41,6 +43,8 @@ __all__ = [
     "StateMismatchError",
     "RemoteIOError",
     "MissingDependencyError",
+    "WorkerStalledError",
+    "WorkerDiedError",
 ]
 
 __version__ = "0.1.0"

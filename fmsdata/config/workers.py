@@ -26,6 +26,14 @@ class WorkersConfig:
         multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None (default).
         open_files: Shard files each worker keeps open at most (least recently used closed);
             None sizes it from the streams the worker runs.
+        worker_timeout: Seconds the main process waits for a worker's next item (a few
+            dozen batches) before it asks the worker for its Python stack and raises
+            ``WorkerStalledError`` naming the worker, its logical shards, the stage and file
+            it is in, and the stack. The default, 600, is far beyond any healthy item
+            (downloading a worker's first files from object storage included); None or 0
+            waits forever. A dead worker is reported at once, whatever this is. Without
+            workers (``num_workers=0``) the stages run in the training process itself,
+            where nothing can watch them.
     """
 
     num_workers: int = 1
@@ -33,6 +41,7 @@ class WorkersConfig:
     pin_memory: bool = False
     multiprocessing_context: StartMethod | None = None
     open_files: int | None = None
+    worker_timeout: float | None = 600.0
 
     def __post_init__(self) -> None:
         set_field(self, "num_workers", non_negative_int("num_workers", self.num_workers))
@@ -50,3 +59,11 @@ class WorkersConfig:
                     f"open_files must be a positive integer or None, got {self.open_files!r}"
                 )
             set_field(self, "open_files", files)
+        if self.worker_timeout is not None:
+            timeout = to_number("worker_timeout", self.worker_timeout, float)
+            if not timeout >= 0 or timeout == float("inf"):
+                raise ConfigError(
+                    "worker_timeout must be a non-negative number of seconds or None (0 and "
+                    f"None: wait forever), got {self.worker_timeout!r}"
+                )
+            set_field(self, "worker_timeout", timeout or None)

@@ -12,12 +12,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from fmsdata.config import LoaderConfig
-from fmsdata.errors import ConfigError, ShardFormatError
+from fmsdata.errors import ConfigError, FmsDataError, ShardFormatError
 from fmsdata.handlers import fault_note
 from fmsdata.handlers.mapping import changed_in_dead_workers
 from fmsdata.loader import resume
 from fmsdata.loader.consumed import ConsumedState
 from fmsdata.loader.feed import PIN_AHEAD, RUNNING, AheadFeed, Feed
+from fmsdata.loader.workerwait import WatchedItems, dead_workers, died_error, poll_seconds
 from fmsdata.state.checkpoint import AutoCheckpointer, resume_from_folder
 from fmsdata.state.fingerprint import stream_fingerprint
 from fmsdata.state.format import LoaderState, ShardEntry
@@ -28,7 +29,7 @@ from fmsdata.transport.items import WorkerItem
 from fmsdata.transport.rounds import item_batch_counts, ring_slots
 from fmsdata.util.exits import finish_at_exit
 from fmsdata.worker.dataset import RankLineDataset, Start
-from fmsdata.worker.topology import RowDealer
+from fmsdata.worker.topology import RowDealer, worker_shards
 
 __all__ = ["FmsDataLoader", "as_tuple"]
 
@@ -60,6 +61,8 @@ class FmsDataLoader(DataLoader):
             pin_memory=False,  # batches are pinned after assembly
             prefetch_factor=config.prefetch_factor if workers > 0 else None,
             multiprocessing_context=config.multiprocessing_context if workers > 0 else None,
+            # A bounded wait for each item, asked again until worker_timeout (WatchedItems).
+            timeout=poll_seconds(config.worker_timeout) if workers > 0 else 0,
         )
         self.config: LoaderConfig = config
         # Made at the first use (``_prepare``): nothing is read while the loader is built.
@@ -72,6 +75,8 @@ class FmsDataLoader(DataLoader):
         self._pending_skip = 0  # skipped batches the running iteration has yet to pass over
         # Where the workers of the running iteration write their process ids.
         self._pids: torch.Tensor | None = None
+        # Where they write the descriptor of their stack file (``fmsdata.worker.stall``).
+        self._stacks: torch.Tensor | None = None
         # Final batches written by the workers, made at the first iteration and kept.
         self._ring: BatchRing | None = None
         self._iterations: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
@@ -178,7 +183,7 @@ class FmsDataLoader(DataLoader):
                     # see ``RUNNING``.
                     if self._parts is parts:
                         self._parts = None
-                        self._pids = None
+                        self._pids = self._stacks = None
                     # The last reference but the local one: torch's ``__del__`` of the
                     # DataLoader iterator stops the workers when it goes, below.
                     RUNNING.pop(id(parts), None)
@@ -232,18 +237,42 @@ class FmsDataLoader(DataLoader):
     def _next_items(self, feed: Any) -> tuple[list[Any], int]:
         """The next item of each worker. A worker killed by a signal (a SIGBUS when a
         mapped shard is cut short under it) becomes a ``ShardFormatError`` naming the file
-        that changed, where one did; PyTorch's own message blames shared memory."""
+        that changed, where one did (PyTorch's own message blames shared memory), else a
+        ``WorkerDiedError`` naming the worker, its logical shards and the signal; one that
+        sent nothing for ``worker_timeout`` seconds, a ``WorkerStalledError``
+        (``fmsdata.loader.workerwait``).
+
+        Raises:
+            WorkerStalledError: A worker sent nothing for ``worker_timeout`` seconds.
+            WorkerDiedError: A worker died.
+            ShardFormatError: A worker died reading a file that changed under it.
+        """
         if self.num_workers == 0:
             fault_note.start()  # a SIGBUS here prints the stack, naming the mapped files
         try:
             return feed.items()
         except RuntimeError as err:
-            changed = changed_in_dead_workers(self.worker_pids())
+            if isinstance(err, FmsDataError):
+                raise
+            pids = self.worker_pids()
+            changed = changed_in_dead_workers(pids)
             if changed:
                 raise ShardFormatError(
                     f"{'; '.join(changed)} (a DataLoader worker died reading it: {err})"
                 ) from err
+            dead = dead_workers(getattr(self._parts, "parts", None))
+            if dead:
+                assert self._pids is not None
+                raise died_error(dead, self._pids.tolist(), self._worker_shards, err) from err
             raise
+
+    def _worker_shards(self, worker: int) -> list[int]:
+        """The logical shards DataLoader worker ``worker`` runs (as it deals them itself)."""
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        local = worker_shards(
+            len(dataset.shard_ids), worker, self.num_workers, self.config.batch_size
+        )
+        return [dataset.shard_ids[i] for i in local]
 
     def _start_workers(self) -> tuple[Iterator[Any], BatchRing | None]:
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
@@ -263,9 +292,10 @@ class FmsDataLoader(DataLoader):
                 getattr(torch, config.output_dtype),
             )
         self._settle()
-        self._pids = None
+        self._pids = self._stacks = None
         if self.num_workers > 0:
             self._pids = torch.zeros(self.num_workers, dtype=torch.int64).share_memory_()
+            self._stacks = torch.zeros(self.num_workers, dtype=torch.int64).share_memory_()
         dataset.start_at(
             Start(
                 paths=self._consumed.paths,
@@ -275,9 +305,15 @@ class FmsDataLoader(DataLoader):
                 ring=self._ring,
                 first_batch=self._ring.position if self._ring is not None else 0,
                 pids=self._pids,
+                stacks=self._stacks,
             )
         )
-        self._parts = super().__iter__()
+        parts: Iterator[Any] = super().__iter__()
+        if self._pids is not None and self._stacks is not None:
+            parts = WatchedItems(
+                parts, config.worker_timeout, self._pids, self._stacks, self._worker_shards
+            )
+        self._parts = parts
         return self._parts, self._ring
 
     def skip(self, n_steps: int) -> None:

@@ -43,6 +43,7 @@ from fmsdata.transport.batchring import BatchRing
 from fmsdata.transport.batchwrite import RowPieces, token_fields, write_batches
 from fmsdata.transport.items import ShardStates, WorkerItem, carry_errors
 from fmsdata.transport.rounds import item_batch_counts, item_rounds
+from fmsdata.worker import stall
 from fmsdata.worker.chain import ShardPipeline, build_pipeline, open_shard
 from fmsdata.worker.materialize import LineWriter
 from fmsdata.worker.topology import RowDealer, Topology, owned_shards, worker_shards
@@ -83,6 +84,9 @@ class Start:
             names a worker that died or stalled by it.
         paths: Per logical shard, where its state sat in the loaded state (what a refusal
             of it names).
+        stacks: Where each DataLoader worker writes the descriptor of the file it dumps its
+            stack into when asked (``fmsdata.worker.stall``; a shared int64 tensor like
+            ``pids``; None: not asked for).
     """
 
     states: Mapping[int, Any] = dataclasses.field(default_factory=dict)
@@ -92,6 +96,7 @@ class Start:
     first_batch: int = 0
     pids: torch.Tensor | None = None
     paths: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    stacks: torch.Tensor | None = None
 
 
 @dataclasses.dataclass
@@ -285,6 +290,7 @@ class RankLineDataset(IterableDataset):
         info = get_worker_info()
         if info is None:
             return self._items(ring)
+        stall.arm(self.start.stacks, info.id)
         if self.start.pids is not None:
             self.start.pids[info.id] = os.getpid()
         # In a worker, an fmsdata error travels as an item: the main process raises it
@@ -298,6 +304,8 @@ class RankLineDataset(IterableDataset):
         mine = set(worker_shards(len(self.shard_ids), worker, num_workers, config.batch_size))
         context = self.shard_context(len(mine))
         readers = context.readers
+        if info is not None:
+            stall.watch(readers, context.accesses)  # the file a stall report names
         writer = self.line_writer(context)
         start = self.start
         shards: dict[int, ShardPipeline] = {}

@@ -66,6 +66,7 @@ SAMPLES = {
     "pin_memory": (True, True, {}),
     "multiprocessing_context": ("spawn", "spawn", {}),
     "open_files": (5, 5, {}),
+    "worker_timeout": (30, 30.0, {}),
     "endpoint_url": ("http://127.0.0.1:9000", "http://127.0.0.1:9000", {}),
     "aws_profile": ("research", "research", {}),
     "anonymous": (True, True, {}),
@@ -98,7 +99,7 @@ DEFAULTS_BEFORE_SECTIONS = {
     "return_cu_seqlens": False, "return_document_ids": False, "fim_training": False,
     "psm_rate": 0.0, "spm_rate": 0.0, "fim_pre": None, "fim_mid": None, "fim_suf": None,
     "fim_min_length": 2, "batch_format": "dict", "output_dtype": "int64",
-    "ignore_first_labels": 0, "open_files": None, "checkpoint_dir": None,
+    "ignore_first_labels": 0, "open_files": None, "worker_timeout": 600.0, "checkpoint_dir": None,
     "checkpoint_every": 0, "checkpoint_keep": 2,
 }  # fmt: skip
 
@@ -118,7 +119,7 @@ def sectioned(flat):
 
 def test_the_samples_cover_every_field_once():
     names = LoaderConfig.field_names()
-    assert len(names) == len(set(names)) == len(SAMPLES) == 61
+    assert len(names) == len(set(names)) == len(SAMPLES) == 62
     assert set(names) == set(SAMPLES) == set(DEFAULTS_BEFORE_SECTIONS)
 
 
@@ -318,6 +319,7 @@ def test_the_sections_and_fields_are_those_documented():
             "pin_memory",
             "multiprocessing_context",
             "open_files",
+            "worker_timeout",
         ),
         "remote": (
             "endpoint_url",

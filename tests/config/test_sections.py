@@ -99,6 +99,8 @@ def test_sections_are_frozen_keyword_only_dataclasses(name):
         (WorkersConfig, {"prefetch_factor": 0}, "prefetch_factor must be a positive integer"),
         (WorkersConfig, {"multiprocessing_context": "threads"}, "fork, spawn, forkserver"),
         (WorkersConfig, {"open_files": 0}, "open_files must be a positive integer or None"),
+        (WorkersConfig, {"worker_timeout": -1}, "worker_timeout must be a non-negative number"),
+        (WorkersConfig, {"worker_timeout": "soon"}, "worker_timeout"),
         (WorkersConfig, {"pin_memory": "yes"}, "pin_memory must be true or false, got 'yes'"),
         (RemoteConfig, {"endpoint_url": ""}, "endpoint_url must be a non-empty string"),
         (RemoteConfig, {"storage_options": ["secret"]}, "got a list"),
