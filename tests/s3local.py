@@ -10,9 +10,11 @@ meets in object storage.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import http.client
 import http.server
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -96,6 +98,46 @@ class _QuietServer(http.server.ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One request a ``FaultProxy`` forwarded and answered.
+
+    Attributes:
+        rank: The N of a ``fmsdata-rank/N`` in its User-Agent (a client's
+            ``config_kwargs={"user_agent_extra": ...}``), or -1.
+        kind: ``LIST`` (a GET of a bucket with a listing query), ``GET``, ``HEAD``,
+            ``PUT``, ``DELETE``, ``POST``.
+        key: ``/bucket/key`` (a listing: ``/bucket``).
+        prefix: The prefix a listing asked for ('' for the whole bucket); None otherwise.
+        recursive: A listing without a delimiter: every key under the prefix, at any depth.
+        bytes: Bytes of the answer's body (a HEAD: none).
+    """
+
+    rank: int
+    kind: str
+    key: str
+    prefix: str | None
+    recursive: bool
+    bytes: int
+
+    @classmethod
+    def of(cls, method: str, path: str, headers, body: bytes) -> Request:
+        parts = urllib.parse.urlsplit(path)
+        query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+        key = parts.path.rstrip("/") or "/"
+        bucket_only = key.count("/") == 1
+        listing = method == "GET" and bucket_only and ("list-type" in query or "prefix" in query)
+        match = re.search(r"fmsdata-rank/(\d+)", headers.get("User-Agent", ""))
+        return cls(
+            rank=int(match.group(1)) if match else -1,
+            kind="LIST" if listing else method,
+            key=key,
+            prefix=query.get("prefix", [""])[0] if listing else None,
+            recursive=listing and not query.get("delimiter", [""])[0],
+            bytes=0 if method == "HEAD" else len(body),
+        )
+
+
 class FaultProxy:
     """An HTTP proxy on 127.0.0.1 that forwards to ``target`` and fails on a schedule.
 
@@ -112,7 +154,8 @@ class FaultProxy:
             without forwarding anything (a client killed in the middle of an upload).
 
     ``gets`` counts the GET requests by URL path (``/bucket/key``, query left out): how
-    often each object was read, as the server sees it.
+    often each object was read, as the server sees it. ``log`` records every request
+    answered (``Request``: who sent it, its kind, key, listed prefix, body bytes).
     """
 
     def __init__(
@@ -131,6 +174,7 @@ class FaultProxy:
         self.requests = 0
         self.gets: collections.Counter[str] = collections.Counter()
         self.injected: dict[str, int] = {}
+        self.log: list[Request] = []
         self.fail_all = False
         self.hold = hold
         self.held = threading.Event()
@@ -203,6 +247,8 @@ class FaultProxy:
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
                 if self.command != "HEAD":
                     self.wfile.write(data)
+                with proxy._lock:
+                    proxy.log.append(Request.of(self.command, self.path, self.headers, data))
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 

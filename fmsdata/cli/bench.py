@@ -103,17 +103,26 @@ def owned_shards(loader: FmsDataLoader) -> int:
 
 
 def measure(
-    loader: FmsDataLoader, warmup: int, batches: int, seconds: float = 0.0
+    loader: FmsDataLoader,
+    warmup: int,
+    batches: int,
+    seconds: float = 0.0,
+    calls_before: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Figures of one loader: first batch latency, steady tokens/s and what was timed (after
     ``fill_batches`` + ``warmup`` untimed batches, at least ``batches`` batches and
-    ``seconds``), the state's size and save/load times."""
+    ``seconds``), the state's size and save/load times, and the calls this rank made to
+    object storage up to its first batch and in all (``requests_first_batch``,
+    ``requests``: counted from ``calls_before``, this process's before the loader was
+    built; ``fmsdata.remote.requests``)."""
     from fmsdata.state.file import state_from_bytes, state_to_bytes
 
+    before = calls_before or {}
     start = time.perf_counter()
     iterator = iter(loader)
     next(iterator)
     first = time.perf_counter() - start
+    first_calls = since(loader.remote_calls(), before)
     filling = fill_batches(loader)
     untimed = max(0, filling - 1) + warmup  # the first batch counts toward the fill
     for _ in range(untimed):
@@ -133,6 +142,7 @@ def measure(
     loader.load_state_dict(state_from_bytes(data))
     load = time.perf_counter() - start
     del iterator
+    all_calls = since(loader.remote_calls(), before)
     return {
         "num_workers": loader.config.num_workers,
         "first_batch_s": first,
@@ -145,7 +155,30 @@ def measure(
         "state_bytes": len(data),
         "state_save_s": save,
         "state_load_s": load,
+        "requests_first_batch": first_calls,
+        "requests": all_calls,
     }
+
+
+def since(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    """Counts of calls made between ``before`` and ``now``."""
+    return {kind: count - before.get(kind, 0) for kind, count in now.items()}
+
+
+def describe_calls(figures: dict[str, Any]) -> list[str]:
+    """The calls to object storage of one rank, or nothing for a root on local disk."""
+    lines = []
+    for label, key in (("to 1st batch", "requests_first_batch"), ("in all", "requests")):
+        calls = figures[key]
+        made = {kind: n for kind, n in calls.items() if kind != "bytes" and n}
+        if not made:
+            continue
+        listed = ", ".join(f"{n:,} {kind}" for kind, n in made.items())
+        lines.append(
+            f"requests/rank   {label}: {listed}; {calls['bytes'] / 1e6:,.1f} MB read "
+            "(this process and its workers)"
+        )
+    return lines
 
 
 def describe(figures: dict[str, Any], config: Any, owned: int) -> list[str]:
@@ -169,6 +202,7 @@ def describe(figures: dict[str, Any], config: Any, owned: int) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from fmsdata.config import LoaderConfig
     from fmsdata.loader import build_dataloader
+    from fmsdata.remote import requests
     from fmsdata.util import compiled
 
     config = LoaderConfig.from_yaml(args.config, args.overrides)
@@ -176,8 +210,9 @@ def run(args: argparse.Namespace) -> int:
     results = []
     with compiled.serving("foreground"):  # the timed window runs compiled code
         for workers in counts:
+            before = requests.as_dict(requests.counts())
             loader = build_dataloader(config.replace(num_workers=workers))
-            figures = measure(loader, args.warmup, args.batches, args.seconds)
+            figures = measure(loader, args.warmup, args.batches, args.seconds, before)
             results.append((figures, owned_shards(loader)))
             del loader  # its workers stop before the next count starts
     if args.json:
@@ -197,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"state           {figures['state_bytes'] / 1024:9.1f} KiB")
         save, load = figures["state_save_s"] * 1e3, figures["state_load_s"] * 1e3
         print(f"state save/load {save:6.1f} / {load:.1f} ms")
+        for line in describe_calls(figures):
+            print(line)
     if len(results) > 1:
         print(ranking([figures for figures, _ in results]))
     return 0

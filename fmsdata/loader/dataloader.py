@@ -19,6 +19,7 @@ from fmsdata.loader import resume
 from fmsdata.loader.consumed import ConsumedState
 from fmsdata.loader.feed import PIN_AHEAD, RUNNING, AheadFeed, Feed
 from fmsdata.loader.workerwait import WatchedItems, dead_workers, died_error, poll_seconds
+from fmsdata.remote import requests
 from fmsdata.state.checkpoint import AutoCheckpointer, resume_from_folder
 from fmsdata.state.fingerprint import stream_fingerprint
 from fmsdata.state.format import LoaderState, ShardEntry
@@ -77,6 +78,8 @@ class FmsDataLoader(DataLoader):
         self._pids: torch.Tensor | None = None
         # Where they write the descriptor of their stack file (``fmsdata.worker.stall``).
         self._stacks: torch.Tensor | None = None
+        # Where the workers of every iteration count their calls to object storage.
+        self._calls: torch.Tensor | None = None
         # Final batches written by the workers, made at the first iteration and kept.
         self._ring: BatchRing | None = None
         self._iterations: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
@@ -296,6 +299,9 @@ class FmsDataLoader(DataLoader):
         if self.num_workers > 0:
             self._pids = torch.zeros(self.num_workers, dtype=torch.int64).share_memory_()
             self._stacks = torch.zeros(self.num_workers, dtype=torch.int64).share_memory_()
+            if self._calls is None:
+                shape = (self.num_workers, len(requests.FIELDS))
+                self._calls = torch.zeros(shape, dtype=torch.int64).share_memory_()
         dataset.start_at(
             Start(
                 paths=self._consumed.paths,
@@ -306,6 +312,7 @@ class FmsDataLoader(DataLoader):
                 first_batch=self._ring.position if self._ring is not None else 0,
                 pids=self._pids,
                 stacks=self._stacks,
+                calls=self._calls,
             )
         )
         parts: Iterator[Any] = super().__iter__()
@@ -351,6 +358,16 @@ class FmsDataLoader(DataLoader):
         for at, n in self.config.skip_steps:
             if self._consumed.steps == at and [at, n] not in self._consumed.skips:
                 self.skip(n)
+
+    def remote_calls(self) -> dict[str, int]:
+        """Calls to object storage so far by this process (every loader in it, and
+        whatever else it reached through fmsdata) and by this loader's DataLoader workers,
+        by kind, and the bytes read: ``{"LIST", "HEAD", "GET", "PUT", "DELETE", "OTHER",
+        "bytes"}`` (``fmsdata.remote.requests`` says what a call is)."""
+        total = requests.counts()
+        if self._calls is not None:
+            total = total + self._calls.numpy().sum(axis=0)
+        return requests.as_dict(total)
 
     def worker_pids(self) -> list[int]:
         """Process ids of the workers of the current iteration (empty without workers; a

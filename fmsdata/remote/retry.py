@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fmsdata.errors import RemoteIOError
+from fmsdata.remote import requests
 
 __all__ = ["RetryPolicy", "is_transient", "retrying"]
 
@@ -121,7 +122,7 @@ def retrying(
     tries = max(1, policy.tries)
     for attempt in range(tries):
         try:
-            return _call(call, args, kwargs)
+            return _call(call, args, kwargs, what, url)
         except FileNotFoundError as err:
             raise FileNotFoundError(errno.ENOENT, f"no such object: {url}") from err
         except (NotADirectoryError, IsADirectoryError):
@@ -149,9 +150,10 @@ def retrying(
     raise AssertionError("unreachable")
 
 
-def _call(call: Callable[..., T], args: Any, kwargs: Any) -> T:
-    """``call(*args, **kwargs)``; an error it raises is re-raised with the locals of its
-    traceback's finished frames dropped (the traceback still prints).
+def _call(call: Callable[..., T], args: Any, kwargs: Any, what: str, url: str) -> T:
+    """``call(*args, **kwargs)``, counted (``fmsdata.remote.requests``: every try is a
+    request); an error it raises is re-raised with the locals of its traceback's finished
+    frames dropped (the traceback still prints).
 
     fsspec's ``sync`` re-raises the error of the coroutine from a list its own frame
     holds: a reference cycle through the traceback. The traceback also holds the frames
@@ -161,7 +163,10 @@ def _call(call: Callable[..., T], args: Any, kwargs: Any) -> T:
     garbage collector ran, long after the user dropped them.
     """
     try:
-        return call(*args, **kwargs)
+        result = call(*args, **kwargs)
     except BaseException as err:
+        requests.note(what, url, None)
         traceback.clear_frames(err.__traceback__)
         raise
+    requests.note(what, url, result)
+    return result

@@ -29,6 +29,7 @@ from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.handlers.base import FileHandler
 from fmsdata.handlers.derived import default_cache_dir
 from fmsdata.handlers.mapping import resident_file_bytes
+from fmsdata.remote import requests
 from fmsdata.remote.cache import FileSource, file_source
 from fmsdata.remote.storage import Storage
 from fmsdata.stages.lineblock import LineBlock, SpanScratch
@@ -87,6 +88,9 @@ class Start:
         stacks: Where each DataLoader worker writes the descriptor of the file it dumps its
             stack into when asked (``fmsdata.worker.stall``; a shared int64 tensor like
             ``pids``; None: not asked for).
+        calls: Where each DataLoader worker counts its calls to object storage
+            (``fmsdata.remote.requests``; a shared int64 tensor, a row per worker; None:
+            the worker counts in its own process only).
     """
 
     states: Mapping[int, Any] = dataclasses.field(default_factory=dict)
@@ -97,6 +101,7 @@ class Start:
     pids: torch.Tensor | None = None
     paths: Mapping[int, str] = dataclasses.field(default_factory=dict)
     stacks: torch.Tensor | None = None
+    calls: torch.Tensor | None = None
 
 
 @dataclasses.dataclass
@@ -291,6 +296,8 @@ class RankLineDataset(IterableDataset):
         if info is None:
             return self._items(ring)
         stall.arm(self.start.stacks, info.id)
+        if self.start.calls is not None:
+            requests.count_into(self.start.calls[info.id].numpy())
         if self.start.pids is not None:
             self.start.pids[info.id] = os.getpid()
         # In a worker, an fmsdata error travels as an item: the main process raises it
