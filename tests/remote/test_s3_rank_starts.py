@@ -2,24 +2,29 @@
 and none lists the whole root when ``meta/counts.csv`` exists.
 
 Counts, never times, taken by the S3 proxy (the requests the server answers, each tagged
-with its rank), for ranks of jobs of 2, 4 and 16 ranks started one after another as fresh
+with its rank), for ranks of jobs of 2 and 16 ranks started one after another as fresh
 processes would be (``rankstarts``); ``benchmarks/remote.py`` starts them at once.
 """
 
+import json
+import re
+
 import pytest
+import yaml
 from rankstarts import per_rank, rank_config, start_rank, whole_listings
 from s3local import upload_tree
 from support import base_config, corpus, take
 
 from fmsdata import build_dataloader
 from fmsdata.checkpoint import save_loader_state
+from fmsdata.cli.main import main
 from fmsdata.data.indexing import index_root
 from fmsdata.handlers import ArrowDocHandler
 
 pytestmark = pytest.mark.remote
 
 SHARDS = 16
-WORLDS = (2, 4, 16)
+WORLDS = (2, 16)
 
 
 @pytest.fixture
@@ -65,7 +70,7 @@ def saved_by_two_ranks(config, bucket, tmp_path):
 
 def test_requests_per_rank_do_not_grow_with_the_number_of_ranks(job, tmp_path, bucket):
     """Every kind of request (LIST, HEAD, GET, PUT) and the bytes read, of a fresh start
-    and of a resume (from a save of 2 ranks: a rescale beyond 2), at 2, 4 and 16 ranks: no
+    and of a resume (from a save of 2 ranks: a rescale beyond 2), at 2 and 16 ranks: no
     rank of a larger job asks more than the most a rank of the smallest asks."""
     config, recorder = job
     folder = saved_by_two_ranks(config, bucket, tmp_path)
@@ -112,3 +117,23 @@ def test_calls_counted_by_fmsdata_match_the_requests_the_server_saw(job, tmp_pat
     assert calls["bytes"] == seen["bytes"] > 0
     assert calls["GET"] >= seen["GET"] > 0
     assert calls["LIST"] + calls["HEAD"] >= seen["LIST"] + seen["HEAD"] > 0
+
+
+def test_bench_on_a_remote_root_prints_requests_and_bytes_per_rank(job, tmp_path, capsys):
+    """``fmsdata bench`` counts the calls of its process and of its DataLoader worker: the
+    bytes it reports are those of the objects the server sent."""
+    config, recorder = job
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**config, "cache_dir": str(tmp_path / "cache")}))
+    argv = ["bench", str(path), "num_workers=1", "--batches", "2", "--seconds", "0"]
+    mark = len(recorder.log)
+    assert main([*argv, "--warmup", "0", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    seen = per_rank([r for r in recorder.log[mark:] if r.rank == -1], [-1])[-1]
+    assert figures["requests"]["bytes"] == seen["bytes"] > 0  # the worker's reads included
+    assert figures["requests"]["GET"] >= seen["GET"]
+    first = figures["requests_first_batch"]
+    assert 0 < first["GET"] <= figures["requests"]["GET"]
+    assert main([*argv, "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"requests/rank   to 1st batch: \d+ LIST, \d+ HEAD, \d+ GET; [\d.]+ MB", out)
