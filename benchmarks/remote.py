@@ -20,6 +20,13 @@ Figures:
   without ``meta/counts.csv`` (counted from the files' metadata), beside the same root
   read from local disk (loopback S3, no added latency).
 
+- start-up at many ranks (issue 46, ``--ranks-only``; ``benchmarks/remote_ranks.py``):
+  ``--ranks`` rank processes started at once over one bucket, each to its first batch,
+  fresh and resuming: the requests per rank the server answered (LIST, HEAD, GET, PUT,
+  bytes), whether any rank listed the whole root, and, with the ranks of one node sharing
+  a cache folder, how often each file was downloaded in all; beyond that, ranks of
+  ``--ranks-simulate`` ranks started alone as fresh processes would be.
+
 Loopback moto is a single Python process on the same two cores, so absolute S3 rates say
 little; the ratios to local disk and between job counts are what to read.
 
@@ -27,6 +34,7 @@ little; the ratios to local disk and between job counts are what to read.
     python benchmarks/remote.py --quick    # 2 x 8 shards
     python benchmarks/remote.py --trim-only  # only the cache trim figures (a few seconds)
     python benchmarks/remote.py --starts-only  # only the start and resume rows
+    python benchmarks/remote.py --ranks-only --ranks 8,64  # requests per rank at N ranks
 
 Prints a table and writes ``benchmarks/results/remote.json``.
 """
@@ -379,7 +387,38 @@ def main() -> int:
     )
     parser.add_argument("--held-only", action="store_true", help="only the files-held rows")
     parser.add_argument("--held-cache-gb", type=float, default=100.0, help="their remote_cache_gb")
+    parser.add_argument("--ranks-only", action="store_true", help="only the rank start-up rows")
+    parser.add_argument("--ranks", default="8,64", help="rank processes started at once")
+    parser.add_argument(
+        "--ranks-simulate", default="256,1024", help="job sizes of the simulated rank starts"
+    )
+    parser.add_argument("--ranks-files", type=int, default=256, help="files of the rank rows")
+    parser.add_argument(
+        "--ranks-shards", type=int, default=1024, help="their logical shards (all sizes divide)"
+    )
     args = parser.parse_args()
+    if args.ranks_only:
+        from remote_ranks import rank_rows
+
+        from fmsdata.util import compiled
+
+        for key, value in CREDENTIALS.items():
+            os.environ[key.upper()] = value
+        os.environ["AWS_DEFAULT_REGION"] = REGION
+        scratch = tempfile.mkdtemp(prefix="fmsdata-remote-")
+        server = S3Server()
+        worlds = [int(v) for v in args.ranks.split(",")]
+        sims = [int(v) for v in args.ranks_simulate.split(",") if v]
+        try:
+            with compiled.serving("foreground"):  # compiled here, before the ranks fork
+                ranks = rank_rows(
+                    server, scratch, args.ranks_files, args.ranks_shards, worlds, sims
+                )
+        finally:
+            server.stop()
+            shutil.rmtree(scratch, ignore_errors=True)
+        write_results(args.out, {"ranks": ranks})
+        return 0
     if args.held_only:
         for key, value in CREDENTIALS.items():
             os.environ[key.upper()] = value
