@@ -317,9 +317,8 @@ class FmsDataLoader(DataLoader):
         )
         parts: Iterator[Any] = super().__iter__()
         if self._pids is not None and self._stacks is not None:
-            parts = WatchedItems(
-                parts, config.worker_timeout, self._pids, self._stacks, self._worker_shards
-            )
+            shards = [self._worker_shards(w) for w in range(self.num_workers)]
+            parts = WatchedItems(parts, config.worker_timeout, self._pids, self._stacks, shards)
         self._parts = parts
         return self._parts, self._ring
 

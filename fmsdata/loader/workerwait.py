@@ -49,7 +49,8 @@ class WatchedItems:
             wait forever).
         pids, stacks: The shared tensors the workers write their process id and stack file
             into (``fmsdata.worker.dataset.Start``).
-        shards_of: The logical shards of worker ``w``.
+        shards: The logical shards of each worker (a list, not a method of the loader:
+            the loader holds this, which must not hold the loader back).
     """
 
     def __init__(
@@ -58,11 +59,11 @@ class WatchedItems:
         worker_timeout: float | None,
         pids: torch.Tensor,
         stacks: torch.Tensor,
-        shards_of: Callable[[int], Sequence[int]],
+        shards: Sequence[Sequence[int]],
     ):
         self.parts = parts
         self.timeout = worker_timeout
-        self.pids, self.stacks, self.shards_of = pids, stacks, shards_of
+        self.pids, self.stacks, self.shards = pids, stacks, shards
         self._received = 0  # items received: the worker due is this modulo the workers
 
     def __iter__(self) -> WatchedItems:
@@ -103,7 +104,7 @@ class WatchedItems:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        name = worker_name(worker, pid, self.shards_of(worker))
+        name = worker_name(worker, pid, self.shards[worker])
         if not pid:
             said = "it never started (it wrote no process id)"
         elif where.stage is None:
