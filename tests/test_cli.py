@@ -127,6 +127,9 @@ def test_bench_times_a_window_of_at_least_the_batches_and_seconds_after_the_fill
         def load_state_dict(self, state):
             pass
 
+        def remote_calls(self):
+            return {"GET": 0, "bytes": 0}
+
     figures = measure(Loader(), warmup=3, batches=2, seconds=0.05)
     assert figures["fill_batches"] == 5 and figures["warmup_batches"] == 1 + 4 + 3
     assert figures["timed_s"] >= 0.05 and figures["timed_batches"] > 2
