@@ -263,10 +263,12 @@ class FmsDataLoader(DataLoader):
                 raise ShardFormatError(
                     f"{'; '.join(changed)} (a DataLoader worker died reading it: {err})"
                 ) from err
-            dead = dead_workers(getattr(self._parts, "parts", None))
+            parts = getattr(self._parts, "parts", None)
+            dead = dead_workers(parts)
             if dead:
                 assert self._pids is not None
-                raise died_error(dead, self._pids.tolist(), self._worker_shards, err) from err
+                pids = self._pids.tolist()
+                raise died_error(parts, dead, pids, self._worker_shards, err) from err
             raise
 
     def _worker_shards(self, worker: int) -> list[int]:

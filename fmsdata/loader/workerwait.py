@@ -154,12 +154,18 @@ def dead_workers(parts: Any) -> list[tuple[int, int]]:
 
 
 def died_error(
+    parts: Any,
     dead: list[tuple[int, int]],
     pids: Sequence[int],
     shards_of: Callable[[int], Sequence[int]],
     cause: BaseException,
 ) -> WorkerDiedError:
-    """The error naming each dead worker, its logical shards and how it ended."""
+    """The error naming each dead worker of ``parts`` (torch's iterator), its logical
+    shards and how it ended. The workers of ``parts`` leave torch's SIGCHLD watch: a
+    traceback kept by the caller keeps ``parts`` alive, and torch would raise its own
+    error about the dead worker again at the next SIGCHLD this process gets (any child
+    process ending), at whatever line the main thread is on."""
+    _forget_workers(parts)
     parts = []
     for worker, code in dead:
         name = worker_name(worker, pids[worker] if worker < len(pids) else 0, shards_of(worker))
