@@ -116,8 +116,12 @@ def test_an_olmo_core_save_folder_is_read_at_its_newest_step(saved, tmp_path, ca
         for rank in (0, 1):
             torch.save(state, train / f"rank{rank}.pt")
     (tmp_path / "save" / "step5" / "model_and_optim").mkdir()
-    with pytest.raises(pickle.UnpicklingError):
-        torch.load(tmp_path / "save" / "step5" / "train" / "rank0.pt", weights_only=True)
+    # Importing megatron.core (another test may have) admits numpy's arrays in every
+    # weights_only load of the process: the refusal is checked where it still holds.
+    admitted = {getattr(g, "__name__", "") for g in torch.serialization.get_safe_globals()}
+    if "_reconstruct" not in admitted:
+        with pytest.raises(pickle.UnpicklingError):
+            torch.load(tmp_path / "save" / "step5" / "train" / "rank0.pt", weights_only=True)
     summary = shown(tmp_path / "save", capsys)
     same_counts(summary, reference)
     assert summary["path"] == str(tmp_path / "save" / "step5" / "train" / "rank0.pt")
