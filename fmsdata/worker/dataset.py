@@ -204,12 +204,14 @@ class RankLineDataset(IterableDataset):
                     context.accesses,
                     self.stages,
                 )
-                self._layout = (pipeline.layout(), self._writer(context).settings())
+                self._layout = (pipeline.layout(), self.line_writer(context).settings())
             finally:
                 context.close()
         return self._layout
 
-    def _writer(self, context: ShardContext) -> LineWriter:
+    def line_writer(self, context: ShardContext) -> LineWriter:
+        """The line writer of this config over ``context``'s datasets (what materializes
+        lines into rows)."""
         config = self.config
         return LineWriter(
             context.accesses,
@@ -296,7 +298,7 @@ class RankLineDataset(IterableDataset):
         mine = set(worker_shards(len(self.shard_ids), worker, num_workers, config.batch_size))
         context = self.shard_context(len(mine))
         readers = context.readers
-        writer = self._writer(context)
+        writer = self.line_writer(context)
         start = self.start
         shards: dict[int, ShardPipeline] = {}
 
