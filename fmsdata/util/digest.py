@@ -39,9 +39,15 @@ def digest_int64(hex_digest: str) -> int:
 
 def digest_hex(value: Any) -> str:
     """The hex digest of a ``step_digest`` value (a tensor, numpy or Python integer, or
-    the hex string itself)."""
+    the hex string itself).
+
+    Raises:
+        ValueError: A string that is not 16 hex digits.
+    """
     if isinstance(value, str):
-        return value.lower()
+        if len(value) != 2 * DIGEST_BYTES:
+            raise ValueError(f"a digest is {2 * DIGEST_BYTES} hex digits, got {value!r}")
+        return bytes.fromhex(value).hex()
     number = int(value.item() if hasattr(value, "item") else value)
     return (number & (2**64 - 1)).to_bytes(DIGEST_BYTES, "little").hex()
 
