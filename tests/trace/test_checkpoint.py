@@ -3,7 +3,9 @@ one a resumed run used, each told as delivered; a checkpoint that cannot tell th
 before it says so."""
 
 import pytest
-from support import base_config, corpus, roundtrip, take
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import base_config, corpus, roundtrip, scratch_dir, take
 from tracecheck import assert_step_delivered, rank_batches
 
 from fmsdata import StateMismatchError, build_dataloader
@@ -127,3 +129,39 @@ def test_a_checkpoint_that_cannot_tell_earlier_steps_says_how(info):
         tracer.step(2)
     # Told from the checkpoint the change was made at, they are.
     assert Tracer(changed, checkpoint=first).step(2).to_plain()["checked"]
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    seed=st.integers(0, 5),
+    shards_batch=st.sampled_from([(4, 4), (4, 2), (6, 3), (8, 4)]),
+    before_after=st.sampled_from([(2, 1), (1, 2), (2, 4), (4, 2), (3, 1)]),
+    saved_at=st.integers(0, 4),
+    extra=st.sampled_from(
+        [{}, {"packing": "pad", "pad_token": 5}, {"document_order": "sequential"}]
+    ),
+)
+def test_any_run_resumed_on_any_world_size_is_told(seed, shards_batch, before_after, saved_at, extra):
+    """Over seeds, logical shards, batch sizes, the world sizes before and after a
+    checkpoint and where it was taken: every step on both sides is told as delivered."""
+    shards, batch = shards_batch
+    before, after = before_after
+    if before > shards or after > shards:
+        return
+    info = corpus(scratch_dir(), {"a": 2, "b": 2}, docs_per_file=12, mean_length=30)
+    config = base_config(info, seed=seed, logical_shards=shards, batch_size=batch, **extra)
+    loaders = [build_dataloader(config, rank=r, world_size=before) for r in range(before)]
+    first = [take(loader, saved_at) for loader in loaders]
+    states = [roundtrip(loader.snapshot()) for loader in loaders]
+    resumed = []
+    for rank in range(after):
+        loader = build_dataloader(config, rank=rank, world_size=after)
+        loader.load_state_dict(states)
+        resumed.append(take(loader, 4))
+    tracer = Tracer(config, checkpoint=states, world_size=after)
+    for trace in tracer.steps(range(1, saved_at + 5)):
+        if trace.step <= saved_at:
+            batches = [first[r][trace.step - 1] for r in range(before)]
+        else:
+            batches = [resumed[r][trace.step - saved_at - 1] for r in range(after)]
+        assert_step_delivered(trace.to_plain(), batches, info)
