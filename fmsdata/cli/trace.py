@@ -256,6 +256,8 @@ def _batch(tracer: Any, args: argparse.Namespace) -> int:
         )
         return 0
     tokenizer = _root_tokenizer(tracer.origin_of(args.step).config)
+    how = "decoded with the root's tokenizer" if tokenizer else "token ids"
+    print(f"step {args.step}: input_ids of {len(inputs)} rank(s) x {inputs.shape[1]} rows, {how}")
     for rank, rows in enumerate(inputs):
         for row, ids in enumerate(rows):
             shown = (

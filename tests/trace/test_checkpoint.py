@@ -141,7 +141,9 @@ def test_a_checkpoint_that_cannot_tell_earlier_steps_says_how(info):
         [{}, {"packing": "pad", "pad_token": 5}, {"document_order": "sequential"}]
     ),
 )
-def test_any_run_resumed_on_any_world_size_is_told(seed, shards_batch, before_after, saved_at, extra):
+def test_any_run_resumed_on_any_world_size_is_told(
+    seed, shards_batch, before_after, saved_at, extra
+):
     """Over seeds, logical shards, batch sizes, the world sizes before and after a
     checkpoint and where it was taken: every step on both sides is told as delivered."""
     shards, batch = shards_batch

@@ -74,7 +74,8 @@ def test_batch_is_saved_and_printed(run, capsys, tmp_path):
         assert np.array_equal(labels[rank], delivered[2][rank]["labels"].numpy())
     code, out = trace(capsys, "--config", path, "--step", "3", "--batch")
     first = " ".join(map(str, delivered[2][0]["input_ids"][0].tolist()))
-    assert code == 0 and f"rank 0 row 0:\n{first}\n" in out
+    assert code == 0 and out.startswith("step 3: input_ids of 2 rank(s) x 4 rows, token ids")
+    assert f"rank 0 row 0:\n{first}\n" in out
 
 
 def test_verify_checks_a_log(run, capsys, tmp_path):
