@@ -10,6 +10,7 @@ deal says which step, rank and row each line became.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any
 
 import numpy as np
@@ -150,38 +151,39 @@ def trace_document(
         until = last
     if until < 1:
         raise ConfigError(f"--until counts steps from 1, got {until}")
-    after = tracer.origin("after")
-    _, file_index = find_document(after, dataset, file, doc)
     found = _Found()
     followed: set[int] = set()
-    checked = None
-    if last is not None:
-        before = tracer.origin("before")
-        ds, f = find_document(before, dataset, file_index, doc)
-        shards = reading_shards(before, ds, f, doc)
-        followed.update(shards)
-        with StepWalker(before, follow=shards) as walker:
-            _scan(walker, min(until, last), (ds, f, doc), found)
-            tracer.check_reaches(walker)
-        checked = (
-            f"steps up to {min(until, last)} replayed from {before.label}; the replay "
-            f"reaches the checkpoint's state (step {last}) in the shards followed"
-        )
+    checked = path = None
+    parts = [("before", min(until, last))] if last is not None else []
     if last is None or until > last:
-        ds, f = find_document(after, dataset, file_index, doc)
-        shards = reading_shards(after, ds, f, doc)
+        parts.append(("after", until))
+    for which, end in parts:
+        origin = tracer.origin(which)
+        if dataset not in [d.name for d in origin.dataset.catalog().datasets]:
+            continue  # not in the mix on this side of the checkpoint: never delivered here
+        ds, f = find_document(origin, dataset, file, doc)
+        path = origin.dataset.catalog().datasets[ds].paths[f]
+        shards = reading_shards(origin, ds, f, doc)
         followed.update(shards)
-        with StepWalker(after, follow=shards) as walker:
-            _scan(walker, until, (ds, f, doc), found)
-    access = after.dataset.catalog().datasets[find_document(after, dataset, file_index, doc)[0]]
+        with StepWalker(origin, follow=shards) as walker:
+            _scan(walker, end, (ds, f, doc), found)
+            if which == "before":
+                tracer.check_reaches(walker)
+                checked = (
+                    f"steps up to {end} replayed from {origin.label}; the replay reaches the "
+                    f"checkpoint's state (step {last}) in the shards followed"
+                )
+    if path is None:  # the message names the datasets there are
+        find_document(tracer.origin("after"), dataset, file, doc)
+    order = operator.itemgetter("step", "rank", "row", "start")
     return DocumentTrace(
         dataset,
-        access.paths[file_index],
+        str(path),
         doc,
         until,
-        found.seen,
-        found.passed_over,
-        found.dropped,
+        sorted(found.seen, key=order),
+        sorted(found.passed_over, key=order),
+        sorted(found.dropped, key=order),
         sorted(followed),
         checked,
         sorted(found.not_followed),

@@ -126,3 +126,26 @@ def test_documents_are_named_by_path_index_or_refused(info):
             tracer.document(*bad, until=2)
     with pytest.raises(ConfigError, match="--until"):
         tracer.document("a", 0, 0)
+
+
+def test_a_dataset_added_on_resume_is_sought_after_the_checkpoint_only(tmp_path):
+    info = corpus_with_tiny(tmp_path)
+    config = base_config(info, datasets=["a", "b"], weights=[2.0, 1.0])
+    loaders = [build_dataloader(config, rank=r, world_size=2) for r in range(2)]
+    before = [take(loader, 3) for loader in loaders]
+    states = [roundtrip(loader.snapshot()) for loader in loaders]
+    changed = {**config, "datasets": ["a", "b", "tiny"], "weights": [1.0, 1.0, 1.0]}
+    changed["allow_mix_change"] = True
+    after = []
+    for rank in range(2):
+        loader = build_dataloader(changed, rank=rank, world_size=2)
+        loader.load_state_dict(states)
+        after.append(take(loader, 5))
+    steps = [[before[r][s] for r in range(2)] for s in range(3)]
+    steps += [[after[r][s] for r in range(2)] for s in range(5)]
+    tracer = Tracer(changed, checkpoint=states)
+    for doc in range(3):
+        expected = deliveries(steps, info, "tiny/shard_00000.arrow", doc)
+        found = tracer.document("tiny", 0, doc, until=8).to_plain()
+        assert merged(found["seen"]) == merged(expected) and expected
+        assert "checked" not in found  # nothing before the checkpoint to tell
