@@ -115,6 +115,7 @@ class Tracer:
         self.world_size = world_size
         self.states = _read_states(checkpoint, storage or Storage.from_config(self.config.remote))
         self._origins: dict[str, Origin] = {}
+        self._checked: str | None = None
 
     # -- origins -----------------------------------------------------------------------
 
@@ -172,18 +173,12 @@ class Tracer:
         before = [s for s in wanted if last is not None and s <= last]
         after = [s for s in wanted if last is None or s > last]
         if before:
-            assert last is not None
-            origin = self.origin("before")
-            with StepWalker(origin) as walker:
-                traces = [self._trace(walker, step, tokens) for step in before]
-                self.check_reaches(walker)
-            checked = (
-                f"replayed from {origin.label} on {origin.world_size} rank(s); the replay "
-                f"reaches the checkpoint's state (step {last}) in every logical shard"
-            )
-            for trace in traces:
-                trace.checked = checked
-                yield trace
+            checked = self.checked_before()
+            with StepWalker(self.origin("before")) as walker:
+                for step in before:
+                    trace = self._trace(walker, step, tokens)
+                    trace.checked = checked
+                    yield trace
         if after:
             with StepWalker(self.origin("after")) as walker:
                 for step in after:
@@ -200,7 +195,12 @@ class Tracer:
         """Each rank's ``input_ids`` and ``labels`` of global step ``step`` (read from the
         data), as the loader delivered them (``output_dtype``)."""
         trace = self.step(step, tokens=True)
-        assert trace.batches is not None
+        if trace.batches is None:
+            at, n = trace.skipped or (0, 0)
+            raise ConfigError(
+                f"step {step} delivered no tokens: a skip of {n} step(s) at step {at} passed "
+                "over it"
+            )
         return trace.batches
 
     def _trace(self, walker: StepWalker, step: int, tokens: bool) -> StepTrace:
@@ -246,6 +246,24 @@ class Tracer:
                 yield trace.step, [batch_digest(b["input_ids"], b["labels"]) for b in trace.batches]
 
     # -- the check of a replay from the start ------------------------------------------
+
+    def checked_before(self) -> str:
+        """Check, once, that the run replayed from its start reaches the checkpoint in
+        every logical shard (a walk at span level); say how steps before it are told.
+
+        Raises:
+            StateMismatchError: As ``check_reaches``.
+        """
+        if self._checked is None:
+            origin = self.origin("before")
+            with StepWalker(origin) as walker:
+                self.check_reaches(walker)
+            self._checked = (
+                f"replayed from {origin.label} on {origin.world_size} rank(s); the replay "
+                f"reaches the checkpoint's state (step {self.checkpoint_step}) in every "
+                "logical shard"
+            )
+        return self._checked
 
     def check_reaches(self, walker: StepWalker) -> None:
         """Walk on to the checkpoint's step and compare the state of every shard followed
