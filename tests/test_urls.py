@@ -175,6 +175,9 @@ NOT_PATH_ARGS = {
     "download": {"jobs", "include", "exclude", "dry_run"},
     "bench": {"overrides", "batches", "warmup", "seconds", "workers", "json"},
     "state show": {"json", "stages"},
+    "state diff": {"json", "stages"},
+    # --stages names importable code; --doc a document; --verify and --out are paths.
+    "trace": {"step", "doc", "until", "batch", "world_size", "stages", "json"},
     # --stages and --handler name importable code (a module or a .py file of this machine).
     "warm": {"overrides"},
     "verify": {"overrides", "stages", "handler", "steps", "world_sizes", "workers", "json"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import weakref
 from collections.abc import Iterator, Sequence
@@ -26,11 +27,12 @@ from fmsdata.transport.batchring import BatchRing
 from fmsdata.transport.batchwrite import token_fields
 from fmsdata.transport.items import WorkerItem
 from fmsdata.transport.rounds import item_batch_counts, ring_slots
+from fmsdata.util.digest import batch_digest, digest_int64
 from fmsdata.util.exits import finish_at_exit
 from fmsdata.worker.dataset import RankLineDataset, Start
 from fmsdata.worker.topology import RowDealer
 
-__all__ = ["FmsDataLoader", "as_tuple"]
+__all__ = ["FmsDataLoader", "as_tuple", "due_skips"]
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +196,7 @@ class FmsDataLoader(DataLoader):
         self, items: list[WorkerItem], ring: BatchRing | None, k: int
     ) -> dict[str, torch.Tensor]:
         config = self.config
-        return assemble_batch(
+        batch = assemble_batch(
             items,
             ring,
             self._fields,
@@ -203,6 +205,10 @@ class FmsDataLoader(DataLoader):
             config.return_cu_seqlens,
             config.pin_memory,
         )
+        if config.return_step_digest:
+            digest = batch_digest(batch["input_ids"], batch["labels"])
+            batch["step_digest"] = torch.tensor(digest_int64(digest), dtype=torch.int64)
+        return batch
 
     def _consume(
         self, items: list[WorkerItem], batch: dict[str, torch.Tensor], k: int
@@ -267,11 +273,9 @@ class FmsDataLoader(DataLoader):
         if self.num_workers > 0:
             self._pids = torch.zeros(self.num_workers, dtype=torch.int64).share_memory_()
         dataset.start_at(
-            Start(
-                paths=self._consumed.paths,
-                states=self._consumed.shard_states(),
+            dataclasses.replace(
+                self.start_position(),
                 advance=self._consumed.workers_start(),
-                emitted=self._consumed.emitted(),
                 ring=self._ring,
                 first_batch=self._ring.position if self._ring is not None else 0,
                 pids=self._pids,
@@ -279,6 +283,26 @@ class FmsDataLoader(DataLoader):
         )
         self._parts = super().__iter__()
         return self._parts, self._ring
+
+    def start_position(self) -> Start:
+        """Where the next iteration starts, a loaded state's mix change applied: each of
+        the rank's shards' state, the lines consumed past it (``advance``) and the lines
+        consumed from each (``emitted``, where the row dealing continues). What
+        ``fmsdata.trace`` replays a run from."""
+        self._settle()
+        consumed = self._consumed
+        return Start(
+            paths=consumed.paths,
+            states=consumed.shard_states(),
+            advance=consumed.advances(),
+            emitted=consumed.emitted(),
+        )
+
+    @property
+    def skips(self) -> list[list[int]]:
+        """``[step, n]`` of every skip so far (the state's ``skips``): ``n`` batches passed
+        over when the run had consumed ``step``."""
+        return [list(skip) for skip in self._consumed.skips]
 
     def skip(self, n_steps: int) -> None:
         """Pass over the next ``n_steps`` batches of this rank without reading their tokens.
@@ -312,9 +336,8 @@ class FmsDataLoader(DataLoader):
         """Skips from ``config.skip_steps`` whose step has come and that the state lacks."""
         if not self.config.skip_steps:
             return
-        for at, n in self.config.skip_steps:
-            if self._consumed.steps == at and [at, n] not in self._consumed.skips:
-                self.skip(n)
+        for n in due_skips(self.config.skip_steps, self._consumed.steps, self._consumed.skips):
+            self.skip(n)
 
     def worker_pids(self) -> list[int]:
         """Process ids of the workers of the current iteration (empty without workers; a
@@ -443,6 +466,22 @@ class FmsDataLoader(DataLoader):
         if change is not None:
             dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
             self._consumed = resume.settle(change, dataset, self._consumed)
+
+
+def due_skips(
+    skip_steps: Sequence[Sequence[int]], steps: int, skips: Sequence[Sequence[int]]
+) -> list[int]:
+    """The skips of ``skip_steps`` (config ``[[step, n], ...]``) that a run at ``steps``
+    with the recorded ``skips`` applies now, in order: each whose step has come and that the
+    record lacks (one that applies moves ``steps`` on, so a later one may follow at once)."""
+    due = []
+    recorded = [list(skip) for skip in skips]
+    for at, n in skip_steps:
+        if steps == at and [at, n] not in recorded:
+            due.append(int(n))
+            recorded.append([steps, int(n)])
+            steps += int(n)
+    return due
 
 
 def as_tuple(batch: dict[str, torch.Tensor]) -> Any:

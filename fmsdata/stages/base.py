@@ -14,6 +14,7 @@ from torch.utils.data import IterableDataset
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.spans import DS, SAVED_SPAN_WIDTH
+from fmsdata.stages.traced import NotTraceable, TracedLine
 from fmsdata.util.statecheck import need_keys, plain_problem, within
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "DatasetRenumbering",
     "walk",
     "layout",
+    "traceable",
 ]
 
 
@@ -241,6 +243,11 @@ class TokenStage(Stage):
     exactly one line, which is what lets a skip or a rescale count lines without reading
     tokens; to leave lines out without a row, drop them at span level (a ``SpanStage``). Its
     ``source`` is the chain it follows (a ``SpanStage`` or another ``TokenStage``).
+
+    ``trace(line)`` (optional) says what ``apply`` does to a line's parts rather than its
+    tokens, so that ``fmsdata trace`` can say where every token of a row came from; a
+    stage without it is named there, and rows are followed up to it only. Span-level
+    stages need nothing of the kind: the trace runs them.
     """
 
     def __init__(self, source: Stage):
@@ -248,6 +255,34 @@ class TokenStage(Stage):
 
     def apply(self, tokens: np.ndarray, content: int, line: Any) -> int:
         raise NotImplementedError
+
+    def trace(self, line: TracedLine) -> None:
+        """Do to ``line`` what ``apply`` does to a line's tokens, on its parts (a
+        ``fmsdata.stages.traced.TracedLine``): the pieces it drops (``line.drop``), cuts,
+        moves or adds to (``line.set_content``; a ``Part`` per run of inserted tokens).
+        ``fmsdata trace`` asks it to say where each token of a delivered row came from,
+        without reading the lines' tokens; so read only what the decision looks at
+        (``line.tokens``, ``line.edges``), and do not change this stage's state: a stage
+        keyed by its count of lines seen draws for this line with that count plus
+        ``line.ahead``. ``FillInMiddle`` and ``DocumentFilter`` show both kinds.
+
+        Not written (the default), the trace names this stage and follows rows only up to
+        it; a subclass that changes ``apply`` must write its own.
+
+        Raises:
+            NotTraceable: This stage does not say what it does to a line.
+        """
+        raise NotTraceable(f"{type(self).__module__}.{type(self).__qualname__} has no trace()")
+
+
+def traceable(stage: TokenStage) -> bool:
+    """Whether ``stage.trace`` describes its ``apply``: written, by the class that wrote
+    ``apply`` or a subclass of it (a subclass that changed ``apply`` but not ``trace``
+    would be mis-traced, so it is not followed)."""
+    cls = type(stage)
+    trace_owner = next(c for c in cls.__mro__ if "trace" in vars(c))
+    apply_owner = next(c for c in cls.__mro__ if "apply" in vars(c))
+    return trace_owner is not TokenStage and issubclass(trace_owner, apply_owner)
 
 
 def walk(top: Stage, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Stage]]:

@@ -236,6 +236,17 @@ class DocumentStream(DocumentSource):
         self._setup()
         return self._size
 
+    def reads(self, file: int, doc: int) -> bool:
+        """Whether this stream reads document ``doc`` of ``file`` in some epoch: it lies in
+        one of the shard's fragments (a rotating stream reads every shard's portion in
+        turn). A document lies in one shard's fragments unless its dataset rotates, so
+        ``fmsdata trace --doc`` follows that shard alone."""
+        self._setup()
+        rows = self._rows
+        assert rows is not None, "set up above"
+        hit = (rows[:, 0] == file) & (rows[:, 1] <= doc) & (doc < rows[:, 2])
+        return bool(hit.any())
+
     def _rotates(self) -> bool:
         """Whether the dataset holds fewer tokens than a line per shard (the same answer in
         every shard: a function of the data and the config). Files listed at ``_BYTES_PER_TOKEN``

@@ -42,6 +42,7 @@ from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.stages.base import DatasetRenumbering, Stage, TokenStage
 from fmsdata.stages.outputs import TokenLine, document_ids_of
 from fmsdata.stages.spans import DLEN, DOC, DS, FILE, LENGTH, START
+from fmsdata.stages.traced import Part, TracedLine
 
 __all__ = ["DocumentTransform", "DocumentFilter", "COUNTS", "DATASET_COLUMNS", "OPEN_COLUMNS"]
 
@@ -266,3 +267,18 @@ class DocumentFilter(DocumentTransform):
 
     def _piece(self, piece: np.ndarray, document_id: int) -> np.ndarray | None:
         return piece if self.fn(piece, document_id) else None
+
+    def trace(self, line: TracedLine) -> None:
+        """What ``apply`` does to the line, on its parts: each piece is judged by
+        ``keep`` on its tokens (read: the decision is the function's, on token values),
+        dropped pieces close up and the row ends in ``pad``. A kept piece is unchanged, so
+        nothing overflows."""
+        kept: list[list[Part]] = []
+        ids: list[int] = []
+        for parts, document_id in zip(line.pieces, line.ids):
+            if self._piece(line.tokens(parts), document_id) is None:
+                line.drop(parts, document_id, self.name)
+            else:
+                kept.append(parts)
+                ids.append(document_id)
+        line.set_content(kept, ids, pad=self.pad)

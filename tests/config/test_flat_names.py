@@ -58,6 +58,7 @@ SAMPLES = {
     "return_position_ids": (True, True, {}),
     "return_cu_seqlens": (True, True, {}),
     "return_document_ids": (True, True, {}),
+    "return_step_digest": (True, True, {}),
     "vocab_size": (1000, 1000, {}),
     "logical_shards": (16, 16, {}),
     "seed": (7, 7, {}),
@@ -95,7 +96,8 @@ DEFAULTS_BEFORE_SECTIONS = {
     "logical_shards": 8, "shuffle_window": 160, "document_order": "random", "seed": 42,
     "num_workers": 1, "prefetch_factor": 2, "pin_memory": False,
     "multiprocessing_context": None, "vocab_size": None, "return_position_ids": False,
-    "return_cu_seqlens": False, "return_document_ids": False, "fim_training": False,
+    "return_cu_seqlens": False, "return_document_ids": False, "return_step_digest": False,
+    "fim_training": False,
     "psm_rate": 0.0, "spm_rate": 0.0, "fim_pre": None, "fim_mid": None, "fim_suf": None,
     "fim_min_length": 2, "batch_format": "dict", "output_dtype": "int64",
     "ignore_first_labels": 0, "open_files": None, "checkpoint_dir": None,
@@ -118,7 +120,7 @@ def sectioned(flat):
 
 def test_the_samples_cover_every_field_once():
     names = LoaderConfig.field_names()
-    assert len(names) == len(set(names)) == len(SAMPLES) == 61
+    assert len(names) == len(set(names)) == len(SAMPLES) == 62
     assert set(names) == set(SAMPLES) == set(DEFAULTS_BEFORE_SECTIONS)
 
 
@@ -309,6 +311,7 @@ def test_the_sections_and_fields_are_those_documented():
             "return_position_ids",
             "return_cu_seqlens",
             "return_document_ids",
+            "return_step_digest",
             "vocab_size",
         ),
         "shards": ("logical_shards", "seed"),
