@@ -372,7 +372,7 @@ def _blame(
             resolved.line_length,
             bol=resolved.bol_token,
             eol=resolved.eol_token,
-            pad=resolved.pad_token if resolved.packing == "pad" else None,
+            pad=resolved.lines.line_pad_token,
             vocab_size=resolved.vocab_size,
         )
         found = blame_shard(shard, stages, writer, lines)

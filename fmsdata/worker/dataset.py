@@ -217,7 +217,7 @@ class RankLineDataset(IterableDataset):
             config.line_length,
             bol=config.bol_token,
             eol=config.eol_token,
-            pad=config.pad_token if config.packing == "pad" else None,
+            pad=config.lines.line_pad_token,
             vocab_size=config.vocab_size,
         )
 
