@@ -74,7 +74,7 @@ def best_fit_windows(
         emitted = [i for i in ranked if lines[i]["carried"] or lines[i]["room"] == 0]
         staying = [i for i in ranked if not (lines[i]["carried"] or lines[i]["room"] == 0)]
 
-        def pieces_of(i: int) -> list[Piece]:
+        def pieces_of(i: int, lines: list[dict[str, Any]] = lines) -> list[Piece]:
             return [piece for _, piece in sorted(lines[i]["pieces"])]
 
         out.append(
