@@ -198,6 +198,7 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for name in names
     }
     stage_counts: dict[str, dict[str, int]] = {}
+    ratios: dict[str, dict[str, tuple[str, str]]] = {}
     unknown: set[str] = set()
     lines = pending = 0
     for state in states:
@@ -216,6 +217,8 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 total_counts = stage_counts.setdefault(label, {})
                 for key, value in counts.items():
                     total_counts[key] = total_counts.get(key, 0) + value
+            for label, asked in report.ratios.items():
+                ratios.setdefault(label, {}).update(asked)
             for name in names:
                 got = report.datasets[name]
                 size = got["size"]
@@ -257,6 +260,10 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     skipped_steps = sum(int(n) for _, n in first["skips"])
     return {
         "stage_counts": stage_counts,
+        "stage_ratios": {
+            label: {name: _ratio(stage_counts.get(label, {}), *two) for name, two in asked.items()}
+            for label, asked in ratios.items()
+        },
         "version": first["version"],
         "world_size": first["world_size"],
         "steps": first["steps"],
@@ -273,6 +280,12 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "datasets": datasets,
         "shards": shards,
     }
+
+
+def _ratio(counts: dict[str, int], top: str, bottom: str) -> float | None:
+    """``counts[top] / counts[bottom]`` (None when the denominator is 0 or missing)."""
+    denominator = counts.get(bottom, 0)
+    return counts.get(top, 0) / denominator if denominator else None
 
 
 def _left_out(pending: int, lines: int, unknown: Sequence[str]) -> str | None:
@@ -383,7 +396,12 @@ def run_show(args: argparse.Namespace) -> int:
         print("the counts below are exact: every line delivered is in them")
     print_tables(summary)
     for name, counts in summary["stage_counts"].items():
-        print(f"\n{name}: " + ", ".join(f"{key} {value:,}" for key, value in counts.items()))
+        shown = [f"{key} {value:,}" for key, value in counts.items()]
+        shown += [
+            f"{key} {'-' if value is None else f'{value:.4g}'}"
+            for key, value in summary["stage_ratios"].get(name, {}).items()
+        ]
+        print(f"\n{name}: " + ", ".join(shown))
     if args.plot is not None:
         print(f"\nplot written to {args.plot}")
     return 0

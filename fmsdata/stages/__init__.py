@@ -3,7 +3,8 @@
 Each logical shard runs a chain of stages built by a *stage factory* (``fmsdata.stages.shard``);
 the default one is ``shard.shuffle(shard.pack(shard.documents()))``: document walks per
 dataset mixed by token share (``TokenShareMixer``, the document source), packed into lines
-(``LinePacker``), shuffled (``ShuffleBuffer``). Two kinds of stage extend it:
+(``LinePacker``, or ``BestFitPacker`` with ``packing: best_fit``), shuffled
+(``ShuffleBuffer``). Two kinds of stage extend it:
 
 - **Span-level** (``SpanStage``): ``__next__`` returns the next line as an int64 span array
   ``[pieces, SPAN_WIDTH]`` (``fmsdata.stages.base``), read from ``self.source``, before
@@ -77,6 +78,7 @@ checker every stage's tests run.
 
 from fmsdata.config import Decoration
 from fmsdata.stages.base import DatasetRenumbering, SpanStage, Stage, TokenStage, layout, walk
+from fmsdata.stages.bestfit import BestFitPacker
 from fmsdata.stages.documents import (
     DocumentStream,
     RandomWalk,
@@ -112,6 +114,7 @@ __all__ = [
     "DatasetStreams",
     "TokenShareMixer",
     "LinePacker",
+    "BestFitPacker",
     "ShuffleBuffer",
     "TokenLine",
     "FillInMiddle",

@@ -140,7 +140,9 @@ class Stage(IterableDataset):
         ``held`` stands for, per dataset index of the spans, when spans run to their
         document's end with length 0), ``held_as`` (how ``state show`` names them:
         ``"buffered"``, ``"unsent"``; default ``"held"``), ``counts`` (``{name: int}``,
-        summed over logical shards and printed), ``datasets`` (a document source's
+        summed over logical shards and printed), ``ratios`` (``{name: [numerator,
+        denominator]}``, two names of ``counts``: ``state show`` prints the sums' ratio,
+        e.g. the best-fit packer's padding fraction), ``datasets`` (a document source's
         ``{name: {"taken_tokens", ...}}``) or ``dataset`` (one dataset's stream: the same
         fields for the dataset its ``settings()["dataset"]`` names: ``"taken_docs"``,
         ``"taken_tokens"``, ``"epoch"``, ``"pos"``, ``"size"``, ``"skipped"``).

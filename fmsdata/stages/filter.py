@@ -9,8 +9,8 @@ the line's end is padding (``pad``, labels ignored), and tokens that no longer f
 dropped from the end.
 
 A document split over lines is judged piece by piece: each line sees only its own piece.
-Pack with ``packing: pad`` to judge whole documents (a document then sits in one line
-unless it is longer than a line).
+Pack with ``packing: best_fit`` (or ``pad``) to judge whole documents (a document then sits
+in one line unless it is longer than a line).
 
 Coverage: the documents are still *read* exactly once per epoch (the span-level chain is
 unchanged, so G4 holds for what is read); what is *delivered* is what was read minus what

@@ -83,14 +83,14 @@ class LineWriter:
     @classmethod
     def for_config(cls, accesses: Sequence[Any], decoration: Any, config: Any) -> LineWriter:
         """The writer a loader config asks for: its line length, line delimiters, padding
-        (``packing: pad``) and vocabulary."""
+        (``packing: pad`` or ``best_fit``) and vocabulary."""
         return cls(
             accesses,
             decoration,
             config.line_length,
             bol=config.bol_token,
             eol=config.eol_token,
-            pad=config.pad_token if config.packing == "pad" else None,
+            pad=config.lines.line_pad_token,
             vocab_size=config.vocab_size,
         )
 

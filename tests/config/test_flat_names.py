@@ -44,6 +44,7 @@ SAMPLES = {
     "bol_token": (7, 7, {}),
     "eol_token": (8, 8, {}),
     "shuffle_window": (0, 0, {}),
+    "pack_window": ("64", 64, {}),
     "fim_training": (True, True, {}),
     "psm_rate": (0.25, 0.25, {}),
     "spm_rate": ("0.5", 0.5, {}),
@@ -93,7 +94,8 @@ DEFAULTS_BEFORE_SECTIONS = {
     "remote_retries": 8, "remote_backoff": 0.5, "seq_length": 4096, "batch_size": 8,
     "bos_token": None, "eos_token": None, "bol_token": None, "eol_token": None,
     "strip_tokens": [], "packing": "hard", "pad_token": None, "min_length": 1,
-    "logical_shards": 8, "shuffle_window": 160, "document_order": "random", "seed": 42,
+    "logical_shards": 8, "shuffle_window": 160, "pack_window": 128,
+    "document_order": "random", "seed": 42,
     "num_workers": 1, "prefetch_factor": 2, "pin_memory": False,
     "multiprocessing_context": None, "vocab_size": None, "return_position_ids": False,
     "return_cu_seqlens": False, "return_document_ids": False, "return_step_digest": False,
@@ -293,7 +295,15 @@ def test_the_sections_and_fields_are_those_documented():
             "global_batch_size",
         ),
         "documents": ("bos_token", "eos_token", "strip_tokens", "min_length", "document_order"),
-        "lines": ("seq_length", "packing", "pad_token", "bol_token", "eol_token", "shuffle_window"),
+        "lines": (
+            "seq_length",
+            "packing",
+            "pad_token",
+            "bol_token",
+            "eol_token",
+            "shuffle_window",
+            "pack_window",
+        ),
         "fim": (
             "fim_training",
             "psm_rate",
@@ -360,6 +370,7 @@ def test_fingerprint_groups_are_those_of_before_the_sections():
         "min_length",
         "packing",
         "shuffle_window",
+        "pack_window",
         "document_order",
         "fim_training",
         "psm_rate",
@@ -369,4 +380,4 @@ def test_fingerprint_groups_are_those_of_before_the_sections():
         "fim_suf",
         "fim_min_length",
     }
-    assert len(fingerprint.LINE_FIELDS) == 18
+    assert len(fingerprint.LINE_FIELDS) == 19
