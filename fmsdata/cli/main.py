@@ -18,7 +18,7 @@ from fmsdata.cli import (
     download,
     index,
     inspect_cmd,
-    state,
+    statecommand,
     tokenize,
     trace,
     verify,
@@ -29,7 +29,18 @@ from fmsdata.errors import FmsDataError
 
 __all__ = ["main"]
 
-COMMANDS = (demo, tokenize, index, inspect_cmd, download, bench, warm, state, trace, verify)
+COMMANDS = (
+    demo,
+    tokenize,
+    index,
+    inspect_cmd,
+    download,
+    bench,
+    warm,
+    statecommand,
+    trace,
+    verify,
+)
 # Set (to anything but 0) to get full tracebacks, as --debug does.
 DEBUG_ENV = "FMSDATA_DEBUG"
 

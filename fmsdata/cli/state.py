@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fmsdata.cli.parser import PathArg
-from fmsdata.cli.statediff import add_diff_parser
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.util.urls import is_url, local_path, location, url_scheme
@@ -41,14 +40,8 @@ SHOW_DESCRIPTION = (
 )
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "state",
-        help="inspect saved loader states",
-        description="Inspect saved loader states (fmsdata state show PATH, fmsdata state "
-        "diff A B).",
-    )
-    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+def add_show_parser(actions: argparse._SubParsersAction) -> None:
+    """``fmsdata state show PATH`` among the actions of ``fmsdata state``."""
     show = actions.add_parser(
         "show",
         help="epochs, documents and tokens seen per dataset and logical shard",
@@ -83,7 +76,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     add_storage_options(show)
     show.set_defaults(run=run_show)
-    add_diff_parser(actions)  # fmsdata state diff A B (fmsdata.cli.statediff)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,6 +44,7 @@ _SETTINGS = (
 
 
 def add_diff_parser(actions: argparse._SubParsersAction) -> None:
+    """``fmsdata state diff A B`` among the actions of ``fmsdata state``."""
     diff = actions.add_parser(
         "diff",
         help="what changed between two saved states",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -19,8 +19,7 @@ from fmsdata.errors import ConfigError
 from fmsdata.stages.base import walk
 from fmsdata.trace.origin import Origin
 from fmsdata.trace.rows import LineTracer, RowTrace
-from fmsdata.trace.tracer import Tracer, line_tracer
-from fmsdata.trace.walker import StepWalker
+from fmsdata.trace.walker import StepWalker, line_tracer
 from fmsdata.worker.chain import build_pipeline
 
 __all__ = ["DocumentTrace", "trace_document", "find_document"]
@@ -132,8 +131,19 @@ def reading_shards(origin: Origin, ds: int, file: int, doc: int) -> list[int]:
         context.close()
 
 
+class ToldRun(Protocol):
+    """What a document's trace asks of the run it is told in (a ``Tracer``)."""
+
+    @property
+    def checkpoint_step(self) -> int | None: ...
+
+    def origin(self, which: str) -> Origin: ...
+
+    def check_reaches(self, walker: StepWalker) -> None: ...
+
+
 def trace_document(
-    tracer: Tracer, dataset: str, file: str | int, doc: int, until: int | None = None
+    tracer: ToldRun, dataset: str, file: str | int, doc: int, until: int | None = None
 ) -> DocumentTrace:
     """Every step up to ``until`` (default: the checkpoint's step) at which the
     document's tokens were delivered, with rank, row and the pieces' token ranges.

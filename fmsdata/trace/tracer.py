@@ -28,10 +28,11 @@ from fmsdata.config import LoaderConfig, as_config
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.remote.storage import Storage
 from fmsdata.stages.shard import StageFactory
+from fmsdata.trace.document import trace_document
 from fmsdata.trace.origin import Origin, checkpoint_start, run_start, saved_mix, start_before
 from fmsdata.trace.rows import LineTracer, RowTrace
 from fmsdata.trace.tokens import batch_of
-from fmsdata.trace.walker import StepDeal, StepWalker
+from fmsdata.trace.walker import StepDeal, StepWalker, line_tracer
 from fmsdata.util.digest import batch_digest
 
 __all__ = ["StepTrace", "Tracer"]
@@ -187,8 +188,6 @@ class Tracer:
     def document(self, dataset: str, file: str | int, doc: int, until: int | None = None) -> Any:
         """Every step up to ``until`` at which a document was delivered
         (``fmsdata.trace.document.trace_document``: a ``DocumentTrace``)."""
-        from fmsdata.trace.document import trace_document
-
         return trace_document(self, dataset, file, doc, until)
 
     def batch(self, step: int) -> list[dict[str, np.ndarray]]:
@@ -280,20 +279,6 @@ class Tracer:
             for shard in sorted(walker.follow):
                 if not _same(walker.state_of(shard), saved.state_of(shard)):
                     raise StateMismatchError(_unreached(walker.origin, shard, last))
-
-
-def line_tracer(walker: StepWalker) -> LineTracer:
-    """How the walk's rows are told: the config's line layout over the walk's data."""
-    config = walker.origin.config
-    context = walker.context()
-    return LineTracer(
-        context.accesses,
-        context.recipe.decoration,
-        config.line_length,
-        config.bol_token,
-        config.eol_token,
-        config.pad_token if config.packing == "pad" else None,
-    )
 
 
 def step_rows(walker: StepWalker, deal: StepDeal, tracer: LineTracer) -> list[RowTrace]:

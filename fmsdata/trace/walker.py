@@ -22,6 +22,7 @@ import numpy as np
 from fmsdata.loader.dataloader import due_skips
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.trace.origin import Origin
+from fmsdata.trace.rows import LineTracer
 from fmsdata.worker.chain import ShardPipeline
 from fmsdata.worker.dataset import ShardContext
 from fmsdata.worker.topology import RowDealer, owned_shards
@@ -218,3 +219,17 @@ def _count(rows: list[list[int]]) -> dict[int, int]:
 def deal_counts(deal: StepDeal) -> dict[int, int]:
     """Lines per shard of one step's deal."""
     return _count([shards for shards in deal.shards if shards is not None])
+
+
+def line_tracer(walker: StepWalker) -> LineTracer:
+    """How the walk's rows are told: the config's line layout over the walk's data."""
+    config = walker.origin.config
+    context = walker.context()
+    return LineTracer(
+        context.accesses,
+        context.recipe.decoration,
+        config.line_length,
+        config.bol_token,
+        config.eol_token,
+        config.lines.line_pad_token,
+    )

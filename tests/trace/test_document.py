@@ -49,7 +49,13 @@ def info(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "extra", [{}, {"packing": "pad", "pad_token": 5}, {"skip_steps": [[3, 2]]}]
+    "extra",
+    [
+        {},
+        {"packing": "pad", "pad_token": 5},
+        {"packing": "best_fit", "pad_token": 5, "pack_window": 6},
+        {"skip_steps": [[3, 2]]},
+    ],
 )
 def test_every_delivery_of_a_document_is_found(info, extra):
     config = base_config(info, **extra)

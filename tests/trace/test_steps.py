@@ -13,6 +13,7 @@ STEPS = 10
 CONFIGS = {
     "default": {},
     "pad": {"packing": "pad", "pad_token": PAD},
+    "best_fit": {"packing": "best_fit", "pad_token": PAD, "pack_window": 6},
     "sequential": {"document_order": "sequential"},
     "line delimiters": {"bol_token": BOL, "eol_token": EOL, "shuffle_window": 1},
     "min_length": {"min_length": 30},
