@@ -104,11 +104,21 @@ def test_a_lightning_ckpt_is_read_and_what_it_names_is_not_run(saved, tmp_path, 
     assert shown(tmp_path, capsys)["path"] == str(path)
 
 
+class Unlisted:
+    """An object no ``weights_only`` allow-list admits (a trainer's own class)."""
+
+
 def test_an_olmo_core_save_folder_is_read_at_its_newest_step(saved, tmp_path, capsys):
-    """``step<N>/train/rank<r>.pt`` holds numpy's random state, which
-    ``torch.load(weights_only=True)`` refuses: the loader state is read anyway."""
+    """``step<N>/train/rank<r>.pt`` holds numpy's random state (and here an object of a
+    class of its own), which ``torch.load(weights_only=True)`` refuses: the loader state is
+    read anyway. (numpy's state alone is admitted once a process has added numpy's
+    classes to torch's safe globals, as some libraries do: the class keeps the refusal.)"""
     reference, carried = saved
-    rng = {"numpy": np.random.default_rng(0).bit_generator.state, "legacy": np.random.get_state()}
+    rng = {
+        "numpy": np.random.default_rng(0).bit_generator.state,
+        "legacy": np.random.get_state(),
+        "own": Unlisted(),
+    }
     for step in (0, 5):
         train = tmp_path / "save" / f"step{step}" / "train"
         train.mkdir(parents=True)
