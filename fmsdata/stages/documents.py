@@ -658,6 +658,7 @@ _ORDERS: dict[str, type[DocumentStream]] = {"random": RandomWalk, "sequential": 
 
 def _checked_keys(values: Any, n: int, stream: DocumentStream) -> np.ndarray:
     """``WalkOrder.keys`` as uint64: one integer in ``[0, 2**64)`` per fragment."""
+    items: list[Any] | None
     try:
         items = values.tolist() if isinstance(values, np.ndarray) else list(values)
     except TypeError:
@@ -670,7 +671,7 @@ def _checked_keys(values: Any, n: int, stream: DocumentStream) -> np.ndarray:
             for k in items
         )
     )
-    if not fits:
+    if not fits or items is None:
         raise ConfigError(
             f"{type(stream).__name__}.walk_order must give one integer key in [0, 2**64) per "
             f"fragment ({n}) of dataset {stream.access.name!r} in logical shard "

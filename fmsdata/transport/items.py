@@ -18,7 +18,7 @@ import dataclasses
 import pickle
 import traceback
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import numpy as np
 import torch
@@ -110,7 +110,9 @@ class ShardStates:
         if self._states is None:
             blob = self._blob
             assert blob is not None
-            self._states = pickle.loads(blob.numpy() if isinstance(blob, torch.Tensor) else blob)
+            # A tensor's numpy view is a buffer pickle reads in place (no copy).
+            data = cast(bytes, blob.numpy()) if isinstance(blob, torch.Tensor) else blob
+            self._states = pickle.loads(data)
             self._blob = None
         return self._states[sid]
 
