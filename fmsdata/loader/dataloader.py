@@ -352,7 +352,6 @@ class FmsDataLoader(DataLoader):
         self._prepare()
         return _fingerprint_of(self.dataset)  # type: ignore[arg-type]
 
-
     @property
     def steps(self) -> int:
         """Batches consumed since the start of the run (carried through resumes)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-
 from typing import Any
 
 from fmsdata.errors import StateMismatchError
@@ -55,7 +54,9 @@ def settle(change: MixChange, dataset: RankLineDataset, consumed: ConsumedState)
     to ``dataset``'s mix."""
     saved, rebase, old_seq = change.saved, change.rebase, change.seq_length
     entries = dict(change.entries)
-    pending = {sid: e for sid, e in entries.items() if e.state is not None and e.advance}
+    # Lines emitted after a state (or after the start, state None) were made with the saved
+    # config: replayed with it.
+    pending = {sid: e for sid, e in entries.items() if e.advance}
     if (rebase or old_seq is not None) and pending:
         entries.update(replay(_as_saved(saved, dataset, old_seq), pending))
     if old_seq is not None:
@@ -79,7 +80,9 @@ def _as_saved(
     """``dataset`` as configured when ``saved`` was taken (its dataset list, weights and
     schedule, and ``seq_length`` when given), for replaying the lines made with them."""
     fingerprint = saved.fingerprint
-    mixed = at_seq_length(dataset, seq_length, **{field: fingerprint[field] for field in MIX_FIELDS})
+    mixed = at_seq_length(
+        dataset, seq_length, **{field: fingerprint[field] for field in MIX_FIELDS}
+    )
     mixed.drain([n for n in saved.span_datasets if n not in fingerprint["datasets"]])
     return mixed
 

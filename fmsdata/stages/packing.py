@@ -189,9 +189,7 @@ class LinePacker(SpanStage):
             raise StateMismatchError(
                 f"carry: must be empty or spans of {SAVED_SPAN_WIDTH} ints each, got {carry!r}"
             )
-        self._carry = restore_spans(
-            np.asarray(carry, dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
-        )
+        self._carry = restore_spans(np.asarray(carry, dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH))
         self._uncommitted = 0
         self._plan = None
         self._plan_carry = self._carry
@@ -211,7 +209,9 @@ class LinePacker(SpanStage):
         return own, inputs
 
     @classmethod
-    def relength(cls, own: dict[str, Any], change: LineChange, settings: dict[str, Any]) -> dict[str, Any]:
+    def relength(
+        cls, own: dict[str, Any], change: LineChange, settings: dict[str, Any]
+    ) -> dict[str, Any]:
         """Lines of another length: the pieces the stages above held (``change.pieces``,
         in the order they would have come) and then this packer's own carry become the
         carry, packed at the new capacity before the next document."""
@@ -334,7 +334,9 @@ def _plan_pad(
         np.asarray(commits, dtype=np.int64),
         np.stack(carries),
         rows[:head].copy() if several else empty_spans(),
-        np.minimum(np.asarray(head_next, dtype=np.int64), head) if several else np.zeros(0, np.int64),
+        np.minimum(np.asarray(head_next, dtype=np.int64), head)
+        if several
+        else np.zeros(0, np.int64),
     )
     # The unfinished line is planned again: its opening rest, then every carry row from
     # the first it holds.
