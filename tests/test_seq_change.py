@@ -251,3 +251,25 @@ def test_end_of_document_token_is_kept_across_the_change(tmp_path):
     old, new = (_config(info, s, "best_fit", shuffle_window=6) for s in (32, 64))
     after, _ = _check_coverage(info, old, new, 4, 6)
     assert sum(int((b["input_ids"] == EOS).sum()) for b in after) > 0
+
+
+def test_trainer_integration_path_takes_the_config_field(tmp_path):
+    """The trainer integrations load the entry they carried (``carried_state``, resumed
+    through ``packed_union``) with no argument: the config's ``allow_changes`` is what lets
+    the run continue at another seq_length, on another number of ranks too."""
+    from fmsdata.integrations.ranks import carried_state, packed_union
+
+    info = corpus(tmp_path, mean_length=30)
+    old = _config(info, 32, shuffle_window=6)
+    first = build_dataloader(old)
+    take(first, 4)
+    carried = carried_state(first, 0, 1)
+    new = _config(info, 64, shuffle_window=6, allow_changes=["seq_length"])
+    steps = []
+    for world_size in (1, 2):
+        loaders = rank_loaders(new, world_size, batch_size=4 // world_size)
+        for loader in loaders:
+            loader.load_state_dict(packed_union(carried, 4, "test"))
+        steps.append(global_steps(loaders, 4))
+    assert steps[0] == steps[1]
+    assert all(len(row) == 64 for step in steps[0] for row in step)
