@@ -110,9 +110,9 @@ class Stage(IterableDataset):
     handed out) also says so to the tools that read saved states without building a
     chain (``fmsdata state show``, a mix or ``seq_length`` change on resume, the checks of
     a loaded state): ``held_spans``, ``carry_over`` and ``relength``, class methods that
-    read only the saved state they are given; ``report`` adds what ``state show`` prints. ``role`` names what the
-    loader's code looks for (``"mixer"``, ``"dataset"``, ``"packer"``, ``"shuffle"``;
-    None for anything else), never the class.
+    read only the saved state they are given; ``report`` adds what ``state show`` prints.
+    ``role`` names what the loader's code looks for (``"mixer"``, ``"dataset"``,
+    ``"packer"``, ``"shuffle"``; None for anything else), never the class.
     """
 
     role: ClassVar[str | None] = None
