@@ -27,7 +27,9 @@ from support import (
 from fmsdata import build_dataloader
 from fmsdata.errors import StateMismatchError
 from fmsdata.stages.base import LineChange, Stage
+from fmsdata.stages.filter import DocumentFilter
 from fmsdata.stages.savedchain import stage_state
+from fmsdata.stages.shard import default_stages
 
 PACKINGS = ["hard", "pad", "best_fit"]
 
@@ -183,6 +185,45 @@ def test_fim_across_the_change(tmp_path):
         for loader in loaders:
             loader.load_state_dict(states, allow_changes=["seq_length"])
         steps.append(global_steps(loaders, 5))
+    assert steps[0] == steps[1]
+
+
+def drop_every_third(tokens, document_id):
+    return int(document_id) % 3 != 0
+
+
+def filtered(shard):
+    return DocumentFilter(default_stages(shard), drop_every_third, pad=PAD)
+
+
+def test_a_document_filter_across_the_change(tmp_path):
+    """A document filter keeps its counts and its record of split documents: after the
+    change it keeps judging pieces (in lines of the new length), its counts go on from the
+    saved ones, and the run is the same on 1 and 2 ranks."""
+    info = corpus(tmp_path, mean_length=30)
+    old, new = (_config(info, s, shuffle_window=6) for s in (32, 64))
+    first = build_dataloader(old, stages=filtered)
+    take(first, 4)
+    states = [roundtrip(first.snapshot())]
+    counted = states[0]["shards"][0]["state"]["stages"]  # the filter tops the chain
+    steps = []
+    for world_size in (1, 2):
+        loaders = [
+            build_dataloader(
+                {**new, "batch_size": 4 // world_size},
+                rank=r,
+                world_size=world_size,
+                stages=filtered,
+            )
+            for r in range(world_size)
+        ]
+        for loader in loaders:
+            loader.load_state_dict(states, allow_changes=["seq_length"])
+        steps.append(global_steps(loaders, 4))
+        after = loaders[0].snapshot(settle=True)
+        entry = next(e for e in after["shards"] if e["id"] == 0)
+        now = entry["state"]["stages"]
+        assert now["counts"]["lines"] > counted["counts"]["lines"]
     assert steps[0] == steps[1]
 
 
