@@ -314,3 +314,25 @@ def test_trainer_integration_path_takes_the_config_field(tmp_path):
         steps.append(global_steps(loaders, 4))
     assert steps[0] == steps[1]
     assert all(len(row) == 64 for step in steps[0] for row in step)
+
+
+def test_checkpoint_functions_take_allow_changes(tmp_path):
+    """``fmsdata.checkpoint.save_loader_state`` on 2 ranks, ``load_loader_state`` on 1 at
+    another seq_length: the same global steps as the 2-rank run resumed the same way."""
+    from fmsdata.checkpoint import load_loader_state, save_loader_state
+
+    info = corpus(tmp_path / "data", mean_length=30)
+    old, new = (_config(info, s, shuffle_window=6) for s in (32, 48))
+    two = rank_loaders(old, 2, batch_size=2)
+    for loader in two:
+        take(loader, 3)
+        save_loader_state(loader, tmp_path / "ckpt")
+    steps = []
+    for world_size in (1, 2):
+        loaders = rank_loaders(new, world_size, batch_size=4 // world_size)
+        for loader in loaders:
+            with pytest.raises(StateMismatchError, match=r"allow_changes=\['seq_length'\]"):
+                load_loader_state(loader, tmp_path / "ckpt")
+            load_loader_state(loader, tmp_path / "ckpt", allow_changes=["seq_length"])
+        steps.append(global_steps(loaders, 3))
+    assert steps[0] == steps[1]
