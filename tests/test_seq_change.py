@@ -25,7 +25,7 @@ from support import (
 )
 
 from fmsdata import build_dataloader
-from fmsdata.errors import StateMismatchError
+from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.stages.base import LineChange, Stage
 from fmsdata.stages.filter import DocumentFilter
 from fmsdata.stages.savedchain import stage_state
@@ -336,3 +336,18 @@ def test_checkpoint_functions_take_allow_changes(tmp_path):
             load_loader_state(loader, tmp_path / "ckpt", allow_changes=["seq_length"])
         steps.append(global_steps(loaders, 3))
     assert steps[0] == steps[1]
+
+
+def test_lines_packed_for_another_length_are_not_blamed_on_the_files(tmp_path):
+    """Allowing the derived settings of another change of the lines' length one by one
+    (here an EOL token added) lets lines of the old length reach the writer: the error
+    says so, and does not say the files changed."""
+    info = corpus(tmp_path)
+    states, _ = _saved_at(_config(info, 32), 3)
+    loader = build_dataloader(_config(info, 32, eol_token=4))
+    loader.load_state_dict(states, allow_changes=["capacity", "line_tokens", "eol"])
+    with pytest.raises(ConfigError) as refused:
+        take(loader, 2)
+    message = str(refused.value)
+    assert "packed for another line length" in message and "new run" in message
+    assert "files changed" not in message
