@@ -233,9 +233,9 @@ class Ledger:
             shuffle = stage_state(entry["state"], state["fingerprint"], "shuffle")
             for row in unpack_lines(shuffle["buffer"]).held().tolist():
                 self.add_tokens(self.span_tokens(*row))
-            carry = packer["carry"]
-            if carry:
-                self.add_tokens(self.span_tokens(*carry))
+            # One span as a rule; after a change of seq_length, the pieces to pack first.
+            for span in np.asarray(packer["carry"], dtype=np.int64).reshape(-1, 5).tolist():
+                self.add_tokens(self.span_tokens(*span))
 
     def dataset_tokens(self, name: str) -> np.ndarray:
         first, end = self.info.ranges[name]

@@ -79,6 +79,7 @@ def test_location_and_local_path():
 # LoaderConfig fields holding strings that are not paths (names, enums, an endpoint URL).
 NOT_PATH_FIELDS = {
     "datasets",
+    "allow_changes",
     "schedule_unit",
     "schedule_interpolation",
     "file_type",

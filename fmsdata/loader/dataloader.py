@@ -20,7 +20,7 @@ from fmsdata.loader import resume
 from fmsdata.loader.consumed import ConsumedState
 from fmsdata.loader.feed import PIN_AHEAD, RUNNING, AheadFeed, Feed
 from fmsdata.state.checkpoint import AutoCheckpointer, resume_from_folder
-from fmsdata.state.fingerprint import stream_fingerprint
+from fmsdata.state.fingerprint import SEQ_LENGTH, seq_length_change, stream_fingerprint
 from fmsdata.state.format import LoaderState, ShardEntry
 from fmsdata.transport.assemble import assemble_batch
 from fmsdata.transport.batchring import BatchRing
@@ -350,15 +350,7 @@ class FmsDataLoader(DataLoader):
     def fingerprint(self) -> dict[str, Any]:
         """What a state must match to load here: data hash and stream-shaping config."""
         self._prepare()
-        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        names = dataset.mix_names
-        data = {
-            name: digest
-            for name, digest in dataset.catalog().fingerprint().items()
-            if name in names
-        }
-        stages, writer = dataset.layout()
-        return stream_fingerprint(self.config, dataset.handler, names, data, stages, writer)
+        return _fingerprint_of(self.dataset)  # type: ignore[arg-type]
 
     @property
     def steps(self) -> int:
@@ -434,11 +426,17 @@ class FmsDataLoader(DataLoader):
         and there its stages check their own parts against the data, before any batch is
         yielded (a ``StateMismatchError`` naming the path inside the state and the value).
 
+        A state saved with another ``seq_length`` loads with
+        ``allow_changes=["seq_length"]`` (long-context extension mid-run): every document
+        keeps its position and the lines the state holds are re-packed at the new length
+        (``fmsdata.state.relength``, docs/guide/resume.md).
+
         Args:
             state: A ``state_dict()`` or ``snapshot()`` of this rank, a list of every
                 rank's, or (packed form) the union of their dicts.
             allow_changes: Fingerprint fields or stage settings allowed to differ (an
-                intended config change), e.g. ``["min_length"]``.
+                intended config change), e.g. ``["min_length"]``, or ``["seq_length"]``;
+                added to the config's ``allow_changes``.
 
         Raises:
             StateMismatchError: Wrong version, different data or stream config, or the
@@ -447,9 +445,20 @@ class FmsDataLoader(DataLoader):
         self._prepare()
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
         current = self.fingerprint
+        allow = [*self.config.allow_changes, *allow_changes]
         saved = LoaderState.read(state, self.config.logical_shards)
         entries = saved.for_shards(dataset.shard_ids, dataset.topology.rank)
-        rebase = saved.check(current, allow_changes, self.config.allow_mix_change)
+        old_seq = seq_length_change(saved.fingerprint, current, allow)
+        if old_seq is not None:
+            # Checked against this loader at the saved length: whatever that length
+            # derives (capacity, line_tokens, line_length) may differ, nothing else.
+            old = resume.at_seq_length(dataset, old_seq)
+            old.data_fingerprint = dataset.data_fingerprint
+            current = _fingerprint_of(old)
+            allow = [a for a in allow if a != SEQ_LENGTH]
+        rebase = saved.check(current, allow, self.config.allow_mix_change)
+        if old_seq is not None:
+            resume.check_line_change(dataset, old)
         self._consumed = ConsumedState(dataset.shard_ids, entries, saved.steps, saved.skips)
         dropped = sorted(set(saved.fingerprint["datasets"]) - set(dataset.mix_names))
         if dropped:
@@ -457,7 +466,8 @@ class FmsDataLoader(DataLoader):
                 "datasets %s are no longer in the mix; their positions are dropped", dropped
             )
         remix = rebase or saved.span_datasets != dataset.mix_names
-        self._mix_change = resume.MixChange(saved, entries, rebase) if remix else None
+        changed = remix or old_seq is not None
+        self._mix_change = resume.MixChange(saved, entries, rebase, old_seq) if changed else None
         self._generation += 1
 
     def _settle(self) -> None:
@@ -466,6 +476,16 @@ class FmsDataLoader(DataLoader):
         if change is not None:
             dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
             self._consumed = resume.settle(change, dataset, self._consumed)
+
+
+def _fingerprint_of(dataset: RankLineDataset) -> dict[str, Any]:
+    """What a state must match to load into a loader over ``dataset``."""
+    names = dataset.mix_names
+    data = {
+        name: digest for name, digest in dataset.catalog().fingerprint().items() if name in names
+    }
+    stages, writer = dataset.layout()
+    return stream_fingerprint(dataset.config, dataset.handler, names, data, stages, writer)
 
 
 def due_skips(

@@ -39,8 +39,10 @@ and ``load_state_dict()`` reads it strictly (exactly those keys, else a
 saved in the state's fingerprint, a changed setting refuses an old state, naming the
 stage and the setting. ``role`` names what the loader's code looks for (``"mixer"``,
 ``"dataset"``, ``"packer"``, ``"shuffle"``), never the class; a stage whose own state
-holds spans also writes the class methods ``held_spans`` and ``carry_over`` (its spans'
-datasets renumbered on a mix change), which read only the saved state they are given.
+holds spans also writes the class methods ``held_spans``, ``carry_over`` (its spans'
+datasets renumbered on a mix change) and ``relength`` (what becomes of its lines on a
+``seq_length`` change: the shuffle buffer hands them on to the packer, which re-packs
+them), which read only the saved state they are given.
 
 A stage keeping every 4th line only, inserted between packer and shuffle buffer::
 

@@ -22,6 +22,7 @@ __all__ = [
     "SpanStage",
     "TokenStage",
     "DatasetRenumbering",
+    "LineChange",
     "walk",
     "layout",
     "traceable",
@@ -54,6 +55,39 @@ class DatasetRenumbering:
         return spans
 
 
+class LineChange:
+    """A change of line length met on resume (``allow_changes=["seq_length"]``), as the
+    stages of a saved chain are walked top first (``fmsdata.state.relength``).
+
+    A stage that holds lines of the old length lets go of their spans (``give``): they are
+    re-packed at the new length by the packer below it, which takes them (``take_pieces``)
+    before its own held spans, in the order they would have come: the stages' held lines
+    from the top down, each stage's in its own order.
+
+    Attributes:
+        documents: Finds the lengths of saved spans that run to their document's end
+            (a ``fmsdata.stages.savedlines.DocumentLengths``).
+        old_seq_length, seq_length: The line lengths saved with and resumed at (config
+            ``seq_length``), for messages.
+    """
+
+    def __init__(self, documents: Any, old_seq_length: int, seq_length: int):
+        self.documents = documents
+        self.old_seq_length = old_seq_length
+        self.seq_length = seq_length
+        self.pieces: list[np.ndarray] = []
+
+    def give(self, spans: np.ndarray) -> None:
+        """Hand on held spans (runtime or saved columns, every length written out)."""
+        if len(spans):
+            self.pieces.append(np.asarray(spans, dtype=np.int64))
+
+    def take_pieces(self) -> list[np.ndarray]:
+        """The spans handed on so far, in order; they are the taker's from now on."""
+        pieces, self.pieces = self.pieces, []
+        return pieces
+
+
 class Stage(IterableDataset):
     """One step of a logical shard's pipeline, with exact, nestable state.
 
@@ -74,11 +108,11 @@ class Stage(IterableDataset):
 
     A stage whose own state holds spans (lines or pieces taken from its input and not
     handed out) also says so to the tools that read saved states without building a
-    chain (``fmsdata state show``, a mix change on resume, the checks of a loaded state):
-    ``held_spans`` and ``carry_over``, class methods that read only the saved state they
-    are given; ``report`` adds what ``state show`` prints. ``role`` names what the
-    loader's code looks for (``"mixer"``, ``"dataset"``, ``"packer"``, ``"shuffle"``;
-    None for anything else), never the class.
+    chain (``fmsdata state show``, a mix or ``seq_length`` change on resume, the checks of
+    a loaded state): ``held_spans``, ``carry_over`` and ``relength``, class methods that
+    read only the saved state they are given; ``report`` adds what ``state show`` prints.
+    ``role`` names what the loader's code looks for (``"mixer"``, ``"dataset"``,
+    ``"packer"``, ``"shuffle"``; None for anything else), never the class.
     """
 
     role: ClassVar[str | None] = None
@@ -128,6 +162,31 @@ class Stage(IterableDataset):
         input per dataset keeps the kept datasets' inputs, starts new ones and drops
         removed ones (``DatasetStreams``)."""
         return own, inputs
+
+    @classmethod
+    def relength(
+        cls, own: dict[str, Any], change: LineChange, settings: dict[str, Any]
+    ) -> dict[str, Any]:
+        """This stage's own saved state for lines of another length (a ``seq_length``
+        change on resume, ``allow_changes=["seq_length"]``); ``settings`` are its settings
+        in the chain resumed (the new capacity of a packer).
+
+        Default: a stage that holds no spans keeps its state; one that holds spans must
+        say what becomes of them (the shuffle buffer hands its lines on to be re-packed,
+        ``change.give``; a packer takes them, ``change.take_pieces``), else the change is
+        refused.
+
+        Raises:
+            StateMismatchError: This stage holds lines and does not say how to re-pack them.
+        """
+        if len(cls.held_spans(own)):
+            raise StateMismatchError(
+                f"{cls.__module__}.{cls.__qualname__} holds lines of seq_length="
+                f"{change.old_seq_length} and does not say how to re-pack them "
+                f"(Stage.relength): this run cannot continue at seq_length={change.seq_length}; "
+                "start a new run, or give the stage a relength classmethod"
+            )
+        return own
 
     @classmethod
     def report(cls, own: dict[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ConfigError
-from fmsdata.stages.base import DatasetRenumbering, SpanStage
+from fmsdata.stages.base import DatasetRenumbering, LineChange, SpanStage
 from fmsdata.stages.bestfitplan import plan_best_fit
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.savedlines import pack_lines, pack_rows, unpack_lines
@@ -42,6 +42,7 @@ from fmsdata.stages.spans import (
     DS,
     FILE,
     LENGTH,
+    SAVED_SPAN_WIDTH,
     SPAN_WIDTH,
     START,
     restore_spans,
@@ -170,9 +171,12 @@ class BestFitPacker(SpanStage):
         if windows <= plan.entered:
             return
         self._uncommitted += (windows - plan.entered) * self.window
-        for key, total in zip(_STAT_COUNTS, plan.stats[plan.entered : windows].sum(axis=0)):
+        totals = plan.stats[plan.entered : windows].sum(axis=0)
+        for key, total in zip(_STAT_COUNTS, totals):
             self.counts[key] += int(total)
-        self.counts["line_tokens"] = self.counts["lines"] * self.capacity
+        # Summed, not lines x capacity: lines closed before a change of line length on
+        # resume keep their own room.
+        self.counts["line_tokens"] += int(totals[_STAT_COUNTS.index("lines")]) * self.capacity
         plan.entered = windows
 
     def _plan_more(self) -> _Plan:
@@ -260,6 +264,38 @@ class BestFitPacker(SpanStage):
             renumbered = saved.renumbered(spans, change.number)
             own[key] = pack_lines(list(range(len(renumbered))), renumbered, to_end=False)
         return own, inputs
+
+    @classmethod
+    def relength(
+        cls, own: dict[str, Any], change: LineChange, settings: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Lines of another length: the pieces the stages above held (``change.pieces``,
+        in the order they would have come), then this packer's ready lines, then its open
+        ones, are placed best-fit-decreasing as one window at the new capacity
+        (``settings["capacity"]``; the rule of ``fmsdata.stages.bestfitplan``: no piece
+        that fits a line is cut). The full lines are ready, to be handed out first, in the
+        order of their earliest piece; the others are left open for the next window. The
+        counts go on (they cover the lines closed before the change)."""
+        pieces = [restore_spans(np.asarray(p)[:, :SAVED_SPAN_WIDTH]) for p in change.take_pieces()]
+        for key in ("ready", "open"):
+            with within(key):
+                pieces.append(restore_spans(unpack_lines(own[key]).spans))
+        rows = np.ascontiguousarray(np.concatenate(pieces))
+        if not len(rows):
+            return own
+        nothing = LineBlock.empty()
+        spans, offsets, _, open_spans, open_offsets, _, _ = plan_best_fit(
+            np.ascontiguousarray(nothing.spans),
+            np.ascontiguousarray(nothing.offsets),
+            rows,
+            len(rows),
+            int(settings["capacity"]),
+        )
+        return {
+            **own,
+            "ready": _saved(LineBlock(spans, offsets)),
+            "open": _saved(LineBlock(open_spans, open_offsets)),
+        }
 
     @classmethod
     def report(cls, own: dict[str, Any]) -> dict[str, Any]:

@@ -350,8 +350,10 @@ class DocumentStream(DocumentSource):
         if self._saved_size >= 0 and self._saved_size != self._size:
             raise StateMismatchError(
                 f"size: the state was saved with {self._saved_size} documents of dataset "
-                f"{self.access.name!r} in logical shard {self.shard}'s cycle, the data now gives "
-                f"{self._size}"
+                f"{self.access.name!r} in logical shard {self.shard}'s cycle, this loader "
+                f"deals it {self._size}: a setting that decides which documents the shard is "
+                "dealt changed since the save (min_length, strip_tokens, bos/eos, "
+                "logical_shards), or the dataset's files did"
             )
         j = self.epoch % self._cycle_len
         held = int(self._epoch_starts[j + 1] - self._epoch_starts[j])

@@ -33,7 +33,11 @@ mixer recorded before); 5 keeps the line writer's settings under the fingerprint
 ``writer`` (before, a record in ``stages`` without a path). Shard states are the same in
 3, 4 and 5: a version-3 state is read by rewriting its fingerprint's chain record as 4
 has it (``_chain_of_v3``), a 3 or 4 by moving the writer's record (``_writer_of_v4``).
-Older versions are refused.
+Older versions are refused. Within version 5, a hard or pad packer's ``carry`` holds
+several spans (5 ints each, one after another) only in a state saved after a ``seq_length``
+change on resume and before the re-packed pieces are all in lines
+(``fmsdata.stages.packing``); every other state is as before, and every earlier state
+reads as before.
 """
 
 from __future__ import annotations
