@@ -3,12 +3,14 @@
 A rank's state, as plain nested data (``LoaderState.to_plain``, what
 ``FmsDataLoader.snapshot()`` gives)::
 
-    {"version": 5,
+    {"version": 6,
      "fingerprint": {"data": ..., "seed": ..., "stages": [...], "writer": {...}, ...}
                     (fmsdata.state.fingerprint),
      "rank": r, "world_size": W, "steps": batches consumed,
      "skips": [[step, n], ...] (batches skipped over, and where),
      "span_datasets": [name, ...] (what the dataset field of saved spans refers to),
+     "mix_feedback": None, or the weights as applied and the policy's state of a mix
+                     that follows the training loss (fmsdata.state.mixrecord),
      "shards": [{"id": shard id,
                  "state": shard pipeline state or None (not started),
                  "advance": lines the shard emitted after that state}, ...]}
@@ -33,7 +35,11 @@ mixer recorded before); 5 keeps the line writer's settings under the fingerprint
 ``writer`` (before, a record in ``stages`` without a path). Shard states are the same in
 3, 4 and 5: a version-3 state is read by rewriting its fingerprint's chain record as 4
 has it (``_chain_of_v3``), a 3 or 4 by moving the writer's record (``_writer_of_v4``).
+6 adds ``mix_feedback`` (a version-5 or older state has none: read as None).
 Older versions are refused.
+
+``mix_history_of`` reads the weights as applied from any saved form (what provenance
+and ``state show`` read).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from fmsdata.config import as_plain
 from fmsdata.errors import StateMismatchError
 from fmsdata.state.file import state_from_bytes, state_to_bytes
 from fmsdata.state.fingerprint import WRITER_KEY, check_fingerprint
+from fmsdata.state.mixrecord import MixRecord
 from fmsdata.util.statecheck import (
     fail,
     join,
@@ -66,12 +73,15 @@ __all__ = [
     "SHARD_PREFIX",
     "ShardEntry",
     "LoaderState",
+    "mix_history_of",
 ]
 
-STATE_VERSION = 5
+STATE_VERSION = 6
 # Versions read: 3 by rewriting its chain record (``_chain_of_v3``), 3 and 4 by moving the
-# line writer's record out of the chain (``_writer_of_v4``).
-_READ_VERSIONS = (3, 4, 5)
+# line writer's record out of the chain (``_writer_of_v4``), 3 to 5 without a feedback mix.
+_READ_VERSIONS = (3, 4, 5, 6)
+# Added by version 6 (absent before: None).
+_FEEDBACK_KEY = "mix_feedback"
 TOP_KEYS = (
     "version",
     "fingerprint",
@@ -83,7 +93,15 @@ TOP_KEYS = (
     "shards",
 )
 # The fields every rank of a save shares: the packed form's meta entry.
-_META_FIELDS = ("version", "fingerprint", "world_size", "steps", "skips", "span_datasets")
+_META_FIELDS = (
+    "version",
+    "fingerprint",
+    "world_size",
+    "steps",
+    "skips",
+    "span_datasets",
+    _FEEDBACK_KEY,
+)
 META_KEY = "fmsdata_meta"
 SHARD_PREFIX = "fmsdata_shard_"
 
@@ -118,6 +136,7 @@ class LoaderState:
     shards: list[ShardEntry]
     rank: int = -1
     version: int = STATE_VERSION
+    mix_feedback: MixRecord | None = None
 
     def to_plain(self) -> dict[str, Any]:
         """Plain nested data (the layout in the module docstring)."""
@@ -129,6 +148,7 @@ class LoaderState:
             "steps": self.steps,
             "skips": [list(skip) for skip in self.skips],
             "span_datasets": list(self.span_datasets),
+            _FEEDBACK_KEY: None if self.mix_feedback is None else self.mix_feedback.to_plain(),
             "shards": [{"id": e.id, "state": e.state, "advance": e.advance} for e in self.shards],
         }
 
@@ -193,6 +213,12 @@ class LoaderState:
             )
         if value["version"] == 3:
             _shard_states_of_v3(fingerprint["stages"], shards)
+        feedback = None
+        if value["version"] >= 6:
+            if _FEEDBACK_KEY not in value:
+                raise fail(path, f"loader state lacks {[_FEEDBACK_KEY]}")
+            if value[_FEEDBACK_KEY] is not None:
+                feedback = MixRecord.from_plain(value[_FEEDBACK_KEY], join(path, _FEEDBACK_KEY))
         rank = value["rank"]
         return cls(
             fingerprint,
@@ -202,15 +228,19 @@ class LoaderState:
             list(names),
             shards,
             rank if isinstance(rank, int) else -1,
+            mix_feedback=feedback,
         )
 
     def pack(self) -> dict[str, torch.Tensor]:
         """``{"fmsdata_meta": ..., "fmsdata_shard_00042": ...}`` of uint8 tensors: the meta
         entry (JSON) holds what every rank shares (version, fingerprint, world size, steps,
-        skips, span datasets); each shard entry is a state file (``fmsdata.state.file``)."""
+        skips, span datasets, the feedback mix); each shard entry is a state file
+        (``fmsdata.state.file``)."""
         plain = self.to_plain()
         meta = {k: plain[k] for k in _META_FIELDS}
-        packed = {META_KEY: _bytes_tensor(json.dumps(meta, sort_keys=True).encode())}
+        # Exact floats (repr round-trips) and no NaN: the feedback sums resume bit for bit.
+        text = json.dumps(meta, sort_keys=True, allow_nan=False)
+        packed = {META_KEY: _bytes_tensor(text.encode())}
         for entry in self.shards:
             body = {"state": entry.state, "advance": entry.advance}
             packed[f"{SHARD_PREFIX}{entry.id:05d}"] = _bytes_tensor(state_to_bytes(body))
@@ -236,6 +266,8 @@ class LoaderState:
             shards.append({"id": int(key[len(SHARD_PREFIX) :]), **body})
         if not isinstance(meta, dict):
             raise StateMismatchError(f"packed loader state's {META_KEY!r} is not a mapping")
+        if meta.get("version") in (3, 4, 5):
+            meta.pop(_FEEDBACK_KEY, None)
         return cls.from_plain({**meta, "rank": -1, "shards": shards})
 
     @classmethod
@@ -265,6 +297,11 @@ class LoaderState:
                 raise StateMismatchError(
                     f"states[{r}].fingerprint differs from states[0]'s: the states come from "
                     "different runs"
+                )
+            if state.mix_feedback != first.mix_feedback:
+                raise StateMismatchError(
+                    f"states[{r}].mix_feedback differs from states[0]'s: every rank records "
+                    "the same losses (record_loss on every rank, every step)"
                 )
             for entry in state.shards:
                 where = entry.path.removesuffix(".state") + ".id"
@@ -305,6 +342,24 @@ class LoaderState:
                 f"{rank}; to change world size, pass the states of every rank"
             )
         return {sid: entries[sid] for sid in shard_ids}
+
+
+def mix_history_of(state: Any) -> list[tuple[int, list[float]]]:
+    """The weights as applied, ``[(step, weights), ...]``, of a saved state (a
+    ``LoaderState``, a rank's plain or packed state, or a list of them); empty when the
+    run's weights did not follow its losses (``mix_policy`` unset).
+
+    Raises:
+        StateMismatchError: The state does not read (``LoaderState.from_plain``).
+    """
+    if isinstance(state, (list, tuple)):
+        if not state:
+            return []
+        state = state[0]
+    if not isinstance(state, LoaderState):
+        state = LoaderState.from_plain(state)
+    record = state.mix_feedback
+    return [] if record is None else [(step, list(w)) for step, w in record.history]
 
 
 _V3_DECORATION = ("bos", "eos", "strip", "min_length")
