@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fmsdata.config import as_plain
+from fmsdata.config import MixConfig, as_plain
 from fmsdata.errors import StateMismatchError
 from fmsdata.state.file import state_from_bytes, state_to_bytes
 from fmsdata.state.fingerprint import WRITER_KEY, check_fingerprint
@@ -82,6 +82,17 @@ STATE_VERSION = 6
 _READ_VERSIONS = (3, 4, 5, 6)
 # Added by version 6 (absent before: None).
 _FEEDBACK_KEY = "mix_feedback"
+# The mix fields version 6 added to the fingerprint (a feedback mix and its parameters).
+_FEEDBACK_FIELDS = (
+    "mix_policy",
+    "mix_update_every",
+    "odm_smoothing",
+    "odm_exploration",
+    "doremi_reference_losses",
+    "doremi_step_size",
+    "doremi_smoothing",
+    "mix_policy_options",
+)
 TOP_KEYS = (
     "version",
     "fingerprint",
@@ -179,6 +190,8 @@ class LoaderState:
             fingerprint = _chain_of_v3(fingerprint, join(path, "fingerprint.stages"))
         if value["version"] in (3, 4):
             fingerprint = _writer_of_v4(fingerprint, join(path, "fingerprint.stages"))
+        if value["version"] < 6:
+            fingerprint = _feedback_of_v5(fingerprint)
         _check_chain_record(fingerprint, join(path, "fingerprint"))
         skips = []
         for i, skip in enumerate(need_list(value["skips"], join(path, "skips"))):
@@ -385,6 +398,17 @@ def _check_chain_record(fingerprint: Mapping[str, Any], where: str) -> None:
         need_list(stage["path"], join(where, f"stages[{i}].path"))
         need_mapping(stage["settings"], join(where, f"stages[{i}].settings"))
     need_mapping(fingerprint.get(WRITER_KEY), join(where, WRITER_KEY))
+
+
+def _feedback_of_v5(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint saved before version 6 with the mix fields 6 added (``mix_policy``
+    and its parameters) as their defaults: the run had fixed weights or a schedule."""
+    added = {
+        field.name: as_plain(field.default)
+        for field in dataclasses.fields(MixConfig)
+        if field.name in _FEEDBACK_FIELDS
+    }
+    return {**added, **fingerprint}
 
 
 def _writer_of_v4(fingerprint: dict[str, Any], where: str) -> dict[str, Any]:
