@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from feedback_ranks import synthetic_loss
-from support import assert_same_batches, base_config, corpus, roundtrip, take
+from support import base_config, corpus, take
 
 from fmsdata import build_dataloader
 from fmsdata.cli.main import main
@@ -177,3 +177,180 @@ def run(loader, n, ranges, losses=LOSSES):
 
 def roundtrip_file(path):
     return load_state(str(path))
+
+
+# -- in one process ---------------------------------------------------------------------
+
+
+def one_rank(config, **overrides):
+    return build_dataloader({**config, **overrides}, rank=0, world_size=1)
+
+
+def test_loss_is_attributed_by_the_tokens_datasets(setup):
+    """Per token: each token's loss to its dataset; per sequence: each row's loss split
+    by its datasets' shares of its tokens; ignored labels left out of both. The
+    reference reads the dataset off each token's value."""
+    info, config, _, _ = setup
+    rng = np.random.default_rng(3)
+    for per_token in (True, False):
+        loader = one_rank(config, mix_update_every=1000, ignore_first_labels=3)
+        batch = next(iter(loader))
+        shape = batch["input_ids"].shape
+        loss = rng.uniform(0.5, 4, shape if per_token else shape[:1])
+        loader.record_loss(batch, torch.from_numpy(loss))
+        record = loader.snapshot()["mix_feedback"]
+        which = info.dataset_of(batch["input_ids"].numpy())
+        counted = (which >= 0) & (batch["labels"].numpy() != -100)
+        sums, tokens = np.zeros(2), np.zeros(2)
+        for row in range(shape[0]):
+            for d in range(2):
+                mine = (which[row] == d) & counted[row]
+                if per_token:
+                    sums[d] += loss[row][mine].sum()
+                    tokens[d] += mine.sum()
+                else:
+                    share = mine.sum() / counted[row].sum()
+                    sums[d] += loss[row] * share
+                    tokens[d] += share
+        np.testing.assert_allclose(record["loss"], sums, rtol=1e-12)
+        np.testing.assert_allclose(record["tokens"], tokens, rtol=1e-12)
+        assert record["records"] == 1
+
+
+@pytest.mark.parametrize("save_at", [0, 3, 4, 9])
+def test_resume_in_process_and_with_workers_matches_the_unbroken_run(setup, save_at):
+    """Saved before the first batch, inside an interval, right at an update: resumed
+    with the same losses after it, the same batches and weights. A worker process gives
+    what the main process does (it restarts at every update)."""
+    _, config, ranges, _ = setup
+    unbroken = one_rank(config)
+    expected = run(unbroken, 14, ranges)
+    for workers in (0, 1):
+        first = one_rank(config, num_workers=workers)
+        head = run(first, save_at, ranges) if save_at else []
+        state = first.snapshot()
+        resumed = one_rank(config, num_workers=workers)
+        resumed.load_state_dict(state)
+        tail = run(resumed, 14 - save_at, ranges)
+        for a, b in zip(expected, head + tail):
+            assert torch.equal(a, b)
+        assert resumed.mix_history == unbroken.mix_history
+
+
+def test_another_loss_gives_another_run_and_no_loss_keeps_the_weights(setup):
+    _, config, ranges, _ = setup
+    easy_a = one_rank(config)
+    run(easy_a, 12, ranges, losses=(1.0, 8.0))
+    hard_a = one_rank(config)
+    run(hard_a, 12, ranges)
+    assert easy_a.mix_history[-1][1][0] < 0.5 < hard_a.mix_history[-1][1][0]
+    silent = one_rank(config)
+    take(silent, 12)
+    assert silent.mix_history == [(0, [0.5, 0.5])]
+
+
+def test_doremi_and_a_user_policy_drive_the_mix(setup):
+    info, config, ranges, _ = setup
+    doremi = one_rank(
+        config, mix_policy="doremi", doremi_reference_losses=[7.0, 0.5], odm_exploration=None
+    )
+    run(doremi, 8, ranges)
+    # excess losses 1 and 0.5: a' = a * exp(eta * excess), smoothed towards uniform
+    a = np.array([0.5, 0.5])
+    for _ in range(2):
+        a = a * np.exp([1.0, 0.5])
+        a = (1 - 1e-3) * a / a.sum() + 1e-3 / 2
+    np.testing.assert_allclose(doremi.mix_history[-1][1], a, rtol=1e-12)
+    user = one_rank(
+        config,
+        mix_policy="test_mix_feedback:FavourTheHardest",
+        mix_policy_options={"share": 0.8},
+    )
+    batches = run(user, 20, ranges)
+    assert [s for s, _ in user.mix_history] == [0, 4, 8, 12, 16, 20]
+    np.testing.assert_allclose([w for _, w in user.mix_history[1:]], [[0.8, 0.2]] * 5)
+    # Lines in the shuffle buffers when the weights changed come first (3 batches here).
+    assert abs(shares_of(torch.cat(batches[8:]).tolist(), info)[0] - 0.8) < 0.05
+    assert user.snapshot()["mix_feedback"]["state"] == {"updates": 5}
+
+
+class FavourTheHardest:
+    """A user policy: ``share`` of the tokens to the dataset of the highest mean loss."""
+
+    def __init__(self, datasets, weights, share):
+        self.k, self.share, self.updates = len(datasets), share, 0
+
+    def update(self, losses, tokens, weights):
+        self.updates += 1
+        out = [(1 - self.share) / (self.k - 1)] * self.k
+        out[int(np.nanargmax(losses))] = self.share
+        return out
+
+    def state_dict(self):
+        return {"updates": self.updates}
+
+    def load_state_dict(self, state):
+        self.updates = state["updates"]
+
+
+def test_misuse_is_refused_by_name(setup):
+    _, config, ranges, _ = setup
+    plain = one_rank(config, mix_policy=None)
+    batch = next(iter(plain))
+    with pytest.raises(ConfigError, match="set mix_policy"):
+        plain.record_loss(batch, torch.zeros(4))
+    loader = one_rank(config)
+    with pytest.raises(ConfigError, match="recorded already"):
+        loader.record_loss(None, torch.zeros(4))
+    batch = next(iter(loader))
+    with pytest.raises(ConfigError, match=r"got shape \[4, 3\]"):
+        loader.record_loss(batch, torch.zeros(4, 3))
+    with pytest.raises(ConfigError, match="not finite"):
+        loader.record_loss(batch, torch.full((4,), float("nan")))
+    broken = one_rank(config, mix_policy="test_mix_feedback:FavourTheHardest")
+    with pytest.raises(ConfigError, match="cannot be made"):
+        next(iter(broken))
+    missing = one_rank(config, mix_policy="no_such_module:Policy")
+    with pytest.raises(ConfigError, match="'no_such_module:Policy' cannot be imported"):
+        missing.steps  # noqa: B018
+
+
+def test_a_changed_mix_needs_allow_mix_change_and_keeps_the_history(setup):
+    _, config, ranges, _ = setup
+    loader = one_rank(config)
+    run(loader, 10, ranges)
+    state = loader.snapshot()
+    changed = one_rank(config, mix_update_every=2)
+    with pytest.raises(StateMismatchError, match="mix_update_every"):
+        changed.load_state_dict(state)
+    assert changed.mix_history == [(0, [0.5, 0.5])]  # a refused state leaves it as it was
+    allowed = one_rank(config, mix_update_every=2, allow_mix_change=True)
+    allowed.load_state_dict(state)
+    assert allowed.mix_history == [*loader.mix_history, (10, [0.5, 0.5])]
+    run(allowed, 4, ranges)
+    assert [s for s, _ in allowed.mix_history[-3:]] == [10, 12, 14]
+    # A run without a policy resumed from one: a mix change, the history kept.
+    fixed = one_rank(config, mix_policy=None, weights=[1, 3], allow_mix_change=True)
+    fixed.load_state_dict(state)
+    assert fixed.mix_history == [*loader.mix_history, (10, [0.25, 0.75])]
+    with pytest.raises(StateMismatchError, match="mix_policy"):
+        one_rank(config, mix_policy=None).load_state_dict(state)
+
+
+def test_state_show_prints_and_plots_the_weights_as_applied(setup, tmp_path, capsys):
+    _, config, ranges, _ = setup
+    loader = one_rank(config)
+    run(loader, 9, ranges)
+    path = str(tmp_path / "run.state")
+    save_state(path, loader.snapshot())
+    assert main(["state", "show", path]) == 0
+    out = capsys.readouterr().out
+    assert "mix_policy 'odm'), 2 update(s)" in out
+    for step, weights in loader.mix_history:
+        assert f"from step {step:>8,}: " + "  ".join(f"{w:.4f}" for w in weights) in out
+    assert main(["state", "show", path, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [tuple(p) for p in shown["mix_history"]] == loader.mix_history
+    pytest.importorskip("matplotlib")
+    assert main(["state", "show", path, "--plot", str(tmp_path / "run.png")]) == 0
+    assert os.path.getsize(tmp_path / "run.png") > 0

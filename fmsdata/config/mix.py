@@ -181,8 +181,8 @@ class MixConfig:
                 )
             if policy is None or policy in BUILT_IN_POLICIES:
                 raise ConfigError(
-                    f"mix_policy_options are a user policy's ('module:Class'), but mix_policy="
-                    f"{policy!r}"
+                    f"mix_policy_options={options!r} are a user policy's ('module:Class'), "
+                    f"but mix_policy={policy!r}"
                 )
 
     def _schedule_points(
