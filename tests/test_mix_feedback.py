@@ -354,3 +354,18 @@ def test_state_show_prints_and_plots_the_weights_as_applied(setup, tmp_path, cap
     pytest.importorskip("matplotlib")
     assert main(["state", "show", path, "--plot", str(tmp_path / "run.png")]) == 0
     assert os.path.getsize(tmp_path / "run.png") > 0
+
+
+def test_automatic_checkpoints_hold_the_steps_loss_and_resume_exactly(setup, tmp_path):
+    _, config, ranges, _ = setup
+    unbroken = one_rank(config)
+    expected = run(unbroken, 14, ranges)
+    auto = {**config, "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_every": 5}
+    first = one_rank(auto)
+    run(first, 11, ranges)
+    first.close()  # the save in flight finishes
+    resumed = one_rank(auto)  # resumes from the newest complete checkpoint: step 10
+    assert resumed.steps == 10
+    tail = run(resumed, 4, ranges)
+    assert all(torch.equal(a, b) for a, b in zip(expected[10:], tail))
+    assert resumed.mix_history == unbroken.mix_history

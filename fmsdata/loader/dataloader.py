@@ -235,7 +235,9 @@ class FmsDataLoader(DataLoader):
             self._unrecorded.append((self._consumed.steps, datasets))
         self._consumed.consume_batch(items, k)
         self._consumed.steps += 1
-        if self.checkpointer is not None:
+        # With a mix that follows the loss, a step's automatic checkpoint waits for its
+        # loss (``record_loss``): the state then holds it, and a resume continues exactly.
+        if self.checkpointer is not None and self._feedback is None:
             self.checkpointer.after_step(self)
         return batch
 
@@ -353,7 +355,8 @@ class FmsDataLoader(DataLoader):
         dataset's share of the row's tokens; every ``mix_update_every`` recorded steps
         the policy turns the means into new weights, which apply from the next batch
         this rank takes (the same step on every rank). Tokens whose label is ignored
-        (``labels`` of the batch, where it has them) do not count.
+        (``labels`` of the batch, where it has them) do not count. The automatic
+        checkpoint of a step (``checkpoint_every``) is taken here, once its loss is in.
 
         Args:
             batch: The batch (its ``labels``, when it has them, mark ignored tokens).
@@ -382,6 +385,8 @@ class FmsDataLoader(DataLoader):
         weights = feedback.add(*sums)
         if weights is not None:
             self._apply_weights(weights)
+        if self.checkpointer is not None:
+            self.checkpointer.after_step(self)
 
     @property
     def mix_history(self) -> list[tuple[int, list[float]]]:
