@@ -18,8 +18,13 @@ from fmsdata.handlers.mapping import changed_in_dead_workers
 from fmsdata.loader import resume
 from fmsdata.loader.consumed import ConsumedState
 from fmsdata.loader.feed import PIN_AHEAD, RUNNING, AheadFeed, Feed
-from fmsdata.loader.feedback import MixFeedback, attribute, check_loss, mix_setup, normalized
-from fmsdata.stages.outputs import IGNORE_INDEX
+from fmsdata.loader.feedback import (
+    MixFeedback,
+    attribute,
+    check_loss,
+    counted_tokens,
+    resumed,
+)
 from fmsdata.state.checkpoint import AutoCheckpointer, resume_from_folder
 from fmsdata.state.fingerprint import stream_fingerprint
 from fmsdata.state.format import LoaderState, ShardEntry
@@ -381,7 +386,7 @@ class FmsDataLoader(DataLoader):
         _, datasets = self._unrecorded.popleft()
         if datasets is None:
             raise ConfigError("record_loss: the batch carries no dataset of its tokens")
-        sums = attribute(datasets, values, _ignored(batch, datasets.shape), feedback.k)
+        sums = attribute(datasets, values, counted_tokens(batch, datasets.shape), feedback.k)
         weights = feedback.add(*sums)
         if weights is not None:
             self._apply_weights(weights)
@@ -418,30 +423,15 @@ class FmsDataLoader(DataLoader):
         self._generation += 1
 
     def _load_feedback(self, saved: LoaderState) -> None:
-        """Continue a loaded state's feedback mix where this loader runs the same one;
-        else start this loader's afresh at the saved step, keeping the recorded history
-        (the mix then changed: the fingerprint check asks for ``allow_mix_change``)."""
+        """The feedback mix a loaded state continues (``fmsdata.loader.feedback.resumed``),
+        its weights drawn with from here."""
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        names = dataset.mix_names
-        record = saved.mix_feedback
-        old = list(record.history) if record is not None else []
         self._unrecorded.clear()
-        if self.config.mix_policy is None:
-            start = normalized(self._configured_mix.weights or [1.0] * len(names))
-            self._kept_mix = (
-                None
-                if record is None
-                else MixRecord(None, mix_setup(self._configured_mix, names), old)
-            )
-            if self._kept_mix is not None and old[-1][1] != start:
-                self._kept_mix.history.append((saved.steps, start))
-            return
-        same = record is not None and record.setup == mix_setup(self._configured_mix, names)
-        if same and record is not None:
-            self._feedback = MixFeedback(self._configured_mix, names, record=record)
-        else:
-            self._feedback = MixFeedback(self._configured_mix, names, step=saved.steps, history=old)
-        self._use_weights(self._feedback.weights)
+        self._feedback, self._kept_mix = resumed(
+            saved.mix_feedback, self._configured_mix, dataset.mix_names, saved.steps
+        )
+        if self._feedback is not None:
+            self._use_weights(self._feedback.weights)
 
     def worker_pids(self) -> list[int]:
         """Process ids of the workers of the current iteration (empty without workers; a
@@ -584,16 +574,3 @@ def as_tuple(batch: dict[str, torch.Tensor]) -> Any:
     """A batch's tensors in its key order (``batch_format="tuple"``); one tensor alone."""
     values = tuple(batch.values())
     return values[0] if len(values) == 1 else values
-
-
-def _ignored(batch: Any, shape: tuple[int, ...]) -> Any:
-    """Where the batch's ``labels`` (a dict's, or a tuple's second tensor) count: None
-    when it has none of ``shape``."""
-    labels = None
-    if isinstance(batch, dict):
-        labels = batch.get("labels")
-    elif isinstance(batch, (tuple, list)) and len(batch) > 1:
-        labels = batch[1]
-    if not isinstance(labels, torch.Tensor) or tuple(labels.shape) != tuple(shape):
-        return None
-    return (labels != IGNORE_INDEX).cpu().numpy()

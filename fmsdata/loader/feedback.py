@@ -22,9 +22,19 @@ import torch
 from fmsdata.config import MixConfig, as_plain
 from fmsdata.errors import ConfigError
 from fmsdata.stages.mixpolicy import MixPolicy, checked_state, checked_weights, make_policy
+from fmsdata.stages.outputs import IGNORE_INDEX
 from fmsdata.state.mixrecord import MixRecord
 
-__all__ = ["MixFeedback", "attribute", "all_ranks", "mix_setup", "normalized"]
+__all__ = [
+    "MixFeedback",
+    "attribute",
+    "all_ranks",
+    "check_loss",
+    "counted_tokens",
+    "mix_setup",
+    "normalized",
+    "resumed",
+]
 
 
 def normalized(weights: Sequence[float]) -> list[float]:
@@ -192,3 +202,42 @@ def check_loss(loss: Any, batch_size: int, seq_length: int) -> np.ndarray:
     if not np.isfinite(array).all():
         raise ConfigError("record_loss got a loss that is not finite (nan or inf)")
     return array
+
+
+def counted_tokens(batch: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+    """Where the batch's ``labels`` (a dict's, or a tuple's second tensor) are not
+    ignored: the tokens whose loss counts; None when it has no labels of ``shape``."""
+    labels = None
+    if isinstance(batch, dict):
+        labels = batch.get("labels")
+    elif isinstance(batch, (tuple, list)) and len(batch) > 1:
+        labels = batch[1]
+    if not isinstance(labels, torch.Tensor) or tuple(labels.shape) != tuple(shape):
+        return None
+    return (labels != IGNORE_INDEX).cpu().numpy()
+
+
+def resumed(
+    record: MixRecord | None, mix: MixConfig, names: Sequence[str], steps: int
+) -> tuple[MixFeedback | None, MixRecord | None]:
+    """What a loader configured with ``mix`` keeps of a loaded state's ``record`` (saved
+    at ``steps``): ``(its feedback mix, the history kept without one)``.
+
+    The same mix section (policy, its parameters, datasets, starting weights) continues
+    the record: its weights, policy state and sums. Another one starts afresh at
+    ``steps`` with the config's weights, after the recorded history (the mix changed:
+    the fingerprint check asks for ``allow_mix_change``). Without ``mix_policy`` the
+    recorded history is kept, with the config's weights from ``steps`` on when they differ.
+    """
+    old = list(record.history) if record is not None else []
+    if mix.mix_policy is None:
+        if record is None:
+            return None, None
+        kept = MixRecord(None, mix_setup(mix, names), old)
+        start = normalized(mix.weights or [1.0] * len(names))
+        if old[-1][1] != start:
+            kept.history.append((steps, start))
+        return None, kept
+    if record is not None and record.setup == mix_setup(mix, names):
+        return MixFeedback(mix, names, record=record), None
+    return MixFeedback(mix, names, step=steps, history=old), None
