@@ -336,7 +336,7 @@ def print_mix_history(policy: str | None, history: Sequence[Sequence[Any]], most
         if policy is not None
         else "mix: weights followed the training loss before a resume without mix_policy:"
     )
-    picked = range(len(history))
+    picked: list[int] = list(range(len(history)))
     if len(history) > most:
         step = (len(history) - 1) / (most - 1)
         picked = sorted({round(i * step) for i in range(most)})
