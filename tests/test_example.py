@@ -211,3 +211,14 @@ def test_custom_order_example_resumes_rescales_and_is_fingerprinted(tmp_path):
         "a state saved with the default order is refused: True",
     ):
         assert claim in done.stdout
+
+
+@pytest.mark.slow  # the example end to end in a subprocess
+def test_mixing_feedback_example_moves_the_weights_and_resumes(tmp_path):
+    done = run_example("mixing_feedback.py", "--dir", str(tmp_path))
+    for claim in (
+        "the hard dataset's weight rose: True",
+        "the tokens delivered follow the weights: True",
+        "resumed run continues exactly: True",
+    ):
+        assert claim in done.stdout

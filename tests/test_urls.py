@@ -94,6 +94,8 @@ NOT_PATH_FIELDS = {
     "multiprocessing_context",
     "batch_format",
     "output_dtype",
+    "mix_policy",  # "odm", "doremi" or "module:Class": an import path, not a file's
+    "mix_policy_options",
 }
 
 

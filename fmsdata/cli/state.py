@@ -175,11 +175,13 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     (``fmsdata.state.report``). ``left_out`` says what the counts leave out (lines emitted after
     a shard's recorded state, stages this process cannot ask), None when they are exact."""
     from fmsdata.stages.savedchain import stage_types
-    from fmsdata.state.format import LoaderState
+    from fmsdata.state.format import LoaderState, mix_history_of
     from fmsdata.state.report import DELIVERY_KEYS, shard_report
 
     # Through the one reader of the format: checked, and an older version read as today's.
-    states = [LoaderState.from_plain(state).to_plain() for state in states]
+    read = [LoaderState.from_plain(state) for state in states]
+    history = mix_history_of(read[0]) if read else []
+    states = [state.to_plain() for state in read]
     first = states[0]
     fingerprint = first["fingerprint"]
     names = list(fingerprint["datasets"])
@@ -264,6 +266,8 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "logical_shards": fingerprint["logical_shards"],
         "weights": fingerprint.get("weights"),
         "weight_schedule": fingerprint.get("weight_schedule"),
+        "mix_policy": fingerprint.get("mix_policy"),
+        "mix_history": [[step, weights] for step, weights in history],
         "global_batch_size": batch,
         "lines": lines,
         "uncounted_lines": pending,
@@ -331,6 +335,26 @@ def settle_states(
     return [loader.snapshot(settle=True)]
 
 
+def print_mix_history(policy: str | None, history: Sequence[Sequence[Any]], most: int = 24) -> None:
+    """The weights as applied over the run (a mix that followed the loss), one line per
+    change; past ``most`` changes, evenly picked ones and the last."""
+    print(
+        f"mix: weights followed the training loss (mix_policy {policy!r}), "
+        f"{len(history) - 1} update(s):"
+        if policy is not None
+        else "mix: weights followed the training loss before a resume without mix_policy:"
+    )
+    picked: list[int] = list(range(len(history)))
+    if len(history) > most:
+        step = (len(history) - 1) / (most - 1)
+        picked = sorted({round(i * step) for i in range(most)})
+    for i in picked:
+        at, weights = history[i]
+        print(f"  from step {at:>8,}: " + "  ".join(f"{w:.4f}" for w in weights))
+    if len(picked) < len(history):
+        print(f"  ({len(history) - len(picked)} more in --json)")
+
+
 def print_tables(summary: dict[str, Any]) -> None:
     """The per-dataset and per-logical-shard tables (``fmsdata.cli.statetable``)."""
     from fmsdata.cli.statetable import dataset_table, shard_table
@@ -374,7 +398,10 @@ def run_show(args: argparse.Namespace) -> int:
     if summary["skips"]:
         print("skips: " + ", ".join(f"{n} steps at step {at}" for at, n in summary["skips"]))
     mix = summary["weight_schedule"] or summary["weights"]
-    print(f"mix: {mix if mix is not None else 'equal weights'}")
+    if summary["mix_history"]:
+        print_mix_history(summary["mix_policy"], summary["mix_history"])
+    else:
+        print(f"mix: {mix if mix is not None else 'equal weights'}")
     skipped = (
         f", {summary['skipped_lines']:,} of them in skipped steps (passed over, not trained "
         "on; their documents and tokens are in the counts below)"

@@ -19,13 +19,22 @@ from fmsdata.handlers.mapping import changed_in_dead_workers
 from fmsdata.loader import resume
 from fmsdata.loader.consumed import ConsumedState
 from fmsdata.loader.feed import PIN_AHEAD, RUNNING, AheadFeed, Feed
+from fmsdata.loader.feedback import (
+    MixFeedback,
+    attribute,
+    check_loss,
+    counted_tokens,
+    resumed,
+)
 from fmsdata.state.checkpoint import AutoCheckpointer, resume_from_folder
 from fmsdata.state.fingerprint import SEQ_LENGTH, seq_length_change, stream_fingerprint
 from fmsdata.state.format import LoaderState, ShardEntry
+from fmsdata.state.mixrecord import MixRecord
 from fmsdata.transport.assemble import assemble_batch
 from fmsdata.transport.batchring import BatchRing
 from fmsdata.transport.batchwrite import token_fields
 from fmsdata.transport.items import WorkerItem
+from fmsdata.transport.pieces import token_datasets
 from fmsdata.transport.rounds import item_batch_counts, ring_slots
 from fmsdata.util.digest import batch_digest, digest_int64
 from fmsdata.util.exits import finish_at_exit
@@ -35,6 +44,9 @@ from fmsdata.worker.topology import RowDealer
 __all__ = ["FmsDataLoader", "as_tuple", "due_skips"]
 
 logger = logging.getLogger(__name__)
+
+# Batches handed out whose loss may be reported later (a trainer that fetches ahead).
+_UNRECORDED = 8
 
 
 def _keep(part: Any) -> Any:
@@ -64,6 +76,15 @@ class FmsDataLoader(DataLoader):
             multiprocessing_context=config.multiprocessing_context if workers > 0 else None,
         )
         self.config: LoaderConfig = config
+        # The mix as configured: with ``mix_policy`` the config's weights are the ones
+        # applied now (``_use_weights``), these the ones the run started with.
+        self._configured_mix = config.mix
+        # A mix that follows the loss (``record_loss``), made at the first use; the
+        # history of a loaded state whose run had one, where this loader has none.
+        self._feedback: MixFeedback | None = None
+        self._kept_mix: MixRecord | None = None
+        # (step, dataset of each input token) of batches handed out, not yet recorded.
+        self._unrecorded: collections.deque[tuple[int, Any]] = collections.deque()
         # Made at the first use (``_prepare``): nothing is read while the loader is built.
         self._consumed_state: ConsumedState | None = None
         self.checkpointer: AutoCheckpointer | None = None
@@ -108,6 +129,9 @@ class FmsDataLoader(DataLoader):
         dataset.data_fingerprint = dataset.catalog().fingerprint()
         dataset.layout()
         self._consumed_state = ConsumedState(dataset.shard_ids)
+        if self.config.mix_policy is not None:
+            self._feedback = MixFeedback(self._configured_mix, dataset.mix_names)
+            self._use_weights(self._feedback.weights)
         storage = dataset.storage
         self.checkpointer = AutoCheckpointer.from_config(self.config.checkpoint, storage)
         if self.config.checkpoint_dir:
@@ -214,9 +238,17 @@ class FmsDataLoader(DataLoader):
         self, items: list[WorkerItem], batch: dict[str, torch.Tensor], k: int
     ) -> dict[str, torch.Tensor]:
         """Count batch ``k`` of the current items as consumed."""
+        if self._feedback is not None:
+            config = self.config
+            if len(self._unrecorded) == _UNRECORDED:
+                self._unrecorded.popleft()  # its loss never came: not counted
+            datasets = token_datasets(items, k, config.batch_size, config.seq_length)
+            self._unrecorded.append((self._consumed.steps, datasets))
         self._consumed.consume_batch(items, k)
         self._consumed.steps += 1
-        if self.checkpointer is not None:
+        # With a mix that follows the loss, a step's automatic checkpoint waits for its
+        # loss (``record_loss``): the state then holds it, and a resume continues exactly.
+        if self.checkpointer is not None and self._feedback is None:
             self.checkpointer.after_step(self)
         return batch
 
@@ -339,6 +371,91 @@ class FmsDataLoader(DataLoader):
         for n in due_skips(self.config.skip_steps, self._consumed.steps, self._consumed.skips):
             self.skip(n)
 
+    # -- a mix that follows the loss ----------------------------------------------------
+
+    def record_loss(self, batch: Any, loss: Any) -> None:
+        """Report the training loss of a batch this rank was handed (``mix_policy``).
+
+        Call it on every rank, every step, once per batch, in the order the batches came
+        (it sums over ranks with ``torch.distributed`` when that is initialized). The
+        loss is attributed to the datasets of the batch's tokens (a row holds parts of
+        several documents): per token by each token's dataset, per sequence by each
+        dataset's share of the row's tokens; every ``mix_update_every`` recorded steps
+        the policy turns the means into new weights, which apply from the next batch
+        this rank takes (the same step on every rank). Tokens whose label is ignored
+        (``labels`` of the batch, where it has them) do not count. The automatic
+        checkpoint of a step (``checkpoint_every``) is taken here, once its loss is in.
+
+        Args:
+            batch: The batch (its ``labels``, when it has them, mark ignored tokens).
+            loss: Loss per input token ``[batch_size, seq_length]`` (0 where ignored) or
+                per sequence ``[batch_size]``; a tensor (any device) or an array.
+
+        Raises:
+            ConfigError: No ``mix_policy``, no batch waiting for its loss, a loss of
+                another shape or not finite, or a policy's bad output.
+        """
+        self._prepare()
+        feedback = self._feedback
+        if feedback is None:
+            raise ConfigError("record_loss needs a mix that follows the loss: set mix_policy")
+        if not self._unrecorded:
+            raise ConfigError(
+                "record_loss: every batch handed out has its loss recorded already (call it "
+                "once per batch, after taking the batch)"
+            )
+        config = self.config
+        values = check_loss(loss, config.batch_size, config.seq_length)
+        _, datasets = self._unrecorded.popleft()
+        if datasets is None:
+            raise ConfigError("record_loss: the batch carries no dataset of its tokens")
+        sums = attribute(datasets, values, counted_tokens(batch, datasets.shape), feedback.k)
+        weights = feedback.add(*sums)
+        if weights is not None:
+            self._apply_weights(weights)
+        if self.checkpointer is not None:
+            self.checkpointer.after_step(self)
+
+    @property
+    def mix_history(self) -> list[tuple[int, list[float]]]:
+        """The weights as applied, ``[(step, weights), ...]`` (normalized; each from its
+        step on), over the whole run; empty without ``mix_policy`` (unless the run had
+        one before a resume)."""
+        self._prepare()
+        record = self._feedback.record if self._feedback is not None else self._kept_mix
+        return [] if record is None else [(step, list(w)) for step, w in record.history]
+
+    def _use_weights(self, weights: list[float]) -> None:
+        """Draw with ``weights`` from the next chain built (the fingerprint records them)."""
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        names = dataset.mix_names if self.config.datasets is None else self.config.datasets
+        self.config = self.config.replace(datasets=list(names), weights=list(weights))
+        dataset.config = dataset.config.replace(datasets=list(names), weights=list(weights))
+
+    def _apply_weights(self, weights: list[float]) -> None:
+        """The policy's new weights, from the next batch on: the shards' chains are
+        carried over at the consumed position as a mix change on resume is
+        (``fmsdata.loader.resume``: lines already drawn are replayed with the old
+        weights, every share measured afresh from here), and the workers restart."""
+        assert self._feedback is not None
+        saved = self._saved()  # with the weights its lines were drawn with
+        entries = {entry.id: entry for entry in saved.shards}
+        self._feedback.applied(self._consumed.steps, weights)
+        self._use_weights(weights)
+        self._mix_change = resume.MixChange(saved, entries, rebase=True)
+        self._generation += 1
+
+    def _load_feedback(self, saved: LoaderState) -> None:
+        """The feedback mix a loaded state continues (``fmsdata.loader.feedback.resumed``),
+        its weights drawn with from here."""
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        self._unrecorded.clear()
+        self._feedback, self._kept_mix = resumed(
+            saved.mix_feedback, self._configured_mix, dataset.mix_names, saved.steps
+        )
+        if self._feedback is not None:
+            self._use_weights(self._feedback.weights)
+
     def worker_pids(self) -> list[int]:
         """Process ids of the workers of the current iteration (empty without workers; a
         worker not started yet is left out)."""
@@ -413,6 +530,7 @@ class FmsDataLoader(DataLoader):
                 for sid, state in consumed.shard_states().items()
             ],
             rank=dataset.topology.rank,
+            mix_feedback=self._feedback.record if self._feedback is not None else self._kept_mix,
         )
 
     def load_state_dict(self, state: Any, allow_changes: Sequence[str] = ()) -> None:
@@ -444,21 +562,28 @@ class FmsDataLoader(DataLoader):
         """
         self._prepare()
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        current = self.fingerprint
-        allow = [*self.config.allow_changes, *allow_changes]
         saved = LoaderState.read(state, self.config.logical_shards)
-        entries = saved.for_shards(dataset.shard_ids, dataset.topology.rank)
-        old_seq = seq_length_change(saved.fingerprint, current, allow)
-        if old_seq is not None:
-            # Checked against this loader at the saved length: whatever that length
-            # derives (capacity, line_tokens, line_length) may differ, nothing else.
-            old = resume.at_seq_length(dataset, old_seq)
-            old.data_fingerprint = dataset.data_fingerprint
-            current = _fingerprint_of(old)
-            allow = [a for a in allow if a != SEQ_LENGTH]
-        rebase = saved.check(current, allow, self.config.allow_mix_change)
-        if old_seq is not None:
-            resume.check_line_change(dataset, old)
+        before = (self.config, dataset.config, self._feedback, self._kept_mix)
+        try:
+            # The weights a continued feedback mix applies now are part of what must match.
+            self._load_feedback(saved)
+            current = self.fingerprint
+            allow = [*self.config.allow_changes, *allow_changes]
+            entries = saved.for_shards(dataset.shard_ids, dataset.topology.rank)
+            old_seq = seq_length_change(saved.fingerprint, current, allow)
+            if old_seq is not None:
+                # Checked against this loader at the saved length: whatever that length
+                # derives (capacity, line_tokens, line_length) may differ, nothing else.
+                old = resume.at_seq_length(dataset, old_seq)
+                old.data_fingerprint = dataset.data_fingerprint
+                current = _fingerprint_of(old)
+                allow = [a for a in allow if a != SEQ_LENGTH]
+            rebase = saved.check(current, allow, self.config.allow_mix_change)
+            if old_seq is not None:
+                resume.check_line_change(dataset, old)
+        except BaseException:
+            self.config, dataset.config, self._feedback, self._kept_mix = before
+            raise
         self._consumed = ConsumedState(dataset.shard_ids, entries, saved.steps, saved.skips)
         dropped = sorted(set(saved.fingerprint["datasets"]) - set(dataset.mix_names))
         if dropped:

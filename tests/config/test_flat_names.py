@@ -33,6 +33,14 @@ SAMPLES = {
     "schedule_interpolation": ("linear", "linear", {}),
     "schedule_resolution": (7, 7, {}),
     "global_batch_size": ("16", 16, {}),
+    "mix_policy": ("odm", "odm", {}),
+    "mix_update_every": ("25", 25, {}),
+    "odm_smoothing": (0.5, 0.5, {}),
+    "odm_exploration": ("0.1", 0.1, {}),
+    "doremi_reference_losses": ("2.5, 3", [2.5, 3.0], {}),
+    "doremi_step_size": (0.5, 0.5, {}),
+    "doremi_smoothing": (0.01, 0.01, {}),
+    "mix_policy_options": ({"rate": 2}, {"rate": 2}, {"mix_policy": "mypolicies:Greedy"}),
     "bos_token": (5, 5, {}),
     "eos_token": (6, 6, {}),
     "strip_tokens": ("0,1", [0, 1], {}),
@@ -106,6 +114,11 @@ DEFAULTS_BEFORE_SECTIONS = {
     "ignore_first_labels": 0, "open_files": None, "checkpoint_dir": None,
     "checkpoint_every": 0, "checkpoint_keep": 2,
     "allow_changes": [],  # added since: a default that changes no fingerprint
+    # Added with the mix that follows the loss (state version 6 fills them in older
+    # fingerprints: fmsdata.state.format._feedback_of_v5).
+    "mix_policy": None, "mix_update_every": 100, "odm_smoothing": 0.9,
+    "odm_exploration": None, "doremi_reference_losses": None, "doremi_step_size": 1.0,
+    "doremi_smoothing": 0.001, "mix_policy_options": None,
 }  # fmt: skip
 
 
@@ -124,7 +137,7 @@ def sectioned(flat):
 
 def test_the_samples_cover_every_field_once():
     names = LoaderConfig.field_names()
-    assert len(names) == len(set(names)) == len(SAMPLES) == 64
+    assert len(names) == len(set(names)) == len(SAMPLES) == 72
     assert set(names) == set(SAMPLES) == set(DEFAULTS_BEFORE_SECTIONS)
 
 
@@ -295,6 +308,14 @@ def test_the_sections_and_fields_are_those_documented():
             "schedule_interpolation",
             "schedule_resolution",
             "global_batch_size",
+            "mix_policy",
+            "mix_update_every",
+            "odm_smoothing",
+            "odm_exploration",
+            "doremi_reference_losses",
+            "doremi_step_size",
+            "doremi_smoothing",
+            "mix_policy_options",
         ),
         "documents": ("bos_token", "eos_token", "strip_tokens", "min_length", "document_order"),
         "lines": (
@@ -359,6 +380,14 @@ def test_fingerprint_groups_are_those_of_before_the_sections():
         "schedule_interpolation",
         "schedule_resolution",
         "global_batch_size",
+        "mix_policy",
+        "mix_update_every",
+        "odm_smoothing",
+        "odm_exploration",
+        "doremi_reference_losses",
+        "doremi_step_size",
+        "doremi_smoothing",
+        "mix_policy_options",
     )
     assert fingerprint._SHARD_FIELDS == ("logical_shards", "seed")
     assert set(fingerprint.LINE_FIELDS) == {
