@@ -11,6 +11,7 @@ Users add a format by subclassing ``FileHandler`` and calling ``register_handler
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -132,6 +133,16 @@ class AutoHandler(FileHandler):
                     return self._arrow_kind(path)
                 return name
         raise ShardFormatError(f"{path}: no format reads files ending like this")
+
+    def count_metadata(
+        self, read: Callable[[str, int, int], bytes], path: str, size: int, tokens: bool
+    ) -> tuple[int, int] | None:
+        """Counted by the handler of the file's ending, where the ending alone tells it (an
+        ``.arrow`` file may be of either Arrow layout: only its reader tells, so it is not)."""
+        for name in ("megatron", "pbin", "mds"):
+            if path.endswith(_REGISTRY[name].extensions):
+                return self._handler(name).count_metadata(read, path, size, tokens)
+        return None
 
     def _arrow_kind(self, path: str) -> str:
         wanted = column_candidates(self.options.get("col_name", "tokens"))

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from fmsdata.errors import ShardFormatError
-from fmsdata.handlers.arrow_index import RecordBatchIndex
+from fmsdata.handlers.arrow_index import (
+    RecordBatchIndex,
+    batch_rows,
+    footer_blocks,
+    footer_length,
+)
 from fmsdata.handlers.base import FileHandler, pick_column
 from fmsdata.handlers.mapping import MappedFile
 
@@ -150,6 +155,26 @@ class _DocBatchReader:
         self._copies = {}
 
 
+_TAIL = 64 << 10  # first guess of a footer's size, read from the end of a file
+_MERGE_GAP = 64 << 10  # batch headers closer than this are read as one range
+_FIRST_DOCS = 16  # documents whose lengths ``first_lengths`` reads at most
+_FIRST_SPAN = 256 << 10  # ... when their headers lie within this many bytes (else the first)
+
+
+def _footer(
+    read: Callable[[str, int, int], bytes], path: str, size: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The record batches' offsets and header lengths from a file's footer, read from its
+    end (a second read where the footer is longer than the first guess)."""
+    tail = read(path, max(0, size - _TAIL), size)
+    need = footer_length(tail)
+    if need is None:
+        return None
+    if need > len(tail):
+        tail = read(path, max(0, size - need), size)
+    return footer_blocks(np.frombuffer(tail, dtype=np.uint8))
+
+
 class ArrowDocHandler(FileHandler):
     """Arrow IPC *file* format, one record batch per document, one integer token column.
 
@@ -189,6 +214,48 @@ class ArrowDocHandler(FileHandler):
 
     def release(self, reader: _DocBatchReader) -> None:
         reader.mapped.release()
+
+    def count_metadata(
+        self, read: Callable[[str, int, int], bytes], path: str, size: int, tokens: bool
+    ) -> tuple[int, int] | None:
+        """The footer lists the record batches (documents); each batch's message header
+        holds its row count (tokens), read only when tokens are asked for, in ranges merged
+        where bodies are small."""
+        blocks = _footer(read, path, size)
+        if blocks is None:
+            return None
+        offsets, meta_lengths = blocks
+        if not tokens or not len(offsets):
+            return len(offsets), (0 if not len(offsets) else -1)
+        starts, ends = offsets, offsets + meta_lengths
+        cuts = np.flatnonzero(starts[1:] - ends[:-1] > _MERGE_GAP) + 1
+        first = np.concatenate([[0], cuts])
+        last = np.concatenate([cuts, [len(starts)]]) - 1
+        total = 0
+        for a, b in zip(first.tolist(), last.tolist()):
+            data = np.frombuffer(read(path, int(starts[a]), int(ends[b])), dtype=np.uint8)
+            rows = batch_rows(data, starts[a : b + 1] - starts[a])
+            if rows is None:
+                return None
+            total += int(rows.sum())
+        return len(offsets), total
+
+    def first_lengths(
+        self, read: Callable[[str, int, int], bytes], path: str, size: int
+    ) -> np.ndarray | None:
+        """Token counts of the file's first documents from its metadata: the footer, then
+        the first batch headers (one range; only the first when they lie far apart)."""
+        blocks = _footer(read, path, size)
+        if blocks is None:
+            return None
+        offsets, meta_lengths = blocks
+        k = min(len(offsets), _FIRST_DOCS)
+        if not k:
+            return np.zeros(0, dtype=np.int64)
+        ends = offsets[:k] + meta_lengths[:k]
+        k = max(1, int(np.searchsorted(ends - offsets[0], _FIRST_SPAN, side="right")))
+        data = np.frombuffer(read(path, int(offsets[0]), int(ends[k - 1])), dtype=np.uint8)
+        return batch_rows(data, offsets[:k] - offsets[0])
 
     def describe(self) -> dict[str, Any]:
         return {"file_type": self.name, "col_name": self.col_name}

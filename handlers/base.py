@@ -9,7 +9,7 @@ format overrides when it can answer from metadata or vectorize.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -152,6 +152,17 @@ class FileHandler(ABC):
             return n, tokens
         finally:
             self.close(reader)
+
+    def count_metadata(
+        self, read: Callable[[str, int, int], bytes], path: str, size: int, tokens: bool
+    ) -> tuple[int, int] | None:
+        """The documents and tokens of ``path`` (``size`` bytes) from the small parts of it
+        where its format keeps them, read with ``read(path, start, end) -> bytes`` (a range
+        request on object storage; ``end`` -1: to the end): how a remote root is counted
+        without downloading every file (``fmsdata.data.metacount``). Tokens -1 where the
+        metadata does not say (only asked for with ``tokens``). None (the default): the
+        format keeps no such metadata, and the file is counted where it is opened."""
+        return None
 
     def release(self, reader: Any) -> None:
         """Give back memory the reader holds that it can get again (e.g. mapped pages).

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -295,6 +297,25 @@ class MdsHandler(FileHandler):
 
     def open(self, path: str) -> _MdsReader:
         return _MdsReader(path, self.col_name, self.token_dtype, self.cache_dir)
+
+    def count_metadata(
+        self, read: Callable[[str, int, int], bytes], path: str, size: int, tokens: bool
+    ) -> tuple[int, int] | None:
+        """The folder's ``index.json`` lists each shard's samples (documents); tokens
+        need the shards."""
+        if tokens:
+            return None
+        index = posixpath.join(posixpath.dirname(path), "index.json")
+        try:
+            shards = json.loads(read(index, 0, -1))["shards"]
+        except (KeyError, ValueError, TypeError):
+            return None
+        name = posixpath.basename(path)
+        for shard in shards:
+            names = {(shard.get(k) or {}).get("basename") for k in ("raw_data", "zip_data")}
+            if name in names:
+                return int(shard["samples"]), -1
+        return None
 
     def num_docs(self, reader: _MdsReader) -> int:
         return reader.n

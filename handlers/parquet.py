@@ -10,7 +10,7 @@ there: every later read is a view, in any worker or run.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -90,6 +90,9 @@ def text_chunks(
         yield encode_texts(tokenizer, texts)
 
 
+_TAIL = 64 << 10  # first guess of a footer's size, read from the end of a file
+
+
 class ParquetHandler(CachedTokensHandler):
     """Parquet, one document per row.
 
@@ -120,6 +123,32 @@ class ParquetHandler(CachedTokensHandler):
         self.tokenizer = TextTokenizer(tokenizer) if tokenizer else None
         self.strict = strict
         self.cache_dir = cache_dir or default_cache_dir()
+
+    def count_metadata(
+        self, read: Callable[[str, int, int], bytes], path: str, size: int, tokens: bool
+    ) -> tuple[int, int] | None:
+        """The footer's row count (documents) of a file whose document column holds token
+        lists (a text column: rows without text may be skipped, tokens need the text)."""
+        if tokens:
+            return None
+        tail = read(path, max(0, size - _TAIL), size)
+        if len(tail) < 8 or tail[-4:] != b"PAR1":
+            return None
+        need = int(np.frombuffer(tail[-8:-4], "<u4")[0]) + 8
+        if need > len(tail):
+            tail = read(path, max(0, size - need), size)
+        try:
+            meta = pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-need:]))
+        except (pa.ArrowException, OSError):
+            return None
+        schema = meta.schema.to_arrow_schema()
+        for name in column_candidates(self.col_name):
+            if name in schema.names:
+                kind = schema.field(name).type
+                if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+                    return int(meta.num_rows), -1
+                return None
+        return None
 
     def open(self, path: str) -> CachedTokens:
         try:

@@ -6,6 +6,7 @@ The index (``(byte offset, byte length)`` per document) is read by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,20 +22,32 @@ _HEADER = 12
 _TOKEN_TYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 
+def _header(head: Any, size: int, path: str) -> tuple[int, int]:
+    """``(data bytes, token size)`` of a ``.pbin`` of ``size`` bytes, from its header.
+
+    Raises:
+        ShardFormatError: Too short, an unknown token size, or a data section the file
+            cannot hold.
+    """
+    head = np.frombuffer(head, dtype=np.uint8)
+    if len(head) < _HEADER:
+        raise ShardFormatError(f"{path}: too short for a .pbin header ({len(head)} bytes)")
+    data_len = int(head[:8].view(np.uint64)[0])
+    token_size = int(head[8:12].view(np.uint32)[0])
+    if token_size not in _TOKEN_TYPES:
+        raise ShardFormatError(f"{path}: token size {token_size} bytes, expected 1, 2 or 4")
+    if _HEADER + data_len > size:
+        raise ShardFormatError(
+            f"{path}: truncated: the header announces {data_len} data bytes, the file holds "
+            f"{size - _HEADER}"
+        )
+    return data_len, token_size
+
+
 def _open_pbin(path: str) -> FlatBuffer:
     mapped = MappedFile(path)
     raw = mapped.bytes
-    if len(raw) < _HEADER:
-        raise ShardFormatError(f"{path}: too short for a .pbin header ({len(raw)} bytes)")
-    data_len = int(raw[:8].view(np.uint64)[0])
-    token_size = int(raw[8:12].view(np.uint32)[0])
-    if token_size not in _TOKEN_TYPES:
-        raise ShardFormatError(f"{path}: token size {token_size} bytes, expected 1, 2 or 4")
-    if _HEADER + data_len > len(raw):
-        raise ShardFormatError(
-            f"{path}: truncated: the header announces {data_len} data bytes, the file holds "
-            f"{len(raw) - _HEADER}"
-        )
+    data_len, token_size = _header(raw[:_HEADER], len(raw), path)
     pairs = read_int_pairs(raw[_HEADER + data_len :].data, f"{path} (index)")
     offsets, lengths = pairs[:, 0], pairs[:, 1]
     if len(pairs) and (
@@ -76,6 +89,14 @@ class PbinHandler(FlatBufferHandler):
 
     def open(self, path: str) -> FlatBuffer:
         return _open_pbin(path)
+
+    def count_metadata(
+        self, read: Callable[[str, int, int], bytes], path: str, size: int, tokens: bool
+    ) -> tuple[int, int] | None:
+        """The header, then the index after the data section (never the tokens)."""
+        data_len, token_size = _header(read(path, 0, _HEADER), size, path)
+        pairs = read_int_pairs(read(path, _HEADER + data_len, size), f"{path} (index)")
+        return len(pairs), int(pairs[:, 1].sum()) // token_size if len(pairs) else 0
 
     def describe(self) -> dict[str, Any]:
         return {"file_type": self.name}

@@ -219,21 +219,23 @@ class Ledger:
 
     def add_state(self, state: dict[str, Any], every_stage: bool = False) -> None:
         """Count the tokens held inside a rank state: buffered lines and packer carries
-        (with ``every_stage``: whatever any stage of the recorded chain holds, asked of
-        each stage type's ``held_spans``)."""
+        (with ``every_stage``, or a packer other than ``LinePacker``, whose state holds no
+        carry: whatever any stage of the recorded chain holds, asked of each stage type's
+        ``held_spans``)."""
         for entry in state["shards"]:
             if entry["state"] is None:
                 continue
-            if every_stage:
+            packer = stage_state(entry["state"], state["fingerprint"], "packer")
+            if every_stage or "carry" not in packer:
                 for row in _held_by_every_stage(entry["state"], state["fingerprint"]).tolist():
                     self.add_tokens(self.span_tokens(*row))
                 continue
             shuffle = stage_state(entry["state"], state["fingerprint"], "shuffle")
             for row in unpack_lines(shuffle["buffer"]).held().tolist():
                 self.add_tokens(self.span_tokens(*row))
-            carry = stage_state(entry["state"], state["fingerprint"], "packer")["carry"]
-            if carry:
-                self.add_tokens(self.span_tokens(*carry))
+            # One span as a rule; after a change of seq_length, the pieces to pack first.
+            for span in np.asarray(packer["carry"], dtype=np.int64).reshape(-1, 5).tolist():
+                self.add_tokens(self.span_tokens(*span))
 
     def dataset_tokens(self, name: str) -> np.ndarray:
         first, end = self.info.ranges[name]

@@ -24,6 +24,12 @@ CONFIGS = {
         "return_position_ids": True,
         "return_document_ids": True,
     },
+    "best_fit, cu_seqlens": {
+        "packing": "best_fit",
+        "pad_token": 5,
+        "pack_window": 9,
+        "return_cu_seqlens": True,
+    },
     "weight schedule": {"weights": None, "weight_schedule": [[0, [1.0, 1.0]], [400, [1.0, 4.0]]]},
     "no shuffle, uint16 tokens": {"shuffle_window": 0},
 }

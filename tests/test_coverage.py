@@ -53,11 +53,18 @@ def test_every_token_once_per_epoch_across_ranks(tmp_path, num_workers):
     weight=st.floats(0.1, 10),
     mean=st.integers(3, 80),
     steps=st.integers(1, 60),
-    packing=st.sampled_from(["hard", "pad"]),
+    packing=st.sampled_from(["hard", "pad", "best_fit"]),
+    pack_window=st.integers(1, 30),
 )
 # A 15-document dataset over 6 shards rotates its portions (docs/guide/document-order.md).
-@example(seed=0, shards=6, window=0, weight=1.0, mean=3, steps=1, packing="hard")
-def test_coverage_over_configurations(seed, shards, window, weight, mean, steps, packing):
+@example(seed=0, shards=6, window=0, weight=1.0, mean=3, steps=1, packing="hard", pack_window=1)
+# A small dataset rotating its portions under best_fit windows that span its epochs.
+@example(
+    seed=0, shards=6, window=3, weight=1.0, mean=3, steps=9, packing="best_fit", pack_window=30
+)
+def test_coverage_over_configurations(
+    seed, shards, window, weight, mean, steps, packing, pack_window
+):
     info = corpus(scratch_dir(), {"a": 2, "b": 1}, docs_per_file=15, mean_length=mean)
     config = base_config(
         info,
@@ -67,6 +74,7 @@ def test_coverage_over_configurations(seed, shards, window, weight, mean, steps,
         weights=[weight, 1.0],
         packing=packing,
         pad_token=5,
+        pack_window=pack_window,
     )
     ledger = Ledger(info, config)
     loader = build_dataloader(config)

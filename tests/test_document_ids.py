@@ -53,12 +53,12 @@ def check_ids_against_the_documents(info, config, batches):
 @given(
     world=st.sampled_from([1, 2]),
     workers=st.sampled_from([0, 1, 2]),
-    packing=st.sampled_from(["hard", "pad"]),
+    packing=st.sampled_from(["hard", "pad", "best_fit"]),
     save_at=st.integers(0, 6),
 )
 def test_document_ids_agree_with_the_documents_as_written(world, workers, packing, save_at):
     info = corpus(scratch_dir(), {"a": 2, "b": 2}, docs_per_file=10, mean_length=30)
-    extra = {"packing": "pad", "pad_token": PAD} if packing == "pad" else {}
+    extra = {"packing": packing, "pad_token": PAD, "pack_window": 5} if packing != "hard" else {}
     config = base_config(
         info,
         return_document_ids=True,

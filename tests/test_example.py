@@ -1,6 +1,7 @@
 """The FSDP example under torchrun: a checkpoint taken on 2 ranks resumes on 2, 1 and 4
 ranks with exactly the global steps of the uninterrupted run (G1-G3 end to end)."""
 
+import glob
 import importlib.util
 import json
 import logging
@@ -162,10 +163,21 @@ def test_example_trains_on_the_demo_data_with_its_tokens(tmp_path):
     assert sorted(hashes(tmp_path / "log.jsonl")) == [1, 2]
 
 
-def test_readme_training_commands_write_the_hash_log():
-    readme = os.path.join(os.path.dirname(__file__), "..", "README.md")
-    with open(readme, encoding="utf-8") as handle:
-        commands = [line for line in handle if "examples/train_fsdp.py" in line and "--" in line]
+def test_documented_training_commands_write_the_hash_log():
+    """Every command line in the README and the docs that runs the example logs hashes."""
+    top = os.path.join(os.path.dirname(__file__), "..")
+    pages = [os.path.join(top, "README.md")] + glob.glob(
+        os.path.join(top, "docs", "**", "*.md"), recursive=True
+    )
+    commands = []
+    for page in pages:
+        with open(page, encoding="utf-8") as handle:
+            commands += [
+                line
+                for line in handle
+                if "examples/train_fsdp.py" in line
+                and line.lstrip().startswith(("torchrun", "python"))
+            ]
     assert commands
     for command in commands:
         assert "--hash-log" in command, command
@@ -197,5 +209,16 @@ def test_custom_order_example_resumes_rescales_and_is_fingerprinted(tmp_path):
         "resumed run continues exactly: True",
         "two ranks rescaled to one continue exactly: True",
         "a state saved with the default order is refused: True",
+    ):
+        assert claim in done.stdout
+
+
+@pytest.mark.slow  # the example end to end in a subprocess
+def test_mixing_feedback_example_moves_the_weights_and_resumes(tmp_path):
+    done = run_example("mixing_feedback.py", "--dir", str(tmp_path))
+    for claim in (
+        "the hard dataset's weight rose: True",
+        "the tokens delivered follow the weights: True",
+        "resumed run continues exactly: True",
     ):
         assert claim in done.stdout

@@ -75,7 +75,9 @@ def test_fms_fsdp_bamba_documented_commands_run_and_restart(tokenized, tmp_path)
     assert "Training for 30 steps from step 20" in outputs[1]
 
 
-@pytest.mark.parametrize("script", ["custom_format.py", "custom_order.py", "custom_stage.py"])
+@pytest.mark.parametrize(
+    "script", ["custom_format.py", "custom_order.py", "custom_stage.py", "mixing_feedback.py"]
+)
 def test_custom_examples_documented_commands_pass_their_checks(script, tokenized, tmp_path):
     root, dataset = tokenized
     commands = [filled(c, root, dataset) for c in documented_commands(script)]

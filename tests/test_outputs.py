@@ -22,9 +22,10 @@ def test_shapes_and_the_causal_shift(tmp_path, num_workers):
         assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
 
 
-def test_padding_is_ignored_by_the_loss(tmp_path):
+@pytest.mark.parametrize("packing", ["pad", "best_fit"])
+def test_padding_is_ignored_by_the_loss(tmp_path, packing):
     info = corpus(tmp_path, mean_length=10)
-    config = base_config(info, packing="pad", pad_token=PAD)
+    config = base_config(info, packing=packing, pad_token=PAD, pack_window=3)
     batches = take(build_dataloader(config), 10)
     saw_pad = False
     for batch in batches:

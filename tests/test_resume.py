@@ -50,10 +50,10 @@ def test_resume_is_exact_for_every_worker_count(tmp_path, num_workers):
     check_resume(lambda: build_dataloader(config), total=100, points=[0, 37, 80])
 
 
-@pytest.mark.parametrize("packing", ["hard", "pad"])
-def test_resume_in_both_packing_modes(tmp_path, packing):
+@pytest.mark.parametrize("packing", ["hard", "pad", "best_fit"])
+def test_resume_in_every_packing_mode(tmp_path, packing):
     info = corpus(tmp_path, mean_length=20)
-    config = every_stage(info, packing=packing, pad_token=5, shuffle_window=3)
+    config = every_stage(info, packing=packing, pad_token=5, shuffle_window=3, pack_window=6)
     check_resume(lambda: build_dataloader(config), total=30, points=[1, 11, 29])
 
 

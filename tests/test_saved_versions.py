@@ -21,7 +21,7 @@ from fmsdata.state.file import load_state
 from fmsdata.state.format import STATE_VERSION
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures")
-VERSIONS = (3, 4)
+VERSIONS = (3, 4, 5)
 
 
 def _fixtures(version):

@@ -110,10 +110,10 @@ def test_json_keeps_its_keys(loader, tmp_path, capsys):
     assert main(["state", "show", str(tmp_path / "state.fms"), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert set(got) == {
-        "path", "source", "stage_counts", "version", "world_size", "steps", "skips",
+        "path", "source", "stage_counts", "stage_ratios", "version", "world_size", "steps", "skips",
         "skipped_lines", "logical_shards", "weights", "weight_schedule", "global_batch_size",
         "lines", "uncounted_lines", "unknown_stages", "left_out", "datasets", "shards",
-        "saved_version",
+        "saved_version", "mix_policy", "mix_history",
     }  # fmt: skip
     assert got["source"] is None  # fmsdata's own state file
     dataset = next(iter(got["datasets"].values()))

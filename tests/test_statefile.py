@@ -96,12 +96,12 @@ def test_a_state_of_the_old_layout_is_refused_by_its_version(tmp_path, capsys):
         buffer = entry["state"]["stages"]
         buffer["buffer"] = {"spans": np.zeros((2, 5), dtype=np.int32), "offsets": np.array([0, 2])}
     with pytest.raises(
-        StateMismatchError, match=r"version=2, this fmsdata reads versions \[3, 4, 5\]"
+        StateMismatchError, match=r"version=2, this fmsdata reads versions \[3, 4, 5, 6\]"
     ):
         build_dataloader(config).load_state_dict(state)
     save_state(tmp_path / "old.fms", state)
     assert main(["state", "show", str(tmp_path / "old.fms")]) == 2
-    assert "version=2, this fmsdata reads versions [3, 4, 5]" in capsys.readouterr().err
+    assert "version=2, this fmsdata reads versions [3, 4, 5, 6]" in capsys.readouterr().err
 
 
 _LEAVES = st.one_of(

@@ -79,6 +79,7 @@ def test_location_and_local_path():
 # LoaderConfig fields holding strings that are not paths (names, enums, an endpoint URL).
 NOT_PATH_FIELDS = {
     "datasets",
+    "allow_changes",
     "schedule_unit",
     "schedule_interpolation",
     "file_type",
@@ -93,6 +94,8 @@ NOT_PATH_FIELDS = {
     "multiprocessing_context",
     "batch_format",
     "output_dtype",
+    "mix_policy",  # "odm", "doremi" or "module:Class": an import path, not a file's
+    "mix_policy_options",
 }
 
 
@@ -175,6 +178,9 @@ NOT_PATH_ARGS = {
     "download": {"jobs", "include", "exclude", "dry_run"},
     "bench": {"overrides", "batches", "warmup", "seconds", "workers", "json"},
     "state show": {"json", "stages"},
+    "state diff": {"json", "stages"},
+    # --stages names importable code; --doc a document; --verify and --out are paths.
+    "trace": {"step", "doc", "until", "batch", "world_size", "stages", "json"},
     # --stages and --handler name importable code (a module or a .py file of this machine).
     "warm": {"overrides"},
     "verify": {"overrides", "stages", "handler", "steps", "world_sizes", "workers", "json"},

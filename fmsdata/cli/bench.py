@@ -8,7 +8,10 @@ rank's shuffle buffers (``shuffle_window`` lines in each logical shard it owns) 
 ``--warmup`` more; the timed window then runs for at least ``--batches`` batches and at
 least ``--seconds`` (a window of a few milliseconds would time the batches the workers had
 queued during the warm-up, not the rate they make them at). The report says what was
-timed. ``--workers 0,1,2`` measures each worker count in turn on a fresh loader.
+timed. ``--workers 0,1,2`` measures each worker count in turn on a fresh loader. After the
+window it prints what the stages count in the loader's state (as ``fmsdata state show``
+does): with ``packing: best_fit``, the padding fraction, the documents cut (only those
+longer than a line) and the mean documents per line of the lines packed so far.
 
 Kernels are compiled on their first call here (``FMSDATA_COMPILE=foreground``, in the
 DataLoader workers too), not in the background while their calls run as Python as in a
@@ -32,7 +35,14 @@ if TYPE_CHECKING:
     from fmsdata.loader import FmsDataLoader
     from fmsdata.worker.dataset import RankLineDataset
 
-__all__ = ["add_parser", "run", "measure", "fill_batches", "tokens_per_second"]
+__all__ = [
+    "add_parser",
+    "run",
+    "measure",
+    "stage_figures",
+    "fill_batches",
+    "tokens_per_second",
+]
 
 # Worker counts whose rates differ by less than this are not ranked against each other.
 TIE = 0.05
@@ -181,6 +191,19 @@ def describe_calls(figures: dict[str, Any]) -> list[str]:
     return lines
 
 
+def stage_figures(loader: FmsDataLoader) -> dict[str, dict[str, Any]]:
+    """What the stages count in the loader's state now, per stage: its counts and ratios as
+    ``fmsdata state show`` prints them (e.g. the best-fit packer's padding fraction,
+    documents cut and documents per line, over the lines it has closed)."""
+    from fmsdata.cli.state import summarize
+
+    summary = summarize([loader.snapshot()])
+    return {
+        label: {**counts, **summary["stage_ratios"].get(label, {})}
+        for label, counts in summary["stage_counts"].items()
+    }
+
+
 def describe(figures: dict[str, Any], config: Any, owned: int) -> list[str]:
     """What was timed, in words."""
     fill = figures["fill_batches"]
@@ -213,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
             before = requests.as_dict(requests.counts())
             loader = build_dataloader(config.replace(num_workers=workers))
             figures = measure(loader, args.warmup, args.batches, args.seconds, before)
+            figures["stages"] = stage_figures(loader)
             results.append((figures, owned_shards(loader)))
             del loader  # its workers stop before the next count starts
     if args.json:
@@ -232,11 +256,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"state           {figures['state_bytes'] / 1024:9.1f} KiB")
         save, load = figures["state_save_s"] * 1e3, figures["state_load_s"] * 1e3
         print(f"state save/load {save:6.1f} / {load:.1f} ms")
+        for label, figures_of_stage in figures["stages"].items():
+            shown = ", ".join(f"{key} {_figure(value)}" for key, value in figures_of_stage.items())
+            print(f"{label}: {shown}")
         for line in describe_calls(figures):
             print(line)
     if len(results) > 1:
         print(ranking([figures for figures, _ in results]))
     return 0
+
+
+def _figure(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
 
 
 def ranking(results: list[dict[str, Any]]) -> str:

@@ -12,13 +12,35 @@ import os
 import sys
 from collections.abc import Sequence
 
-from fmsdata.cli import bench, demo, download, index, inspect_cmd, state, tokenize, verify, warm
+from fmsdata.cli import (
+    bench,
+    demo,
+    download,
+    index,
+    inspect_cmd,
+    statecommand,
+    tokenize,
+    trace,
+    verify,
+    warm,
+)
 from fmsdata.cli.parser import ArgumentParser
 from fmsdata.errors import FmsDataError
 
 __all__ = ["main"]
 
-COMMANDS = (demo, tokenize, index, inspect_cmd, download, bench, warm, state, verify)
+COMMANDS = (
+    demo,
+    tokenize,
+    index,
+    inspect_cmd,
+    download,
+    bench,
+    warm,
+    statecommand,
+    trace,
+    verify,
+)
 # Set (to anything but 0) to get full tracebacks, as --debug does.
 DEBUG_ENV = "FMSDATA_DEBUG"
 

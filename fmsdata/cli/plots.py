@@ -121,9 +121,16 @@ def plot_state(summary: Mapping[str, Any], path: str, title: str = "") -> None:
     plt = _pyplot()
     names = list(summary["datasets"])
     shards: Sequence[Mapping[str, Any]] = summary["shards"]
-    fig, (progress, shares) = plt.subplots(
-        1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]}, layout="constrained"
-    )
+    history = summary.get("mix_history") or []
+    if history:  # a mix that followed the loss: its weights over the run, third
+        fig, (progress, shares, trajectory) = plt.subplots(
+            1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [3, 2, 3]}, layout="constrained"
+        )
+        _plot_mix_history(trajectory, history, names, int(summary.get("steps") or 0))
+    else:
+        fig, (progress, shares) = plt.subplots(
+            1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]}, layout="constrained"
+        )
     ids = np.array([int(row["id"]) for row in shards])
     few = len(ids) <= 32
     width = 0.8 / max(len(names), 1)
@@ -180,12 +187,34 @@ def plot_state(summary: Mapping[str, Any], path: str, title: str = "") -> None:
     plt.close(fig)
 
 
+def _plot_mix_history(
+    axes: Any, history: Sequence[Sequence[Any]], names: Sequence[str], steps: int
+) -> None:
+    """Each dataset's weight as applied, a step line from each update to the state's step."""
+    xs = [int(at) for at, _ in history]
+    end = max(steps, xs[-1])
+    for i, name in enumerate(names):
+        ys = [float(weights[i]) for _, weights in history if i < len(weights)]
+        if len(ys) != len(xs):
+            continue
+        axes.step([*xs, end], [*ys, ys[-1]], where="post", color=f"C{i % 10}", label=name)
+    axes.set_xlabel("step")
+    axes.set_ylabel("weight (share of tokens)")
+    axes.set_title("weights as applied (mix that follows the loss)")
+    axes.set_ylim(0, 1)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="small")
+
+
 def _target_shares(summary: Mapping[str, Any], n: int) -> tuple[list[float] | None, str]:
     """The weights the run asked for, as shares; for a schedule, its last point's."""
     schedule = summary.get("weight_schedule")
     weights = summary.get("weights")
     label = "weights (config)"
-    if schedule:
+    history = summary.get("mix_history")
+    if history:
+        weights, label = history[-1][1], "weights (as applied last)"
+    elif schedule:
         weights = schedule[-1][1]
         label = "weights (last point of the schedule)"
     if weights is None:

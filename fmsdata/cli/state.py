@@ -40,13 +40,8 @@ SHOW_DESCRIPTION = (
 )
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "state",
-        help="inspect saved loader states",
-        description="Inspect saved loader states (fmsdata state show PATH).",
-    )
-    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+def add_show_parser(actions: argparse._SubParsersAction) -> None:
+    """``fmsdata state show PATH`` among the actions of ``fmsdata state``."""
     show = actions.add_parser(
         "show",
         help="epochs, documents and tokens seen per dataset and logical shard",
@@ -180,11 +175,13 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     (``fmsdata.state.report``). ``left_out`` says what the counts leave out (lines emitted after
     a shard's recorded state, stages this process cannot ask), None when they are exact."""
     from fmsdata.stages.savedchain import stage_types
-    from fmsdata.state.format import LoaderState
+    from fmsdata.state.format import LoaderState, mix_history_of
     from fmsdata.state.report import DELIVERY_KEYS, shard_report
 
     # Through the one reader of the format: checked, and an older version read as today's.
-    states = [LoaderState.from_plain(state).to_plain() for state in states]
+    read = [LoaderState.from_plain(state) for state in states]
+    history = mix_history_of(read[0]) if read else []
+    states = [state.to_plain() for state in read]
     first = states[0]
     fingerprint = first["fingerprint"]
     names = list(fingerprint["datasets"])
@@ -195,6 +192,7 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for name in names
     }
     stage_counts: dict[str, dict[str, int]] = {}
+    ratios: dict[str, dict[str, tuple[str, str]]] = {}
     unknown: set[str] = set()
     lines = pending = 0
     for state in states:
@@ -213,6 +211,8 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 total_counts = stage_counts.setdefault(label, {})
                 for key, value in counts.items():
                     total_counts[key] = total_counts.get(key, 0) + value
+            for label, asked in report.ratios.items():
+                ratios.setdefault(label, {}).update(asked)
             for name in names:
                 got = report.datasets[name]
                 size = got["size"]
@@ -254,6 +254,10 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     skipped_steps = sum(int(n) for _, n in first["skips"])
     return {
         "stage_counts": stage_counts,
+        "stage_ratios": {
+            label: {name: _ratio(stage_counts.get(label, {}), *two) for name, two in asked.items()}
+            for label, asked in ratios.items()
+        },
         "version": first["version"],
         "world_size": first["world_size"],
         "steps": first["steps"],
@@ -262,6 +266,8 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "logical_shards": fingerprint["logical_shards"],
         "weights": fingerprint.get("weights"),
         "weight_schedule": fingerprint.get("weight_schedule"),
+        "mix_policy": fingerprint.get("mix_policy"),
+        "mix_history": [[step, weights] for step, weights in history],
         "global_batch_size": batch,
         "lines": lines,
         "uncounted_lines": pending,
@@ -270,6 +276,12 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "datasets": datasets,
         "shards": shards,
     }
+
+
+def _ratio(counts: dict[str, int], top: str, bottom: str) -> float | None:
+    """``counts[top] / counts[bottom]`` (None when the denominator is 0 or missing)."""
+    denominator = counts.get(bottom, 0)
+    return counts.get(top, 0) / denominator if denominator else None
 
 
 def _left_out(pending: int, lines: int, unknown: Sequence[str]) -> str | None:
@@ -323,6 +335,26 @@ def settle_states(
     return [loader.snapshot(settle=True)]
 
 
+def print_mix_history(policy: str | None, history: Sequence[Sequence[Any]], most: int = 24) -> None:
+    """The weights as applied over the run (a mix that followed the loss), one line per
+    change; past ``most`` changes, evenly picked ones and the last."""
+    print(
+        f"mix: weights followed the training loss (mix_policy {policy!r}), "
+        f"{len(history) - 1} update(s):"
+        if policy is not None
+        else "mix: weights followed the training loss before a resume without mix_policy:"
+    )
+    picked: list[int] = list(range(len(history)))
+    if len(history) > most:
+        step = (len(history) - 1) / (most - 1)
+        picked = sorted({round(i * step) for i in range(most)})
+    for i in picked:
+        at, weights = history[i]
+        print(f"  from step {at:>8,}: " + "  ".join(f"{w:.4f}" for w in weights))
+    if len(picked) < len(history):
+        print(f"  ({len(history) - len(picked)} more in --json)")
+
+
 def print_tables(summary: dict[str, Any]) -> None:
     """The per-dataset and per-logical-shard tables (``fmsdata.cli.statetable``)."""
     from fmsdata.cli.statetable import dataset_table, shard_table
@@ -366,7 +398,10 @@ def run_show(args: argparse.Namespace) -> int:
     if summary["skips"]:
         print("skips: " + ", ".join(f"{n} steps at step {at}" for at, n in summary["skips"]))
     mix = summary["weight_schedule"] or summary["weights"]
-    print(f"mix: {mix if mix is not None else 'equal weights'}")
+    if summary["mix_history"]:
+        print_mix_history(summary["mix_policy"], summary["mix_history"])
+    else:
+        print(f"mix: {mix if mix is not None else 'equal weights'}")
     skipped = (
         f", {summary['skipped_lines']:,} of them in skipped steps (passed over, not trained "
         "on; their documents and tokens are in the counts below)"
@@ -380,7 +415,12 @@ def run_show(args: argparse.Namespace) -> int:
         print("the counts below are exact: every line delivered is in them")
     print_tables(summary)
     for name, counts in summary["stage_counts"].items():
-        print(f"\n{name}: " + ", ".join(f"{key} {value:,}" for key, value in counts.items()))
+        shown = [f"{key} {value:,}" for key, value in counts.items()]
+        shown += [
+            f"{key} {'-' if value is None else f'{value:.4g}'}"
+            for key, value in summary["stage_ratios"].get(name, {}).items()
+        ]
+        print(f"\n{name}: " + ", ".join(shown))
     if args.plot is not None:
         print(f"\nplot written to {args.plot}")
     return 0

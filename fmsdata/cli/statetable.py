@@ -110,7 +110,8 @@ def dataset_table(datasets: Mapping[str, Mapping[str, Any]]) -> list[str]:
     legend = [
         "delivered: in lines handed out to training (a document once no stage holds a piece of it)",
         "in shuffle buffer: in lines the shuffle buffer still holds",
-        "unsent: the rest of a document split across lines, not handed out yet",
+        "unsent: in the packer, not handed out yet (the rest of a document split across lines; "
+        "with best_fit packing, its ready and open lines)",
     ]
     shown = {column.group for column in columns}
     legend += [f"{group}: {words}" for group, _, words in _OPTIONAL if group in shown]

@@ -71,8 +71,8 @@ def warm_config(config: Any, extra_batches: int = 256) -> int:
 
 
 def builtin_configs(folder: str) -> list[Any]:
-    """Configs over small generated corpora in ``folder``: uint16 and uint32 tokens, hard
-    and pad packing, position and document ids, a weight schedule."""
+    """Configs over small generated corpora in ``folder``: uint16 and uint32 tokens, hard,
+    pad and best_fit packing, position and document ids, a weight schedule."""
     import numpy as np
 
     from fmsdata.config import LoaderConfig
@@ -100,6 +100,11 @@ def builtin_configs(folder: str) -> list[Any]:
             )
         )
         configs.append(LoaderConfig.from_dict({**base, "return_document_ids": True}))
+        configs.append(
+            LoaderConfig.from_dict(
+                {**base, "packing": "best_fit", "pad_token": 0, "return_cu_seqlens": True}
+            )
+        )
         schedule = [[0, [1.0, 1.0]], [2000, [1.0, 3.0]]]
         configs.append(
             LoaderConfig.from_dict({**base, "weights": None, "weight_schedule": schedule})

@@ -20,7 +20,7 @@ from fmsdata.errors import ConfigError
 
 __all__ = ["LinesConfig", "PackingMode", "PACKING_MODES"]
 
-PackingMode = Literal["hard", "pad"]
+PackingMode = Literal["hard", "pad", "best_fit"]
 PACKING_MODES: tuple[str, ...] = get_args(PackingMode)
 
 
@@ -31,11 +31,20 @@ class LinesConfig:
     Attributes:
         seq_length: Tokens per training sequence; packed lines hold ``seq_length + 1``.
         packing: ``"hard"`` splits documents to fill every line; ``"pad"`` starts a new
-            line rather than splitting and fills the rest with ``pad_token``.
-        pad_token: Padding token id (required by ``packing="pad"``).
+            line rather than splitting and fills the rest with ``pad_token``;
+            ``"best_fit"`` places the documents of a window of ``pack_window`` documents
+            longest first, each into the open line it fills best, and pads what is left
+            (only documents longer than a line are cut, into line-sized pieces).
+        pad_token: Padding token id (required by ``packing="pad"`` and ``"best_fit"``).
         bol_token, eol_token: Added at the start / end of every packed line when set.
         shuffle_window: Lines held in the shuffle buffer of each logical shard (0 or 1 = off;
             not used with ``document_order: sequential``).
+        pack_window: Documents of each logical shard packed together by
+            ``packing="best_fit"``: a line stays open for at most two windows, so a
+            document moves at most that far and the state holds at most about two windows
+            of documents. Choose it so that a window holds at least a line's worth of
+            tokens (``pack_window`` x mean document length >= ``seq_length``); not used
+            by the other packings.
     """
 
     seq_length: int = 4096
@@ -44,15 +53,17 @@ class LinesConfig:
     bol_token: int | None = None
     eol_token: int | None = None
     shuffle_window: int = 160
+    pack_window: int = 128
 
     def __post_init__(self) -> None:
         for name in ("bol_token", "eol_token", "pad_token"):
             set_field(self, name, optional_token(name, getattr(self, name)))
         set_field(self, "seq_length", positive_int("seq_length", self.seq_length))
         set_field(self, "shuffle_window", non_negative_int("shuffle_window", self.shuffle_window))
+        set_field(self, "pack_window", positive_int("pack_window", self.pack_window))
         choice("packing", self.packing, PACKING_MODES)
-        if self.packing == "pad" and self.pad_token is None:
-            raise ConfigError("packing='pad' needs pad_token, got pad_token=None")
+        if self.packing != "hard" and self.pad_token is None:
+            raise ConfigError(f"packing={self.packing!r} needs pad_token, got pad_token=None")
         if self.content_capacity < 1:
             raise ConfigError(
                 f"seq_length={self.seq_length} leaves no room for document tokens "
@@ -63,6 +74,12 @@ class LinesConfig:
     def line_length(self) -> int:
         """Tokens in one packed line: one more than ``seq_length`` for the causal shift."""
         return self.seq_length + 1
+
+    @property
+    def line_pad_token(self) -> int | None:
+        """The token written after a line's documents: ``pad_token``, or None with hard
+        packing, which fills every line."""
+        return None if self.packing == "hard" else self.pad_token
 
     @property
     def content_capacity(self) -> int:

@@ -12,7 +12,11 @@ from typing import Any, Literal, get_args
 from fmsdata.config.values import set_field, split_csv, to_number, weight_list
 from fmsdata.errors import ConfigError
 
-__all__ = ["MixConfig", "ScheduleUnit", "ScheduleInterpolation"]
+__all__ = ["MixConfig", "ScheduleUnit", "ScheduleInterpolation", "BUILT_IN_POLICIES"]
+
+# The feedback policies fmsdata ships (``fmsdata.stages.mixpolicy``); any other value of
+# ``mix_policy`` names a user's class as ``"module:Class"``.
+BUILT_IN_POLICIES = ("odm", "doremi")
 
 ScheduleUnit = Literal["tokens", "steps"]
 ScheduleInterpolation = Literal["step", "linear"]
@@ -35,6 +39,23 @@ class MixConfig:
         schedule_resolution: Cells of the grid a ``"linear"`` schedule moves on between two
             points (its weights change at each cell's start).
         global_batch_size: Sequences per global step, for step-based schedules.
+        mix_policy: Weights that follow the training loss the trainer reports
+            (``FmsDataLoader.record_loss``; docs/guide/mixing-feedback.md): None (fixed
+            weights or a schedule), ``"odm"`` (online data mixing, EXP3 over datasets),
+            ``"doremi"`` (multiplicative weights from excess loss over reference losses)
+            or ``"module:Class"`` (a user's policy, ``fmsdata.stages.mixpolicy.MixPolicy``).
+            ``weights`` are the starting weights; not with ``weight_schedule``.
+        mix_update_every: Recorded steps between two weight updates.
+        odm_smoothing: ODM's smoothing of each dataset's reward estimate (alpha in
+            Albalak et al. 2023): the old estimate's share, in ``[0, 1)``.
+        odm_exploration: ODM's exploration rate (epsilon: every dataset keeps at least this
+            share), at most ``1 / datasets``; None decays it as the paper does,
+            ``min(1 / K, sqrt(ln K / (K t)))`` at update ``t``.
+        doremi_reference_losses: DoReMi's reference loss per dataset (mean loss per token
+            of a reference model), one per dataset; required by ``"doremi"``.
+        doremi_step_size: DoReMi's step size (eta) of the multiplicative update.
+        doremi_smoothing: DoReMi's mix with the uniform distribution (c), in ``[0, 1]``.
+        mix_policy_options: Keyword arguments of a user policy (plain data).
     """
 
     datasets: tuple[str, ...] | None = None
@@ -44,6 +65,14 @@ class MixConfig:
     schedule_interpolation: ScheduleInterpolation = "step"
     schedule_resolution: int = 100
     global_batch_size: int | None = None
+    mix_policy: str | None = None
+    mix_update_every: int = 100
+    odm_smoothing: float = 0.9
+    odm_exploration: float | None = None
+    doremi_reference_losses: tuple[float, ...] | None = None
+    doremi_step_size: float = 1.0
+    doremi_smoothing: float = 1e-3
+    mix_policy_options: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         datasets = split_csv("datasets", self.datasets)
@@ -80,6 +109,81 @@ class MixConfig:
         set_field(self, "schedule_resolution", resolution)
         if self.weight_schedule is not None:
             set_field(self, "weight_schedule", self._schedule_points(datasets))
+        self._check_feedback(datasets)
+
+    def _check_feedback(self, datasets: tuple[str, ...] | None) -> None:
+        """The feedback fields: the policy named well, its parameters in range."""
+        policy = self.mix_policy
+        if policy is not None:
+            if not isinstance(policy, str) or not (
+                policy in BUILT_IN_POLICIES or _is_class_path(policy)
+            ):
+                raise ConfigError(
+                    f"mix_policy must be None, 'odm', 'doremi' or 'module:Class', got {policy!r}"
+                )
+            if self.weight_schedule is not None:
+                raise ConfigError(
+                    f"mix_policy={policy!r} sets the weights as the run goes: set weights "
+                    "(where it starts) or weight_schedule, not both"
+                )
+        every = to_number("mix_update_every", self.mix_update_every, int)
+        if every < 1:
+            raise ConfigError(f"mix_update_every must be positive, got {self.mix_update_every!r}")
+        set_field(self, "mix_update_every", every)
+        alpha = to_number("odm_smoothing", self.odm_smoothing, float)
+        if not 0 <= alpha < 1:
+            raise ConfigError(f"odm_smoothing must be in [0, 1), got {self.odm_smoothing!r}")
+        set_field(self, "odm_smoothing", alpha)
+        if self.odm_exploration is not None:
+            rate = to_number("odm_exploration", self.odm_exploration, float)
+            n = len(datasets) if datasets is not None else 1
+            if not 0 < rate <= 1 / n:
+                raise ConfigError(
+                    f"odm_exploration must be in (0, 1 / datasets] = (0, {1 / n:g}], "
+                    f"got {self.odm_exploration!r}"
+                )
+            set_field(self, "odm_exploration", rate)
+        step = to_number("doremi_step_size", self.doremi_step_size, float)
+        if not 0 < step < float("inf"):
+            raise ConfigError(
+                f"doremi_step_size must be positive and finite, got {self.doremi_step_size!r}"
+            )
+        set_field(self, "doremi_step_size", step)
+        smoothing = to_number("doremi_smoothing", self.doremi_smoothing, float)
+        if not 0 <= smoothing <= 1:
+            raise ConfigError(f"doremi_smoothing must be in [0, 1], got {self.doremi_smoothing!r}")
+        set_field(self, "doremi_smoothing", smoothing)
+        losses = split_csv("doremi_reference_losses", self.doremi_reference_losses)
+        if losses is not None:
+            numbers = tuple(to_number("doremi_reference_losses", x, float) for x in losses)
+            if any(not (0 <= x < float("inf")) for x in numbers):
+                raise ConfigError(
+                    "doremi_reference_losses must be non-negative and finite, got "
+                    f"{self.doremi_reference_losses!r}"
+                )
+            if datasets is not None and len(numbers) != len(datasets):
+                raise ConfigError(
+                    f"doremi_reference_losses has {len(numbers)} entries but datasets has "
+                    f"{len(datasets)}: {list(numbers)!r} for {list(datasets)!r}"
+                )
+            set_field(self, "doremi_reference_losses", numbers)
+        elif policy == "doremi":
+            raise ConfigError(
+                "mix_policy='doremi' needs doremi_reference_losses (a reference model's mean "
+                "loss per token on each dataset), got None"
+            )
+        options = self.mix_policy_options
+        if options is not None:
+            if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+                raise ConfigError(
+                    "mix_policy_options must be a mapping of names to plain values, "
+                    f"got {options!r}"
+                )
+            if policy is None or policy in BUILT_IN_POLICIES:
+                raise ConfigError(
+                    f"mix_policy_options={options!r} are a user policy's ('module:Class'), "
+                    f"but mix_policy={policy!r}"
+                )
 
     def _schedule_points(
         self, datasets: tuple[str, ...] | None
@@ -109,3 +213,11 @@ class MixConfig:
                 "schedule_unit='steps' needs global_batch_size (sequences per global step)"
             )
         return tuple(points)
+
+
+def _is_class_path(value: str) -> bool:
+    """``module.path:Class`` (dotted identifiers on both sides of one colon)."""
+    module, colon, name = value.partition(":")
+    return bool(colon) and all(
+        part.isidentifier() for part in (*module.split("."), *name.split("."))
+    )

@@ -35,6 +35,9 @@ class OutputConfig:
         return_document_ids: Add ``document_ids``: per input token, the id of its source
             document (``dataset << 56 | file << 32 | doc``, -1 on padding; see
             ``fmsdata.stages.outputs``), for document masks.
+        return_step_digest: Add ``step_digest``: a short digest of this rank's
+            ``input_ids`` and ``labels`` (an int64 scalar tensor; ``fmsdata.util.digest``),
+            to log per step and check against the data with ``fmsdata trace --verify``.
         vocab_size: When set, a token id at or above it is an error naming the file.
             Unset: the tokenizer's size the root's ``metadata.json`` records; a set one
             must not be smaller (larger is a model's padded vocabulary).
@@ -47,6 +50,7 @@ class OutputConfig:
     return_position_ids: bool = False
     return_cu_seqlens: bool = False
     return_document_ids: bool = False
+    return_step_digest: bool = False
     vocab_size: int | None = None
 
     def __post_init__(self) -> None:
@@ -59,7 +63,12 @@ class OutputConfig:
             raise ConfigError(
                 f"ignore_first_labels must be an integer from 0 to seq_length, got {first!r}"
             )
-        for name in ("return_position_ids", "return_cu_seqlens", "return_document_ids"):
+        for name in (
+            "return_position_ids",
+            "return_cu_seqlens",
+            "return_document_ids",
+            "return_step_digest",
+        ):
             flag(name, getattr(self, name))
         if self.output_dtype == "int32" and self.return_document_ids:
             raise ConfigError(

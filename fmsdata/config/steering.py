@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fmsdata.config.values import flag, set_field, to_number
+from fmsdata.config.values import flag, set_field, split_csv, to_number
 from fmsdata.errors import ConfigError
 
 __all__ = ["SteeringConfig"]
@@ -12,21 +12,29 @@ __all__ = ["SteeringConfig"]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SteeringConfig:
-    """Interventions in a run (docs/guide/steering.md): a mix changed on resume, batches
-    passed over. Neither shapes a line, so neither is part of a state's fingerprint.
+    """Interventions in a run (docs/guide/steering.md): a mix or line length changed on
+    resume, batches passed over. None shapes a line, so none is part of a state's
+    fingerprint.
 
     Attributes:
         allow_mix_change: Accept a resumed state saved with other ``datasets`` / weights /
             schedule: each dataset continues from its own position, new ones start.
+        allow_changes: Fingerprint fields or stage settings a resumed state may differ in
+            (an intended config change), as ``FmsDataLoader.load_state_dict`` takes them,
+            also where the loader loads a state itself (``checkpoint_dir``, the trainer
+            integrations): e.g. ``[seq_length]`` to continue a run at another sequence
+            length (docs/guide/resume.md).
         skip_steps: ``[[step, n], ...]``: when the run reaches ``step``, pass over the next
             ``n`` batches (applied once; the state records it).
     """
 
     allow_mix_change: bool = False
+    allow_changes: tuple[str, ...] = ()
     skip_steps: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         flag("allow_mix_change", self.allow_mix_change)
+        set_field(self, "allow_changes", split_csv("allow_changes", self.allow_changes) or ())
         skips = []
         for item in self.skip_steps or ():
             if not isinstance(item, (list, tuple)) or len(item) != 2:

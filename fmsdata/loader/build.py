@@ -19,7 +19,7 @@ from fmsdata.stages.shard import StageFactory
 from fmsdata.worker.dataset import Preprocess, RankLineDataset
 from fmsdata.worker.topology import Topology
 
-__all__ = ["build_dataloader", "config_advice"]
+__all__ = ["build_dataloader", "open_loader", "config_advice"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,16 +65,9 @@ def build_dataloader(
             contradicts the root's ``metadata.json`` (here); missing data (at first use).
         EmptyDatasetError: A dataset without documents (at first use).
     """
-    # Settings the root's metadata.json records fill what the config leaves unset.
-    config = resolve_config(as_config(config))
-    if preprocess is not None and (config.output_dtype != "int64" or config.ignore_first_labels):
-        raise ConfigError(
-            "output_dtype and ignore_first_labels shape the built-in outputs, which a "
-            f"preprocess replaces: got output_dtype={config.output_dtype!r}, "
-            f"ignore_first_labels={config.ignore_first_labels} with a preprocess"
-        )
     topology = Topology.resolve(rank, world_size)
-    loader = FmsDataLoader(RankLineDataset(config, topology, preprocess, stages))
+    loader = open_loader(config, topology, preprocess, stages)
+    config = loader.config
     if config.logical_shards % topology.world_size:
         logger.warning(
             "logical_shards=%d is not a multiple of world_size=%d: ranks get unequal shard counts "
@@ -86,6 +79,31 @@ def build_dataloader(
         for advice in config_advice(config, topology.world_size):
             logger.warning(advice)
     return loader
+
+
+def open_loader(
+    config: LoaderConfig | Mapping[str, Any] | str | os.PathLike[str],
+    topology: Topology,
+    preprocess: Preprocess | None = None,
+    stages: StageFactory | None = None,
+) -> FmsDataLoader:
+    """A rank's loader at the start of the run, its config completed from the root's
+    ``metadata.json`` and checked; no advice logged (what ``build_dataloader`` adds).
+    Like any loader it lists the data and loads an automatic checkpoint at its first use."""
+    # Settings the root's metadata.json records fill what the config leaves unset.
+    config = resolve_config(as_config(config))
+    if preprocess is not None and (config.output_dtype != "int64" or config.ignore_first_labels):
+        raise ConfigError(
+            "output_dtype and ignore_first_labels shape the built-in outputs, which a "
+            f"preprocess replaces: got output_dtype={config.output_dtype!r}, "
+            f"ignore_first_labels={config.ignore_first_labels} with a preprocess"
+        )
+    if preprocess is not None and config.return_step_digest:
+        raise ConfigError(
+            "return_step_digest digests the built-in input_ids and labels, which a "
+            "preprocess replaces: unset it, or digest your preprocess's outputs yourself"
+        )
+    return FmsDataLoader(RankLineDataset(config, topology, preprocess, stages))
 
 
 def config_advice(config: LoaderConfig, world_size: int) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import weakref
 from collections.abc import Iterator, Sequence
@@ -18,23 +19,36 @@ from fmsdata.handlers.mapping import changed_in_dead_workers
 from fmsdata.loader import resume
 from fmsdata.loader.consumed import ConsumedState
 from fmsdata.loader.feed import PIN_AHEAD, RUNNING, AheadFeed, Feed
+from fmsdata.loader.feedback import (
+    MixFeedback,
+    attribute,
+    check_loss,
+    counted_tokens,
+    resumed,
+)
 from fmsdata.loader.workerwait import WatchedItems, dead_workers, died_error, poll_seconds
 from fmsdata.remote import requests
 from fmsdata.state.checkpoint import AutoCheckpointer, resume_from_folder
-from fmsdata.state.fingerprint import stream_fingerprint
+from fmsdata.state.fingerprint import SEQ_LENGTH, seq_length_change, stream_fingerprint
 from fmsdata.state.format import LoaderState, ShardEntry
+from fmsdata.state.mixrecord import MixRecord
 from fmsdata.transport.assemble import assemble_batch
 from fmsdata.transport.batchring import BatchRing
 from fmsdata.transport.batchwrite import token_fields
 from fmsdata.transport.items import WorkerItem
+from fmsdata.transport.pieces import token_datasets
 from fmsdata.transport.rounds import item_batch_counts, ring_slots
+from fmsdata.util.digest import batch_digest, digest_int64
 from fmsdata.util.exits import finish_at_exit
 from fmsdata.worker.dataset import RankLineDataset, Start
 from fmsdata.worker.topology import RowDealer, worker_shards
 
-__all__ = ["FmsDataLoader", "as_tuple"]
+__all__ = ["FmsDataLoader", "as_tuple", "due_skips"]
 
 logger = logging.getLogger(__name__)
+
+# Batches handed out whose loss may be reported later (a trainer that fetches ahead).
+_UNRECORDED = 8
 
 
 def _keep(part: Any) -> Any:
@@ -66,6 +80,15 @@ class FmsDataLoader(DataLoader):
             timeout=poll_seconds(config.worker_timeout) if workers > 0 else 0,
         )
         self.config: LoaderConfig = config
+        # The mix as configured: with ``mix_policy`` the config's weights are the ones
+        # applied now (``_use_weights``), these the ones the run started with.
+        self._configured_mix = config.mix
+        # A mix that follows the loss (``record_loss``), made at the first use; the
+        # history of a loaded state whose run had one, where this loader has none.
+        self._feedback: MixFeedback | None = None
+        self._kept_mix: MixRecord | None = None
+        # (step, dataset of each input token) of batches handed out, not yet recorded.
+        self._unrecorded: collections.deque[tuple[int, Any]] = collections.deque()
         # Made at the first use (``_prepare``): nothing is read while the loader is built.
         self._consumed_state: ConsumedState | None = None
         self.checkpointer: AutoCheckpointer | None = None
@@ -114,6 +137,9 @@ class FmsDataLoader(DataLoader):
         dataset.data_fingerprint = dataset.catalog().fingerprint()
         dataset.layout()
         self._consumed_state = ConsumedState(dataset.shard_ids)
+        if self.config.mix_policy is not None:
+            self._feedback = MixFeedback(self._configured_mix, dataset.mix_names)
+            self._use_weights(self._feedback.weights)
         storage = dataset.storage
         self.checkpointer = AutoCheckpointer.from_config(self.config.checkpoint, storage)
         if self.config.checkpoint_dir:
@@ -202,7 +228,7 @@ class FmsDataLoader(DataLoader):
         self, items: list[WorkerItem], ring: BatchRing | None, k: int
     ) -> dict[str, torch.Tensor]:
         config = self.config
-        return assemble_batch(
+        batch = assemble_batch(
             items,
             ring,
             self._fields,
@@ -211,14 +237,26 @@ class FmsDataLoader(DataLoader):
             config.return_cu_seqlens,
             config.pin_memory,
         )
+        if config.return_step_digest:
+            digest = batch_digest(batch["input_ids"], batch["labels"])
+            batch["step_digest"] = torch.tensor(digest_int64(digest), dtype=torch.int64)
+        return batch
 
     def _consume(
         self, items: list[WorkerItem], batch: dict[str, torch.Tensor], k: int
     ) -> dict[str, torch.Tensor]:
         """Count batch ``k`` of the current items as consumed."""
+        if self._feedback is not None:
+            config = self.config
+            if len(self._unrecorded) == _UNRECORDED:
+                self._unrecorded.popleft()  # its loss never came: not counted
+            datasets = token_datasets(items, k, config.batch_size, config.seq_length)
+            self._unrecorded.append((self._consumed.steps, datasets))
         self._consumed.consume_batch(items, k)
         self._consumed.steps += 1
-        if self.checkpointer is not None:
+        # With a mix that follows the loss, a step's automatic checkpoint waits for its
+        # loss (``record_loss``): the state then holds it, and a resume continues exactly.
+        if self.checkpointer is not None and self._feedback is None:
             self.checkpointer.after_step(self)
         return batch
 
@@ -305,11 +343,9 @@ class FmsDataLoader(DataLoader):
                 shape = (self.num_workers, len(requests.FIELDS))
                 self._calls = torch.zeros(shape, dtype=torch.int64).share_memory_()
         dataset.start_at(
-            Start(
-                paths=self._consumed.paths,
-                states=self._consumed.shard_states(),
+            dataclasses.replace(
+                self.start_position(),
                 advance=self._consumed.workers_start(),
-                emitted=self._consumed.emitted(),
                 ring=self._ring,
                 first_batch=self._ring.position if self._ring is not None else 0,
                 pids=self._pids,
@@ -323,6 +359,26 @@ class FmsDataLoader(DataLoader):
             parts = WatchedItems(parts, config.worker_timeout, self._pids, self._stacks, shards)
         self._parts = parts
         return self._parts, self._ring
+
+    def start_position(self) -> Start:
+        """Where the next iteration starts, a loaded state's mix change applied: each of
+        the rank's shards' state, the lines consumed past it (``advance``) and the lines
+        consumed from each (``emitted``, where the row dealing continues). What
+        ``fmsdata.trace`` replays a run from."""
+        self._settle()
+        consumed = self._consumed
+        return Start(
+            paths=consumed.paths,
+            states=consumed.shard_states(),
+            advance=consumed.advances(),
+            emitted=consumed.emitted(),
+        )
+
+    @property
+    def skips(self) -> list[list[int]]:
+        """``[step, n]`` of every skip so far (the state's ``skips``): ``n`` batches passed
+        over when the run had consumed ``step``."""
+        return [list(skip) for skip in self._consumed.skips]
 
     def skip(self, n_steps: int) -> None:
         """Pass over the next ``n_steps`` batches of this rank without reading their tokens.
@@ -356,9 +412,93 @@ class FmsDataLoader(DataLoader):
         """Skips from ``config.skip_steps`` whose step has come and that the state lacks."""
         if not self.config.skip_steps:
             return
-        for at, n in self.config.skip_steps:
-            if self._consumed.steps == at and [at, n] not in self._consumed.skips:
-                self.skip(n)
+        for n in due_skips(self.config.skip_steps, self._consumed.steps, self._consumed.skips):
+            self.skip(n)
+
+    # -- a mix that follows the loss ----------------------------------------------------
+
+    def record_loss(self, batch: Any, loss: Any) -> None:
+        """Report the training loss of a batch this rank was handed (``mix_policy``).
+
+        Call it on every rank, every step, once per batch, in the order the batches came
+        (it sums over ranks with ``torch.distributed`` when that is initialized). The
+        loss is attributed to the datasets of the batch's tokens (a row holds parts of
+        several documents): per token by each token's dataset, per sequence by each
+        dataset's share of the row's tokens; every ``mix_update_every`` recorded steps
+        the policy turns the means into new weights, which apply from the next batch
+        this rank takes (the same step on every rank). Tokens whose label is ignored
+        (``labels`` of the batch, where it has them) do not count. The automatic
+        checkpoint of a step (``checkpoint_every``) is taken here, once its loss is in.
+
+        Args:
+            batch: The batch (its ``labels``, when it has them, mark ignored tokens).
+            loss: Loss per input token ``[batch_size, seq_length]`` (0 where ignored) or
+                per sequence ``[batch_size]``; a tensor (any device) or an array.
+
+        Raises:
+            ConfigError: No ``mix_policy``, no batch waiting for its loss, a loss of
+                another shape or not finite, or a policy's bad output.
+        """
+        self._prepare()
+        feedback = self._feedback
+        if feedback is None:
+            raise ConfigError("record_loss needs a mix that follows the loss: set mix_policy")
+        if not self._unrecorded:
+            raise ConfigError(
+                "record_loss: every batch handed out has its loss recorded already (call it "
+                "once per batch, after taking the batch)"
+            )
+        config = self.config
+        values = check_loss(loss, config.batch_size, config.seq_length)
+        _, datasets = self._unrecorded.popleft()
+        if datasets is None:
+            raise ConfigError("record_loss: the batch carries no dataset of its tokens")
+        sums = attribute(datasets, values, counted_tokens(batch, datasets.shape), feedback.k)
+        weights = feedback.add(*sums)
+        if weights is not None:
+            self._apply_weights(weights)
+        if self.checkpointer is not None:
+            self.checkpointer.after_step(self)
+
+    @property
+    def mix_history(self) -> list[tuple[int, list[float]]]:
+        """The weights as applied, ``[(step, weights), ...]`` (normalized; each from its
+        step on), over the whole run; empty without ``mix_policy`` (unless the run had
+        one before a resume)."""
+        self._prepare()
+        record = self._feedback.record if self._feedback is not None else self._kept_mix
+        return [] if record is None else [(step, list(w)) for step, w in record.history]
+
+    def _use_weights(self, weights: list[float]) -> None:
+        """Draw with ``weights`` from the next chain built (the fingerprint records them)."""
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        names = dataset.mix_names if self.config.datasets is None else self.config.datasets
+        self.config = self.config.replace(datasets=list(names), weights=list(weights))
+        dataset.config = dataset.config.replace(datasets=list(names), weights=list(weights))
+
+    def _apply_weights(self, weights: list[float]) -> None:
+        """The policy's new weights, from the next batch on: the shards' chains are
+        carried over at the consumed position as a mix change on resume is
+        (``fmsdata.loader.resume``: lines already drawn are replayed with the old
+        weights, every share measured afresh from here), and the workers restart."""
+        assert self._feedback is not None
+        saved = self._saved()  # with the weights its lines were drawn with
+        entries = {entry.id: entry for entry in saved.shards}
+        self._feedback.applied(self._consumed.steps, weights)
+        self._use_weights(weights)
+        self._mix_change = resume.MixChange(saved, entries, rebase=True)
+        self._generation += 1
+
+    def _load_feedback(self, saved: LoaderState) -> None:
+        """The feedback mix a loaded state continues (``fmsdata.loader.feedback.resumed``),
+        its weights drawn with from here."""
+        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
+        self._unrecorded.clear()
+        self._feedback, self._kept_mix = resumed(
+            saved.mix_feedback, self._configured_mix, dataset.mix_names, saved.steps
+        )
+        if self._feedback is not None:
+            self._use_weights(self._feedback.weights)
 
     def remote_calls(self) -> dict[str, int]:
         """Calls to object storage so far by this process (every loader in it, and
@@ -381,15 +521,7 @@ class FmsDataLoader(DataLoader):
     def fingerprint(self) -> dict[str, Any]:
         """What a state must match to load here: data hash and stream-shaping config."""
         self._prepare()
-        dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        names = dataset.mix_names
-        data = {
-            name: digest
-            for name, digest in dataset.catalog().fingerprint().items()
-            if name in names
-        }
-        stages, writer = dataset.layout()
-        return stream_fingerprint(self.config, dataset.handler, names, data, stages, writer)
+        return _fingerprint_of(self.dataset)  # type: ignore[arg-type]
 
     @property
     def steps(self) -> int:
@@ -452,6 +584,7 @@ class FmsDataLoader(DataLoader):
                 for sid, state in consumed.shard_states().items()
             ],
             rank=dataset.topology.rank,
+            mix_feedback=self._feedback.record if self._feedback is not None else self._kept_mix,
         )
 
     def load_state_dict(self, state: Any, allow_changes: Sequence[str] = ()) -> None:
@@ -465,11 +598,17 @@ class FmsDataLoader(DataLoader):
         and there its stages check their own parts against the data, before any batch is
         yielded (a ``StateMismatchError`` naming the path inside the state and the value).
 
+        A state saved with another ``seq_length`` loads with
+        ``allow_changes=["seq_length"]`` (long-context extension mid-run): every document
+        keeps its position and the lines the state holds are re-packed at the new length
+        (``fmsdata.state.relength``, docs/guide/resume.md).
+
         Args:
             state: A ``state_dict()`` or ``snapshot()`` of this rank, a list of every
                 rank's, or (packed form) the union of their dicts.
             allow_changes: Fingerprint fields or stage settings allowed to differ (an
-                intended config change), e.g. ``["min_length"]``.
+                intended config change), e.g. ``["min_length"]``, or ``["seq_length"]``;
+                added to the config's ``allow_changes``.
 
         Raises:
             StateMismatchError: Wrong version, different data or stream config, or the
@@ -477,10 +616,28 @@ class FmsDataLoader(DataLoader):
         """
         self._prepare()
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
-        current = self.fingerprint
         saved = LoaderState.read(state, self.config.logical_shards)
-        entries = saved.for_shards(dataset.shard_ids, dataset.topology.rank)
-        rebase = saved.check(current, allow_changes, self.config.allow_mix_change)
+        before = (self.config, dataset.config, self._feedback, self._kept_mix)
+        try:
+            # The weights a continued feedback mix applies now are part of what must match.
+            self._load_feedback(saved)
+            current = self.fingerprint
+            allow = [*self.config.allow_changes, *allow_changes]
+            entries = saved.for_shards(dataset.shard_ids, dataset.topology.rank)
+            old_seq = seq_length_change(saved.fingerprint, current, allow)
+            if old_seq is not None:
+                # Checked against this loader at the saved length: whatever that length
+                # derives (capacity, line_tokens, line_length) may differ, nothing else.
+                old = resume.at_seq_length(dataset, old_seq)
+                old.data_fingerprint = dataset.data_fingerprint
+                current = _fingerprint_of(old)
+                allow = [a for a in allow if a != SEQ_LENGTH]
+            rebase = saved.check(current, allow, self.config.allow_mix_change)
+            if old_seq is not None:
+                resume.check_line_change(dataset, old)
+        except BaseException:
+            self.config, dataset.config, self._feedback, self._kept_mix = before
+            raise
         self._consumed = ConsumedState(dataset.shard_ids, entries, saved.steps, saved.skips)
         dropped = sorted(set(saved.fingerprint["datasets"]) - set(dataset.mix_names))
         if dropped:
@@ -488,7 +645,8 @@ class FmsDataLoader(DataLoader):
                 "datasets %s are no longer in the mix; their positions are dropped", dropped
             )
         remix = rebase or saved.span_datasets != dataset.mix_names
-        self._mix_change = resume.MixChange(saved, entries, rebase) if remix else None
+        changed = remix or old_seq is not None
+        self._mix_change = resume.MixChange(saved, entries, rebase, old_seq) if changed else None
         self._generation += 1
 
     def _settle(self) -> None:
@@ -497,6 +655,32 @@ class FmsDataLoader(DataLoader):
         if change is not None:
             dataset: RankLineDataset = self.dataset  # type: ignore[assignment]
             self._consumed = resume.settle(change, dataset, self._consumed)
+
+
+def _fingerprint_of(dataset: RankLineDataset) -> dict[str, Any]:
+    """What a state must match to load into a loader over ``dataset``."""
+    names = dataset.mix_names
+    data = {
+        name: digest for name, digest in dataset.catalog().fingerprint().items() if name in names
+    }
+    stages, writer = dataset.layout()
+    return stream_fingerprint(dataset.config, dataset.handler, names, data, stages, writer)
+
+
+def due_skips(
+    skip_steps: Sequence[Sequence[int]], steps: int, skips: Sequence[Sequence[int]]
+) -> list[int]:
+    """The skips of ``skip_steps`` (config ``[[step, n], ...]``) that a run at ``steps``
+    with the recorded ``skips`` applies now, in order: each whose step has come and that the
+    record lacks (one that applies moves ``steps`` on, so a later one may follow at once)."""
+    due = []
+    recorded = [list(skip) for skip in skips]
+    for at, n in skip_steps:
+        if steps == at and [at, n] not in recorded:
+            due.append(int(n))
+            recorded.append([steps, int(n)])
+            steps += int(n)
+    return due
 
 
 def as_tuple(batch: dict[str, torch.Tensor]) -> Any:

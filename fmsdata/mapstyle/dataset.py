@@ -186,6 +186,7 @@ class TokenWindowDataset(Dataset):
         if self.create_doc_ids:
             item["document_ids"] = ids
         if self.create_doc_mask:
+            assert ids is not None  # read with create_doc_ids, which a mask implies
             item["document_mask"] = document_mask(ids, dense=self.dense_mask)
         if self.token_output_format == "torch":
             return {k: torch.from_numpy(v) for k, v in item.items()}

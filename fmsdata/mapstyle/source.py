@@ -167,7 +167,8 @@ def resolve_root(
     """
     root, meta, where = _root_and_metadata(_locate(os.fspath(metadata), storage), storage)
     options = {k: v for k, v in (options or {}).items() if v is not None}
-    tokenizer = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    recorded = meta.get("tokenizer")
+    tokenizer: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     tokenizer_file = (
         posixpath.join(root.rstrip("/"), tokenizer["file"]) if tokenizer.get("file") else None
     )

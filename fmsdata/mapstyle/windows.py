@@ -82,6 +82,7 @@ class _FileView:
         """Stream tokens ``[a, b)`` of this file into ``out``; file-local document indices
         into ``docs`` when given."""
         if self.contiguous is not None:
+            assert self.flat is not None  # a contiguous stream lies in a flat buffer
             out[:] = self.flat[self.contiguous + a : self.contiguous + b]
             if docs is not None:
                 docs[:] = np.searchsorted(self.cum, np.arange(a, b), "right") - 1
@@ -93,6 +94,7 @@ class _FileView:
         within = positions - self.cum[doc]
         is_eos = within >= self.lengths[doc]
         if self.flat is not None:
+            assert self.starts is not None  # set with flat
             out[:] = eos
             real = ~is_eos
             out[real] = self.flat[self.starts[doc[real]] + within[real]]

@@ -3,7 +3,8 @@
 Each logical shard runs a chain of stages built by a *stage factory* (``fmsdata.stages.shard``);
 the default one is ``shard.shuffle(shard.pack(shard.documents()))``: document walks per
 dataset mixed by token share (``TokenShareMixer``, the document source), packed into lines
-(``LinePacker``), shuffled (``ShuffleBuffer``). Two kinds of stage extend it:
+(``LinePacker``, or ``BestFitPacker`` with ``packing: best_fit``), shuffled
+(``ShuffleBuffer``). Two kinds of stage extend it:
 
 - **Span-level** (``SpanStage``): ``__next__`` returns the next line as an int64 span array
   ``[pieces, SPAN_WIDTH]`` (``fmsdata.stages.base``), read from ``self.source``, before
@@ -38,8 +39,10 @@ and ``load_state_dict()`` reads it strictly (exactly those keys, else a
 saved in the state's fingerprint, a changed setting refuses an old state, naming the
 stage and the setting. ``role`` names what the loader's code looks for (``"mixer"``,
 ``"dataset"``, ``"packer"``, ``"shuffle"``), never the class; a stage whose own state
-holds spans also writes the class methods ``held_spans`` and ``carry_over`` (its spans'
-datasets renumbered on a mix change), which read only the saved state they are given.
+holds spans also writes the class methods ``held_spans``, ``carry_over`` (its spans'
+datasets renumbered on a mix change) and ``relength`` (what becomes of its lines on a
+``seq_length`` change: the shuffle buffer hands them on to the packer, which re-packs
+them), which read only the saved state they are given.
 
 A stage keeping every 4th line only, inserted between packer and shuffle buffer::
 
@@ -77,6 +80,7 @@ checker every stage's tests run.
 
 from fmsdata.config import Decoration
 from fmsdata.stages.base import DatasetRenumbering, SpanStage, Stage, TokenStage, layout, walk
+from fmsdata.stages.bestfit import BestFitPacker
 from fmsdata.stages.documents import (
     DocumentStream,
     RandomWalk,
@@ -112,6 +116,7 @@ __all__ = [
     "DatasetStreams",
     "TokenShareMixer",
     "LinePacker",
+    "BestFitPacker",
     "ShuffleBuffer",
     "TokenLine",
     "FillInMiddle",

@@ -14,6 +14,7 @@ from torch.utils.data import IterableDataset
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.spans import DS, SAVED_SPAN_WIDTH
+from fmsdata.stages.traced import NotTraceable, TracedLine
 from fmsdata.util.statecheck import need_keys, plain_problem, within
 
 __all__ = [
@@ -21,8 +22,10 @@ __all__ = [
     "SpanStage",
     "TokenStage",
     "DatasetRenumbering",
+    "LineChange",
     "walk",
     "layout",
+    "traceable",
 ]
 
 
@@ -52,6 +55,39 @@ class DatasetRenumbering:
         return spans
 
 
+class LineChange:
+    """A change of line length met on resume (``allow_changes=["seq_length"]``), as the
+    stages of a saved chain are walked top first (``fmsdata.state.relength``).
+
+    A stage that holds lines of the old length lets go of their spans (``give``): they are
+    re-packed at the new length by the packer below it, which takes them (``take_pieces``)
+    before its own held spans, in the order they would have come: the stages' held lines
+    from the top down, each stage's in its own order.
+
+    Attributes:
+        documents: Finds the lengths of saved spans that run to their document's end
+            (a ``fmsdata.stages.savedlines.DocumentLengths``).
+        old_seq_length, seq_length: The line lengths saved with and resumed at (config
+            ``seq_length``), for messages.
+    """
+
+    def __init__(self, documents: Any, old_seq_length: int, seq_length: int):
+        self.documents = documents
+        self.old_seq_length = old_seq_length
+        self.seq_length = seq_length
+        self.pieces: list[np.ndarray] = []
+
+    def give(self, spans: np.ndarray) -> None:
+        """Hand on held spans (runtime or saved columns, every length written out)."""
+        if len(spans):
+            self.pieces.append(np.asarray(spans, dtype=np.int64))
+
+    def take_pieces(self) -> list[np.ndarray]:
+        """The spans handed on so far, in order; they are the taker's from now on."""
+        pieces, self.pieces = self.pieces, []
+        return pieces
+
+
 class Stage(IterableDataset):
     """One step of a logical shard's pipeline, with exact, nestable state.
 
@@ -72,11 +108,11 @@ class Stage(IterableDataset):
 
     A stage whose own state holds spans (lines or pieces taken from its input and not
     handed out) also says so to the tools that read saved states without building a
-    chain (``fmsdata state show``, a mix change on resume, the checks of a loaded state):
-    ``held_spans`` and ``carry_over``, class methods that read only the saved state they
-    are given; ``report`` adds what ``state show`` prints. ``role`` names what the
-    loader's code looks for (``"mixer"``, ``"dataset"``, ``"packer"``, ``"shuffle"``;
-    None for anything else), never the class.
+    chain (``fmsdata state show``, a mix or ``seq_length`` change on resume, the checks of
+    a loaded state): ``held_spans``, ``carry_over`` and ``relength``, class methods that
+    read only the saved state they are given; ``report`` adds what ``state show`` prints.
+    ``role`` names what the loader's code looks for (``"mixer"``, ``"dataset"``,
+    ``"packer"``, ``"shuffle"``; None for anything else), never the class.
     """
 
     role: ClassVar[str | None] = None
@@ -128,6 +164,31 @@ class Stage(IterableDataset):
         return own, inputs
 
     @classmethod
+    def relength(
+        cls, own: dict[str, Any], change: LineChange, settings: dict[str, Any]
+    ) -> dict[str, Any]:
+        """This stage's own saved state for lines of another length (a ``seq_length``
+        change on resume, ``allow_changes=["seq_length"]``); ``settings`` are its settings
+        in the chain resumed (the new capacity of a packer).
+
+        Default: a stage that holds no spans keeps its state; one that holds spans must
+        say what becomes of them (the shuffle buffer hands its lines on to be re-packed,
+        ``change.give``; a packer takes them, ``change.take_pieces``), else the change is
+        refused.
+
+        Raises:
+            StateMismatchError: This stage holds lines and does not say how to re-pack them.
+        """
+        if len(cls.held_spans(own)):
+            raise StateMismatchError(
+                f"{cls.__module__}.{cls.__qualname__} holds lines of seq_length="
+                f"{change.old_seq_length} and does not say how to re-pack them "
+                f"(Stage.relength): this run cannot continue at seq_length={change.seq_length}; "
+                "start a new run, or give the stage a relength classmethod"
+            )
+        return own
+
+    @classmethod
     def report(cls, own: dict[str, Any]) -> dict[str, Any]:
         """What this stage's own saved state holds and counts, for ``fmsdata state show``
         (``fmsdata.state.report``), which asks every stage of the chain and never reads a stage's
@@ -138,7 +199,9 @@ class Stage(IterableDataset):
         ``held`` stands for, per dataset index of the spans, when spans run to their
         document's end with length 0), ``held_as`` (how ``state show`` names them:
         ``"buffered"``, ``"unsent"``; default ``"held"``), ``counts`` (``{name: int}``,
-        summed over logical shards and printed), ``datasets`` (a document source's
+        summed over logical shards and printed), ``ratios`` (``{name: [numerator,
+        denominator]}``, two names of ``counts``: ``state show`` prints the sums' ratio,
+        e.g. the best-fit packer's padding fraction), ``datasets`` (a document source's
         ``{name: {"taken_tokens", ...}}``) or ``dataset`` (one dataset's stream: the same
         fields for the dataset its ``settings()["dataset"]`` names: ``"taken_docs"``,
         ``"taken_tokens"``, ``"epoch"``, ``"pos"``, ``"size"``, ``"skipped"``).
@@ -241,6 +304,11 @@ class TokenStage(Stage):
     exactly one line, which is what lets a skip or a rescale count lines without reading
     tokens; to leave lines out without a row, drop them at span level (a ``SpanStage``). Its
     ``source`` is the chain it follows (a ``SpanStage`` or another ``TokenStage``).
+
+    ``trace(line)`` (optional) says what ``apply`` does to a line's parts rather than its
+    tokens, so that ``fmsdata trace`` can say where every token of a row came from; a
+    stage without it is named there, and rows are followed up to it only. Span-level
+    stages need nothing of the kind: the trace runs them.
     """
 
     def __init__(self, source: Stage):
@@ -248,6 +316,34 @@ class TokenStage(Stage):
 
     def apply(self, tokens: np.ndarray, content: int, line: Any) -> int:
         raise NotImplementedError
+
+    def trace(self, line: TracedLine) -> None:
+        """Do to ``line`` what ``apply`` does to a line's tokens, on its parts (a
+        ``fmsdata.stages.traced.TracedLine``): the pieces it drops (``line.drop``), cuts,
+        moves or adds to (``line.set_content``; a ``Part`` per run of inserted tokens).
+        ``fmsdata trace`` asks it to say where each token of a delivered row came from,
+        without reading the lines' tokens; so read only what the decision looks at
+        (``line.tokens``, ``line.edges``), and do not change this stage's state: a stage
+        keyed by its count of lines seen draws for this line with that count plus
+        ``line.ahead``. ``FillInMiddle`` and ``DocumentFilter`` show both kinds.
+
+        Not written (the default), the trace names this stage and follows rows only up to
+        it; a subclass that changes ``apply`` must write its own.
+
+        Raises:
+            NotTraceable: This stage does not say what it does to a line.
+        """
+        raise NotTraceable(f"{type(self).__module__}.{type(self).__qualname__} has no trace()")
+
+
+def traceable(stage: TokenStage) -> bool:
+    """Whether ``stage.trace`` describes its ``apply``: written, by the class that wrote
+    ``apply`` or a subclass of it (a subclass that changed ``apply`` but not ``trace``
+    would be mis-traced, so it is not followed)."""
+    cls = type(stage)
+    trace_owner = next(c for c in cls.__mro__ if "trace" in vars(c))
+    apply_owner = next(c for c in cls.__mro__ if "apply" in vars(c))
+    return trace_owner is not TokenStage and issubclass(trace_owner, apply_owner)
 
 
 def walk(top: Stage, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Stage]]:

@@ -236,6 +236,17 @@ class DocumentStream(DocumentSource):
         self._setup()
         return self._size
 
+    def reads(self, file: int, doc: int) -> bool:
+        """Whether this stream reads document ``doc`` of ``file`` in some epoch: it lies in
+        one of the shard's fragments (a rotating stream reads every shard's portion in
+        turn). A document lies in one shard's fragments unless its dataset rotates, so
+        ``fmsdata trace --doc`` follows that shard alone."""
+        self._setup()
+        rows = self._rows
+        assert rows is not None, "set up above"
+        hit = (rows[:, 0] == file) & (rows[:, 1] <= doc) & (doc < rows[:, 2])
+        return bool(hit.any())
+
     def _rotates(self) -> bool:
         """Whether the dataset holds fewer tokens than a line per shard (the same answer in
         every shard: a function of the data and the config). Files listed at ``_BYTES_PER_TOKEN``
@@ -339,8 +350,10 @@ class DocumentStream(DocumentSource):
         if self._saved_size >= 0 and self._saved_size != self._size:
             raise StateMismatchError(
                 f"size: the state was saved with {self._saved_size} documents of dataset "
-                f"{self.access.name!r} in logical shard {self.shard}'s cycle, the data now gives "
-                f"{self._size}"
+                f"{self.access.name!r} in logical shard {self.shard}'s cycle, this loader "
+                f"deals it {self._size}: a setting that decides which documents the shard is "
+                "dealt changed since the save (min_length, strip_tokens, bos/eos, "
+                "logical_shards), or the dataset's files did"
             )
         j = self.epoch % self._cycle_len
         held = int(self._epoch_starts[j + 1] - self._epoch_starts[j])
@@ -647,6 +660,7 @@ _ORDERS: dict[str, type[DocumentStream]] = {"random": RandomWalk, "sequential": 
 
 def _checked_keys(values: Any, n: int, stream: DocumentStream) -> np.ndarray:
     """``WalkOrder.keys`` as uint64: one integer in ``[0, 2**64)`` per fragment."""
+    items: list[Any] | None
     try:
         items = values.tolist() if isinstance(values, np.ndarray) else list(values)
     except TypeError:
@@ -659,7 +673,7 @@ def _checked_keys(values: Any, n: int, stream: DocumentStream) -> np.ndarray:
             for k in items
         )
     )
-    if not fits:
+    if not fits or items is None:
         raise ConfigError(
             f"{type(stream).__name__}.walk_order must give one integer key in [0, 2**64) per "
             f"fragment ({n}) of dataset {stream.access.name!r} in logical shard "

@@ -9,8 +9,8 @@ the line's end is padding (``pad``, labels ignored), and tokens that no longer f
 dropped from the end.
 
 A document split over lines is judged piece by piece: each line sees only its own piece.
-Pack with ``packing: pad`` to judge whole documents (a document then sits in one line
-unless it is longer than a line).
+Pack with ``packing: best_fit`` (or ``pad``) to judge whole documents (a document then sits
+in one line unless it is longer than a line).
 
 Coverage: the documents are still *read* exactly once per epoch (the span-level chain is
 unchanged, so G4 holds for what is read); what is *delivered* is what was read minus what
@@ -42,6 +42,7 @@ from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.stages.base import DatasetRenumbering, Stage, TokenStage
 from fmsdata.stages.outputs import TokenLine, document_ids_of
 from fmsdata.stages.spans import DLEN, DOC, DS, FILE, LENGTH, START
+from fmsdata.stages.traced import Part, TracedLine
 
 __all__ = ["DocumentTransform", "DocumentFilter", "COUNTS", "DATASET_COLUMNS", "OPEN_COLUMNS"]
 
@@ -266,3 +267,18 @@ class DocumentFilter(DocumentTransform):
 
     def _piece(self, piece: np.ndarray, document_id: int) -> np.ndarray | None:
         return piece if self.fn(piece, document_id) else None
+
+    def trace(self, line: TracedLine) -> None:
+        """What ``apply`` does to the line, on its parts: each piece is judged by
+        ``keep`` on its tokens (read: the decision is the function's, on token values),
+        dropped pieces close up and the row ends in ``pad``. A kept piece is unchanged, so
+        nothing overflows."""
+        kept: list[list[Part]] = []
+        ids: list[int] = []
+        for parts, document_id in zip(line.pieces, line.ids):
+            if self._piece(line.tokens(parts), document_id) is None:
+                line.drop(parts, document_id, self.name)
+            else:
+                kept.append(parts)
+                ids.append(document_id)
+        line.set_content(kept, ids, pad=self.pad)

@@ -24,6 +24,7 @@ its shard), so a line is the same on every world size and worker count, and the 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ import numpy as np
 from fmsdata.errors import StateMismatchError
 from fmsdata.stages.base import Stage, TokenStage
 from fmsdata.stages.outputs import TokenLine
+from fmsdata.stages.traced import Part, TracedLine, cut_parts, parts_length
 
 __all__ = ["FillInMiddle"]
 
@@ -112,14 +114,24 @@ class FillInMiddle(TokenStage):
 
     def _edges(self, piece: np.ndarray) -> tuple[int, int]:
         """Leading and trailing delimiter tokens of a piece (at most two each)."""
+        return self._edge_counts(piece[:2], piece[-2:], len(piece))
+
+    def _edge_counts(self, head: np.ndarray, tail: np.ndarray, size: int) -> tuple[int, int]:
+        """``_edges`` of a piece of ``size`` tokens from its first and last ``min(2, size)``
+        tokens, all it looks at (what ``trace`` reads)."""
         frame = self.frame
         lead = 0
-        while lead < min(2, len(piece)) and int(piece[lead]) in frame:
+        while lead < min(2, size) and int(head[lead]) in frame:
             lead += 1
         trail = 0
-        while trail < min(2, len(piece) - lead) and int(piece[len(piece) - 1 - trail]) in frame:
+        while trail < min(2, size - lead) and int(tail[len(tail) - 1 - trail]) in frame:
             trail += 1
         return lead, trail
+
+    def _layout(self, mode: float) -> str | None:
+        if mode < self.psm_rate:
+            return "psm"
+        return "spm" if mode < self.psm_rate + self.spm_rate else None
 
     def apply(self, tokens: np.ndarray, content: int, line: TokenLine) -> int:
         rng = np.random.Generator(np.random.PCG64([self.key, self.lines]))
@@ -136,9 +148,7 @@ class FillInMiddle(TokenStage):
         for k, size in enumerate(line.pieces.tolist()):
             piece = tokens[at : at + size]
             at += size
-            layout = "psm" if mode[k] < self.psm_rate else None
-            if layout is None and mode[k] < self.psm_rate + self.spm_rate:
-                layout = "spm"
+            layout = self._layout(float(mode[k]))
             lead, trail = self._edges(piece) if layout else (0, 0)
             body = piece[lead : size - trail]
             if layout is None or len(body) < max(self.min_length, 1):
@@ -172,3 +182,58 @@ class FillInMiddle(TokenStage):
         tokens[: len(flat)] = flat
         line.pieces = lengths
         return len(flat)
+
+    def trace(self, line: TracedLine) -> None:
+        """What ``apply`` does to the line, on its parts: the same draws (keyed by the
+        line's index in its shard), the same cuts. The delimiters kept at a piece's edges
+        are found as ``apply`` finds them, by token value: of a rearranged piece, the
+        first and last two tokens are read where they are document tokens."""
+        n = len(line.pieces)
+        if n == 0 or self.psm_rate + self.spm_rate == 0.0:
+            return
+        rng = np.random.Generator(np.random.PCG64([self.key, self.lines + line.ahead]))
+        mode = rng.random(n)
+        cuts = rng.random((n, 2))
+        out: list[list[Part]] = []
+        changed = False
+        for k, parts in enumerate(line.pieces):
+            size = parts_length(parts)
+            layout = self._layout(float(mode[k]))
+            lead, trail = self._edge_counts(*line.edges(k), size) if layout else (0, 0)
+            body = size - lead - trail
+            if layout is None or body < max(self.min_length, 1):
+                out.append(list(parts))
+                continue
+            i, j = sorted(int(c) for c in np.floor(cuts[k] * (body + 1)))
+            prefix = _as(cut_parts(parts, lead, lead + i), "prefix")
+            middle = _as(cut_parts(parts, lead + i, lead + j), "middle")
+            suffix = _as(cut_parts(parts, lead + j, size - trail), "suffix")
+            pre, mid, suf = (
+                [] if t is None else [Part(kind, 1, token=t)]
+                for kind, t in (("fim_pre", self.pre), ("fim_mid", self.mid), ("fim_suf", self.suf))
+            )
+            if layout == "psm":
+                body_parts = [*pre, *prefix, *suf, *suffix, *mid, *middle]
+            else:
+                body_parts = [*pre, *suf, *suffix, *mid, *prefix, *middle]
+            out.append(
+                [*cut_parts(parts, 0, lead), *body_parts, *cut_parts(parts, size - trail, size)]
+            )
+            changed = True
+        if not changed:
+            return
+        ids = list(line.ids)
+        room = line.length
+        lengths = np.array([parts_length(parts) for parts in out], dtype=np.int64)
+        if int(lengths.sum()) > room:  # the end falls off, as in ``apply``
+            ends = np.cumsum(lengths)
+            keep = int(np.searchsorted(ends, room, side="left")) + 1
+            out, ids = out[:keep], ids[:keep]
+            last = int(lengths[keep - 1]) - (int(ends[keep - 1]) - room)
+            out[-1] = cut_parts(out[-1], 0, last)
+        line.set_content(out, ids)
+
+
+def _as(parts: list[Part], role: str) -> list[Part]:
+    """Document parts marked with what FIM made of them."""
+    return [dataclasses.replace(p, role=role) if p.is_doc else p for p in parts]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -145,7 +145,7 @@ class TokenShareMixer(DocumentSource):
             cut = min(active, key=lambda d: (ends[d], d))
             end = ends[cut]
             for d in active:
-                side = "left" if d >= cut or end == np.inf else "right"
+                side: Literal["left", "right"] = "left" if d >= cut or end == np.inf else "right"
                 take[d] = int(np.searchsorted(keys[d], end, side=side))
             ds = np.concatenate([np.full(take[d], d, dtype=np.int64) for d in active])
             order = np.lexsort((ds, np.concatenate([keys[d][: take[d]] for d in active])))

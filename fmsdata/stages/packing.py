@@ -7,6 +7,12 @@ padded; only documents longer than a whole line are cut. Lines are planned for a
 read-ahead block at once (one compiled pass for hard packing, ``kernels.plan_hard_lines``)
 and handed out one at a time; each hand-out commits exactly the documents that started in
 that line.
+
+The carry is one span as a rule. After a change of line length on resume
+(``allow_changes=["seq_length"]``, ``LinePacker.relength``) it holds every piece the saved
+state held (the shuffle buffer's lines, then the packer's own carry), and the packer packs
+them, at the new length, before the next document of its source: the carry is then a run of
+spans until they are all in lines.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.stages.base import DatasetRenumbering, SpanStage
+from fmsdata.stages.base import DatasetRenumbering, LineChange, SpanStage
 from fmsdata.stages.kernels import plan_hard_lines
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.source import Documents, DocumentSource
@@ -46,7 +52,11 @@ class _Plan:
     spans: np.ndarray  # [pieces, span width]
     offsets: np.ndarray  # [lines + 1] into spans
     commits: np.ndarray  # [lines] documents that start in each line
-    carries: np.ndarray  # [lines, span width] carry after each line (length 0 = none)
+    carries: np.ndarray  # [lines, span width] the piece cut at each line's end (length 0 = none)
+    # The carry the plan started from ([k, span width]) and, per line, the first of its rows
+    # no line up to this one reached: those are carried on too (after the piece cut).
+    head: np.ndarray = dataclasses.field(default_factory=empty_spans)
+    head_next: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     next_line: int = 0
 
     def __post_init__(self) -> None:
@@ -59,12 +69,21 @@ class _Plan:
     def remaining(self) -> int:
         return len(self.started) - self.next_line
 
+    def carry_after(self, line: int) -> np.ndarray:
+        """The carry after ``line`` (``[k, span width]``, k 0: none): the piece cut at its
+        end, then the carried rows no line reached yet."""
+        cut = self.carries[line : line + 1]
+        cut = cut[cut[:, LENGTH] > 0]
+        rest = self.head[int(self.head_next[line]) :] if len(self.head_next) else self.head[:0]
+        return np.concatenate([cut, rest]) if len(rest) else cut
+
 
 class LinePacker(SpanStage):
     """Yields packed lines as span arrays of total length ``capacity`` (hard) or less (pad).
 
-    State keys: ``carry`` (the unused rest of a split document as a span, or an empty
-    list) and ``source`` (the document source's state).
+    State keys: ``carry`` (the unused rest of a split document as a span of 5 ints, or an
+    empty list; after a change of line length on resume, the pieces to pack first, 5 ints
+    each, one after the other) and ``source`` (the document source's state).
 
     Args:
         source: Any document source (``fmsdata.stages.source``): the mixer, one
@@ -84,10 +103,10 @@ class LinePacker(SpanStage):
         self.source: DocumentSource = source
         self.capacity = capacity
         self.mode = mode
-        self._carry: np.ndarray | None = None  # carry before the current plan's first line
+        self._carry = empty_spans()  # carry before the current plan's first line ([k, width])
         self._uncommitted = 0  # documents of handed-out lines not yet committed upstream
         self._plan: _Plan | None = None
-        self._plan_carry: np.ndarray | None = None  # carry after the last planned line
+        self._plan_carry = empty_spans()  # carry after the last planned line
         self._pending = Documents.empty()  # read-ahead documents not yet in a planned line
 
     def __next__(self) -> np.ndarray:
@@ -129,13 +148,14 @@ class LinePacker(SpanStage):
         return LineBlock.concat(blocks)
 
     @property
-    def carry(self) -> np.ndarray | None:
-        """The unused rest of the document split by the last line handed out, if any."""
+    def carry(self) -> np.ndarray:
+        """What the next line starts with (``[k, span width]``, k 0: nothing): the unused
+        rest of the document split by the last line handed out, or after a change of line
+        length the pieces not packed yet."""
         plan = self._plan
         if plan is None or plan.next_line == 0:
             return self._carry
-        carry = plan.carries[plan.next_line - 1]
-        return carry if carry[LENGTH] > 0 else None
+        return plan.carry_after(plan.next_line - 1)
 
     def _plan_more(self) -> _Plan:
         self._carry = self.carry
@@ -158,19 +178,18 @@ class LinePacker(SpanStage):
         if self._uncommitted:
             self.source.commit(self._uncommitted)
             self._uncommitted = 0
-        carry = self.carry
-        return {"carry": [] if carry is None else [int(v) for v in carry[:SAVED_SPAN_WIDTH]]}
+        return {"carry": _saved_carry(self.carry)}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
         carry = [
-            need_int(v, f"carry[{i}]", 1 if i == LENGTH else 0)
+            need_int(v, f"carry[{i}]", 1 if i % SAVED_SPAN_WIDTH == LENGTH else 0)
             for i, v in enumerate(need_list(state["carry"], "carry"))
         ]
-        if len(carry) not in (0, SAVED_SPAN_WIDTH):
+        if len(carry) % SAVED_SPAN_WIDTH:
             raise StateMismatchError(
-                f"carry: must be empty or {SAVED_SPAN_WIDTH} ints (a span), got {carry!r}"
+                f"carry: must be empty or spans of {SAVED_SPAN_WIDTH} ints each, got {carry!r}"
             )
-        self._carry = restore_spans(np.asarray([carry], dtype=np.int64))[0] if len(carry) else None
+        self._carry = restore_spans(np.asarray(carry, dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH))
         self._uncommitted = 0
         self._plan = None
         self._plan_carry = self._carry
@@ -185,9 +204,20 @@ class LinePacker(SpanStage):
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         carry = own["carry"]
         if carry:
-            spans = change.spans(np.asarray([carry]), "packer carry")
-            own = {"carry": [int(v) for v in spans[0]]}
+            spans = change.spans(np.asarray(carry), "packer carry")
+            own = {"carry": [int(v) for v in spans.ravel()]}
         return own, inputs
+
+    @classmethod
+    def relength(
+        cls, own: dict[str, Any], change: LineChange, settings: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Lines of another length: the pieces the stages above held (``change.pieces``,
+        in the order they would have come) and then this packer's own carry become the
+        carry, packed at the new capacity before the next document."""
+        saved = np.asarray(own["carry"], dtype=np.int64).reshape(-1, SAVED_SPAN_WIDTH)
+        pieces = [piece[:, :SAVED_SPAN_WIDTH] for piece in change.take_pieces()]
+        return {"carry": _saved_carry(np.concatenate([*pieces, saved]))}
 
     @classmethod
     def held_spans(cls, own: dict[str, Any]) -> np.ndarray:
@@ -199,9 +229,14 @@ class LinePacker(SpanStage):
         return {"held": cls.held_spans(own), "held_as": "unsent"}
 
 
-def _pieces(docs: Documents, carry: np.ndarray | None) -> tuple[np.ndarray, int]:
-    """Rows ``(ds, file, doc, start, length)`` for the carry (if any) then each document,
-    and how many leading rows are carry (0 or 1)."""
+def _saved_carry(carry: np.ndarray) -> list[int]:
+    """A carry (``[k, span width]``) as its state keeps it: 5 ints a span, one after another."""
+    return [int(v) for v in carry[:, :SAVED_SPAN_WIDTH].ravel()]
+
+
+def _pieces(docs: Documents, carry: np.ndarray) -> tuple[np.ndarray, int]:
+    """Rows ``(ds, file, doc, start, length)`` for the carry then each document, and how
+    many leading rows are carry."""
     rows = np.empty((len(docs), SPAN_WIDTH), dtype=np.int64)
     rows[:, DS] = docs.ds
     rows[:, FILE] = docs.file
@@ -210,14 +245,14 @@ def _pieces(docs: Documents, carry: np.ndarray | None) -> tuple[np.ndarray, int]
     rows[:, LENGTH] = docs.dlen
     rows[:, DLEN] = docs.dlen
     rows[:, BASE] = docs.base
-    if carry is None:
+    if not len(carry):
         return rows, 0
-    return np.concatenate([carry[None, :], rows]), 1
+    return np.concatenate([carry, rows]), len(carry)
 
 
 def _plan_hard(
-    docs: Documents, carry: np.ndarray | None, capacity: int
-) -> tuple[_Plan, Documents, np.ndarray | None]:
+    docs: Documents, carry: np.ndarray, capacity: int
+) -> tuple[_Plan, Documents, np.ndarray]:
     rows, head = _pieces(docs, carry)
     spans, offsets, first_line, carries = plan_hard_lines(rows, capacity)
     n_lines = len(offsets) - 1
@@ -227,13 +262,16 @@ def _plan_hard(
     commits = np.bincount(doc_first[doc_first < n_lines], minlength=n_lines)
     started = np.flatnonzero(doc_first >= n_lines)
     pending = docs.take(int(started[0]) if started.size else len(docs))
-    plan_carry = carries[-1] if carries[-1, LENGTH] > 0 else None
-    return _Plan(spans, offsets, commits, carries), pending, plan_carry
+    head_next = np.zeros(0, dtype=np.int64)
+    if head > 1:  # a carry of several pieces: which of them each line reached
+        head_next = np.searchsorted(first_line[:head], np.arange(n_lines), side="right")
+    plan = _Plan(spans, offsets, commits, carries, carry if head > 1 else empty_spans(), head_next)
+    return plan, pending, plan.carry_after(n_lines - 1)
 
 
 def _plan_pad(
-    docs: Documents, carry: np.ndarray | None, capacity: int
-) -> tuple[_Plan, Documents, np.ndarray | None]:
+    docs: Documents, carry: np.ndarray, capacity: int
+) -> tuple[_Plan, Documents, np.ndarray]:
     # Sequential by nature (whether a document fits depends on the line so far); one
     # Python step per document, which pad packing (mostly fine-tuning data) can afford.
     rows, head = _pieces(docs, carry)
@@ -241,15 +279,19 @@ def _plan_pad(
     offsets = [0]
     commits: list[int] = []
     carries: list[np.ndarray] = []
+    head_next: list[int] = []  # per line, the first carry row it did not reach
     fill = 0
     line_commits = 0
-    open_row, open_carry = 0, carry  # what opened the unfinished line
+    # What opened the unfinished line: its first row, or the rest of a cut row (then the
+    # row after it is the first row not placed).
+    open_row, open_rest = 0, None
 
-    def close(after: np.ndarray | None) -> None:
+    def close(after: np.ndarray | None, next_row: int) -> None:
         nonlocal fill, line_commits
         offsets.append(len(pieces))
         commits.append(line_commits)
         carries.append(np.zeros(SPAN_WIDTH, dtype=np.int64) if after is None else after)
+        head_next.append(next_row)
         fill = 0
         line_commits = 0
 
@@ -262,9 +304,9 @@ def _plan_pad(
         row = rows[r]
         start, length = int(row[START]), int(row[LENGTH])
         if fill and length > capacity - fill:
-            close(None)
+            close(None, r)
         if fill == 0:
-            open_row, open_carry = r, (row if r < head else None)
+            open_row, open_rest = r, None
         if r >= head:
             line_commits += 1
         while length > capacity - fill:  # only a document longer than a whole line
@@ -272,26 +314,35 @@ def _plan_pad(
             start, length = start + capacity, length - capacity
             rest = row.copy()
             rest[START], rest[LENGTH] = start, length
-            close(rest)
-            open_row, open_carry = r + 1, rest
+            close(rest, r + 1)
+            open_row, open_rest = r + 1, rest
         place(row, start, length)
         fill += length
         if fill == capacity:
-            close(None)
-            open_row, open_carry = r + 1, None
+            close(None, r + 1)
+            open_row, open_rest = r + 1, None
     if not commits:
         return _empty_plan(), docs, carry
     if fill == 0:
-        open_row, open_carry = len(rows), None
+        open_row, open_rest = len(rows), None
     cut = max(int(open_row) - head, 0)
     pending = docs.take(cut)
+    several = head > 1
     plan = _Plan(
         np.stack(pieces[: offsets[-1]]),
         np.asarray(offsets, dtype=np.int64),
         np.asarray(commits, dtype=np.int64),
         np.stack(carries),
+        rows[:head].copy() if several else empty_spans(),
+        np.minimum(np.asarray(head_next, dtype=np.int64), head)
+        if several
+        else np.zeros(0, np.int64),
     )
-    return plan, pending, open_carry
+    # The unfinished line is planned again: its opening rest, then every carry row from
+    # the first it holds.
+    left = rows[open_row:head]
+    plan_carry = left if open_rest is None else np.concatenate([open_rest[None, :], left])
+    return plan, pending, plan_carry
 
 
 def _empty_plan() -> _Plan:

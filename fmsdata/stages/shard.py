@@ -30,6 +30,7 @@ from fmsdata.config import (
 )
 from fmsdata.errors import ConfigError
 from fmsdata.stages.base import SpanStage, Stage
+from fmsdata.stages.bestfit import BestFitPacker
 from fmsdata.stages.documents import DocumentStream, stream_class
 from fmsdata.stages.fim import FillInMiddle
 from fmsdata.stages.mixing import TokenShareMixer
@@ -127,8 +128,9 @@ def weight_schedule(
     fraction = 1.0 / shards.logical_shards
     if mix.schedule_unit == "steps":
         # A step is global_batch_size lines, each holding content_capacity document tokens
-        # (seq_length + 1 for the causal shift, less the line delimiters). With pad packing
-        # lines hold fewer: a step point then takes effect later by the padding's share.
+        # (seq_length + 1 for the causal shift, less the line delimiters). With pad or
+        # best_fit packing lines hold fewer: a step point then takes effect later by the
+        # padding's share.
         assert mix.global_batch_size is not None, "validated by the config"
         fraction *= mix.global_batch_size * lines.content_capacity
     return WeightSchedule.from_points(
@@ -192,9 +194,13 @@ class Shard:
         document source, which the packer reads (``mix(streams(order))``)."""
         return self.mix(self.streams(order))
 
-    def pack(self, source: DocumentSource) -> LinePacker:
-        """Documents packed into lines of ``seq_length + 1`` tokens (config ``packing``)."""
-        return LinePacker(source, self.recipe.capacity, self.recipe.packing)
+    def pack(self, source: DocumentSource) -> LinePacker | BestFitPacker:
+        """Documents packed into lines of ``seq_length + 1`` tokens (config ``packing``:
+        ``best_fit`` over windows of ``pack_window`` documents, ``hard`` or ``pad``)."""
+        r = self.recipe
+        if r.packing == "best_fit":
+            return BestFitPacker(source, r.capacity, r.lines.pack_window)
+        return LinePacker(source, r.capacity, r.packing)
 
     def shuffle(self, source: SpanStage) -> ShuffleBuffer:
         """Lines shuffled in a window of ``shuffle_window`` lines."""

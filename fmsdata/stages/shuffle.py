@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ConfigError, StateMismatchError
-from fmsdata.stages.base import DatasetRenumbering, SpanStage
+from fmsdata.stages.base import DatasetRenumbering, LineChange, SpanStage
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.linestore import RESTORED, LineStore
 from fmsdata.stages.savedlines import (
@@ -201,6 +201,25 @@ class ShuffleBuffer(SpanStage):
         saved = unpack_lines(own[BUFFER_KEY])
         moved = saved.renumbered(change.spans(saved.held(), "shuffle buffer"), change.number)
         return {**own, BUFFER_KEY: pack_lines(range(len(moved)), moved)}, inputs
+
+    @classmethod
+    def relength(
+        cls, own: dict[str, Any], change: LineChange, settings: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Lines of another length: the buffered lines' spans are handed on, in slot order,
+        to be re-packed by the packer below (their lengths found from the files); the
+        buffer starts empty and fills again as at the start of a run (two lines a step),
+        its count of lines handed out (the shuffle's clock) going on."""
+        with within(BUFFER_KEY):
+            lines, unmeasured = resolve(unpack_lines(own[BUFFER_KEY]), change.documents)
+        if unmeasured:
+            raise StateMismatchError(
+                f"{BUFFER_KEY}: a buffered line runs to the end of a document of a dataset "
+                "with no files here: it cannot be re-packed to another seq_length"
+            )
+        for line in lines:
+            change.give(line)
+        return {**own, BUFFER_KEY: pack_lines([])}
 
     @classmethod
     def held_spans(cls, own: dict[str, Any]) -> np.ndarray:

@@ -149,7 +149,9 @@ def load_loader_state(
     Args:
         loader: An ``FmsDataLoader``.
         ckpt_dir: The folder (or URL) holding ``loader_rank_*.fms``.
-        allow_changes: Fingerprint fields allowed to differ (an intended config change).
+        allow_changes: Fingerprint fields allowed to differ (an intended config change),
+            e.g. ``["seq_length"]`` to continue at another sequence length
+            (docs/guide/resume.md); added to the config's ``allow_changes``.
         storage: How to reach a URL (default: the loader config's storage options).
 
     Raises:

@@ -21,7 +21,7 @@ import io
 import json
 import os
 import zipfile
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -61,7 +61,7 @@ class _Arrays:
             array = array.astype(array.dtype.newbyteorder("<"))
         # Column-major arrays stay so: columns of similar small integers compress far
         # better than rows that interleave them.
-        order = "F" if array.ndim > 1 and array.flags.f_contiguous else "C"
+        order: Literal["C", "F"] = "F" if array.ndim > 1 and array.flags.f_contiguous else "C"
         ref: dict[str, Any] = {_ARRAY_KEY: name, "at": self.sizes.get(name, 0)}
         ref["shape"] = list(array.shape)
         if order == "F":
@@ -117,6 +117,7 @@ def _array(ref: dict[str, Any], arrays: dict[str, np.ndarray]) -> np.ndarray:
         or order not in ("C", "F")
     ):
         raise StateMismatchError(f"bad array reference {ref!r}")
+    at = cast(int, at)  # a count, checked above
     size = int(np.prod(shape, dtype=np.int64))
     if at + size > len(group):
         raise StateMismatchError(f"array reference {ref!r} runs past the {len(group)} values")

@@ -25,7 +25,16 @@ from fmsdata.config import (
 from fmsdata.errors import StateMismatchError
 from fmsdata.handlers.base import FileHandler
 
-__all__ = ["MIX_FIELDS", "LINE_FIELDS", "stream_fingerprint", "check_fingerprint", "mix_changed"]
+__all__ = [
+    "MIX_FIELDS",
+    "LINE_FIELDS",
+    "SEQ_LENGTH",
+    "stream_fingerprint",
+    "check_fingerprint",
+    "mix_changed",
+    "saved_seq_length",
+    "seq_length_change",
+]
 
 # Config fields of the mix: the mix section's (what ``allow_mix_change`` lets differ; a
 # resume replays the lines drawn with the old ones). Every other setting that shapes the
@@ -47,6 +56,10 @@ LINE_FIELDS = (
 CONFIG_KEY = "config"
 # The line writer's settings (``LineWriter.settings``): what rows depend on besides spans.
 WRITER_KEY = "writer"
+# The config field a resume may change with ``allow_changes=[SEQ_LENGTH]``: the settings
+# it derives (the packer's capacity, the streams' line_tokens, the writer's line_length,
+# a user stage's own) are accepted under this one name (``seq_length_change``).
+SEQ_LENGTH = "seq_length"
 
 
 def stream_fingerprint(
@@ -261,6 +274,42 @@ def _check_writer(
         raise StateMismatchError(
             f"{changed} (saved {setting})" if changed else f"saved loader state has {setting}"
         )
+
+
+def saved_seq_length(fingerprint: Mapping[str, Any]) -> int | None:
+    """The ``seq_length`` a state was saved with: as the fingerprint records the config,
+    else (an older fmsdata) the line writer's line length less one; None when neither."""
+    config = fingerprint.get(CONFIG_KEY)
+    if isinstance(config, Mapping) and isinstance(config.get(SEQ_LENGTH), int):
+        return int(config[SEQ_LENGTH])
+    writer = fingerprint.get(WRITER_KEY)
+    length = writer.get("line_length") if isinstance(writer, Mapping) else None
+    return length - 1 if isinstance(length, int) else None
+
+
+def seq_length_change(
+    saved: Mapping[str, Any], current: Mapping[str, Any], allow: Iterable[str]
+) -> int | None:
+    """The ``seq_length`` a state was saved with when it differs from this loader's and
+    ``allow`` holds ``"seq_length"`` (the state is then checked against this loader's
+    fingerprint at that length, and carried over: ``fmsdata.state.relength``); None when
+    it is the same.
+
+    Raises:
+        StateMismatchError: It differs and the change is not allowed: the one thing to pass.
+    """
+    before, after = saved_seq_length(saved), saved_seq_length(current)
+    if before is None or after is None or before == after:
+        return None
+    if SEQ_LENGTH in set(allow):
+        return before
+    raise StateMismatchError(
+        f"the state was saved with seq_length={before} but this loader has "
+        f"seq_length={after}; to continue this run at the new length (document positions "
+        "kept, the lines the state holds re-packed to the new length), load with "
+        "allow_changes=['seq_length'] (config allow_changes: [seq_length]); otherwise "
+        f"resume with seq_length={before}"
+    )
 
 
 def mix_changed(saved: Mapping[str, Any], current: Mapping[str, Any]) -> bool:

@@ -3,12 +3,14 @@
 A rank's state, as plain nested data (``LoaderState.to_plain``, what
 ``FmsDataLoader.snapshot()`` gives)::
 
-    {"version": 5,
+    {"version": 6,
      "fingerprint": {"data": ..., "seed": ..., "stages": [...], "writer": {...}, ...}
                     (fmsdata.state.fingerprint),
      "rank": r, "world_size": W, "steps": batches consumed,
      "skips": [[step, n], ...] (batches skipped over, and where),
      "span_datasets": [name, ...] (what the dataset field of saved spans refers to),
+     "mix_feedback": None, or the weights as applied and the policy's state of a mix
+                     that follows the training loss (fmsdata.state.mixrecord),
      "shards": [{"id": shard id,
                  "state": shard pipeline state or None (not started),
                  "advance": lines the shard emitted after that state}, ...]}
@@ -33,7 +35,15 @@ mixer recorded before); 5 keeps the line writer's settings under the fingerprint
 ``writer`` (before, a record in ``stages`` without a path). Shard states are the same in
 3, 4 and 5: a version-3 state is read by rewriting its fingerprint's chain record as 4
 has it (``_chain_of_v3``), a 3 or 4 by moving the writer's record (``_writer_of_v4``).
-Older versions are refused.
+6 adds ``mix_feedback`` (a version-5 or older state has none: read as None).
+Older versions are refused. Within versions 5 and 6, a hard or pad packer's ``carry``
+holds several spans (5 ints each, one after another) only in a state saved after a
+``seq_length`` change on resume and before the re-packed pieces are all in lines
+(``fmsdata.stages.packing``); every other state is as before, and every earlier state
+reads as before.
+
+``mix_history_of`` reads the weights as applied from any saved form (what provenance
+and ``state show`` read).
 """
 
 from __future__ import annotations
@@ -46,10 +56,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fmsdata.config import as_plain
+from fmsdata.config import MixConfig, as_plain
 from fmsdata.errors import StateMismatchError
 from fmsdata.state.file import state_from_bytes, state_to_bytes
 from fmsdata.state.fingerprint import WRITER_KEY, check_fingerprint
+from fmsdata.state.mixrecord import MixRecord
 from fmsdata.util.statecheck import (
     fail,
     join,
@@ -66,12 +77,26 @@ __all__ = [
     "SHARD_PREFIX",
     "ShardEntry",
     "LoaderState",
+    "mix_history_of",
 ]
 
-STATE_VERSION = 5
+STATE_VERSION = 6
 # Versions read: 3 by rewriting its chain record (``_chain_of_v3``), 3 and 4 by moving the
-# line writer's record out of the chain (``_writer_of_v4``).
-_READ_VERSIONS = (3, 4, 5)
+# line writer's record out of the chain (``_writer_of_v4``), 3 to 5 without a feedback mix.
+_READ_VERSIONS = (3, 4, 5, 6)
+# Added by version 6 (absent before: None).
+_FEEDBACK_KEY = "mix_feedback"
+# The mix fields version 6 added to the fingerprint (a feedback mix and its parameters).
+_FEEDBACK_FIELDS = (
+    "mix_policy",
+    "mix_update_every",
+    "odm_smoothing",
+    "odm_exploration",
+    "doremi_reference_losses",
+    "doremi_step_size",
+    "doremi_smoothing",
+    "mix_policy_options",
+)
 TOP_KEYS = (
     "version",
     "fingerprint",
@@ -83,7 +108,15 @@ TOP_KEYS = (
     "shards",
 )
 # The fields every rank of a save shares: the packed form's meta entry.
-_META_FIELDS = ("version", "fingerprint", "world_size", "steps", "skips", "span_datasets")
+_META_FIELDS = (
+    "version",
+    "fingerprint",
+    "world_size",
+    "steps",
+    "skips",
+    "span_datasets",
+    _FEEDBACK_KEY,
+)
 META_KEY = "fmsdata_meta"
 SHARD_PREFIX = "fmsdata_shard_"
 
@@ -118,6 +151,7 @@ class LoaderState:
     shards: list[ShardEntry]
     rank: int = -1
     version: int = STATE_VERSION
+    mix_feedback: MixRecord | None = None
 
     def to_plain(self) -> dict[str, Any]:
         """Plain nested data (the layout in the module docstring)."""
@@ -129,6 +163,7 @@ class LoaderState:
             "steps": self.steps,
             "skips": [list(skip) for skip in self.skips],
             "span_datasets": list(self.span_datasets),
+            _FEEDBACK_KEY: None if self.mix_feedback is None else self.mix_feedback.to_plain(),
             "shards": [{"id": e.id, "state": e.state, "advance": e.advance} for e in self.shards],
         }
 
@@ -159,6 +194,8 @@ class LoaderState:
             fingerprint = _chain_of_v3(fingerprint, join(path, "fingerprint.stages"))
         if value["version"] in (3, 4):
             fingerprint = _writer_of_v4(fingerprint, join(path, "fingerprint.stages"))
+        if value["version"] < 6:
+            fingerprint = _feedback_of_v5(fingerprint)
         _check_chain_record(fingerprint, join(path, "fingerprint"))
         skips = []
         for i, skip in enumerate(need_list(value["skips"], join(path, "skips"))):
@@ -193,6 +230,12 @@ class LoaderState:
             )
         if value["version"] == 3:
             _shard_states_of_v3(fingerprint["stages"], shards)
+        feedback = None
+        if value["version"] >= 6:
+            if _FEEDBACK_KEY not in value:
+                raise fail(path, f"loader state lacks {[_FEEDBACK_KEY]}")
+            if value[_FEEDBACK_KEY] is not None:
+                feedback = MixRecord.from_plain(value[_FEEDBACK_KEY], join(path, _FEEDBACK_KEY))
         rank = value["rank"]
         return cls(
             fingerprint,
@@ -202,15 +245,19 @@ class LoaderState:
             list(names),
             shards,
             rank if isinstance(rank, int) else -1,
+            mix_feedback=feedback,
         )
 
     def pack(self) -> dict[str, torch.Tensor]:
         """``{"fmsdata_meta": ..., "fmsdata_shard_00042": ...}`` of uint8 tensors: the meta
         entry (JSON) holds what every rank shares (version, fingerprint, world size, steps,
-        skips, span datasets); each shard entry is a state file (``fmsdata.state.file``)."""
+        skips, span datasets, the feedback mix); each shard entry is a state file
+        (``fmsdata.state.file``)."""
         plain = self.to_plain()
         meta = {k: plain[k] for k in _META_FIELDS}
-        packed = {META_KEY: _bytes_tensor(json.dumps(meta, sort_keys=True).encode())}
+        # Exact floats (repr round-trips) and no NaN: the feedback sums resume bit for bit.
+        text = json.dumps(meta, sort_keys=True, allow_nan=False)
+        packed = {META_KEY: _bytes_tensor(text.encode())}
         for entry in self.shards:
             body = {"state": entry.state, "advance": entry.advance}
             packed[f"{SHARD_PREFIX}{entry.id:05d}"] = _bytes_tensor(state_to_bytes(body))
@@ -236,6 +283,8 @@ class LoaderState:
             shards.append({"id": int(key[len(SHARD_PREFIX) :]), **body})
         if not isinstance(meta, dict):
             raise StateMismatchError(f"packed loader state's {META_KEY!r} is not a mapping")
+        if meta.get("version") in (3, 4, 5):
+            meta.pop(_FEEDBACK_KEY, None)
         return cls.from_plain({**meta, "rank": -1, "shards": shards})
 
     @classmethod
@@ -265,6 +314,11 @@ class LoaderState:
                 raise StateMismatchError(
                     f"states[{r}].fingerprint differs from states[0]'s: the states come from "
                     "different runs"
+                )
+            if state.mix_feedback != first.mix_feedback:
+                raise StateMismatchError(
+                    f"states[{r}].mix_feedback differs from states[0]'s: every rank records "
+                    "the same losses (record_loss on every rank, every step)"
                 )
             for entry in state.shards:
                 where = entry.path.removesuffix(".state") + ".id"
@@ -307,6 +361,24 @@ class LoaderState:
         return {sid: entries[sid] for sid in shard_ids}
 
 
+def mix_history_of(state: Any) -> list[tuple[int, list[float]]]:
+    """The weights as applied, ``[(step, weights), ...]``, of a saved state (a
+    ``LoaderState``, a rank's plain or packed state, or a list of them); empty when the
+    run's weights did not follow its losses (``mix_policy`` unset).
+
+    Raises:
+        StateMismatchError: The state does not read (``LoaderState.from_plain``).
+    """
+    if isinstance(state, (list, tuple)):
+        if not state:
+            return []
+        state = state[0]
+    if not isinstance(state, LoaderState):
+        state = LoaderState.from_plain(state)
+    record = state.mix_feedback
+    return [] if record is None else [(step, list(w)) for step, w in record.history]
+
+
 _V3_DECORATION = ("bos", "eos", "strip", "min_length")
 _V3_ORDERS = {
     "random": "fmsdata.stages.documents.RandomWalk",
@@ -330,6 +402,17 @@ def _check_chain_record(fingerprint: Mapping[str, Any], where: str) -> None:
         need_list(stage["path"], join(where, f"stages[{i}].path"))
         need_mapping(stage["settings"], join(where, f"stages[{i}].settings"))
     need_mapping(fingerprint.get(WRITER_KEY), join(where, WRITER_KEY))
+
+
+def _feedback_of_v5(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint saved before version 6 with the mix fields 6 added (``mix_policy``
+    and its parameters) as their defaults: the run had fixed weights or a schedule."""
+    added = {
+        field.name: as_plain(field.default)
+        for field in dataclasses.fields(MixConfig)
+        if field.name in _FEEDBACK_FIELDS
+    }
+    return {**added, **fingerprint}
 
 
 def _writer_of_v4(fingerprint: dict[str, Any], where: str) -> dict[str, Any]:

@@ -67,6 +67,8 @@ class ShardReport:
         datasets: Per dataset name, ``DELIVERY_KEYS`` counts plus the stream's ``epoch``,
             ``pos``, ``size`` and ``skipped`` (as the document source reports them).
         counts: Per stage name (``Type at path``), the counts it reports.
+        ratios: Per stage name, the ratios of its counts it asks to be shown: ``{name:
+            (numerator, denominator)}``, names of its counts.
         unknown: Stages of a type this process has not imported (not subtracted).
     """
 
@@ -82,6 +84,7 @@ class ShardReport:
             for name in names
         }
         self.counts: dict[str, dict[str, int]] = {}
+        self.ratios: dict[str, dict[str, tuple[str, str]]] = {}
         self.unknown: list[str] = []
 
 
@@ -113,6 +116,10 @@ def shard_report(
                 out.datasets[name].update({k: int(v) for k, v in taken.items()})
         if report.get("counts"):
             out.counts[stage.label] = {str(k): int(v) for k, v in report["counts"].items()}
+        if report.get("ratios"):
+            out.ratios[stage.label] = {
+                str(k): (str(top), str(bottom)) for k, (top, bottom) in report["ratios"].items()
+            }
         for unit in ("tokens", "docs"):
             for ds, n in enumerate(report.get(f"dropped_{unit}") or ()):
                 name = span_datasets[ds] if ds < len(span_datasets) else None

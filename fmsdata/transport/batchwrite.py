@@ -560,7 +560,19 @@ def _not_copying(outcome: int, span: int) -> None:
 
 
 # No pieces to copy: no lines' spans, seven empty span and buffer arrays.
-_NO_COPY = PendingCopy(np.zeros(1, dtype=np.int64), *[_NONE] * 7, _INT32_MAX, [], _not_copying)
+_NO_COPY = PendingCopy(
+    np.zeros(1, dtype=np.int64),
+    _NONE,
+    _NONE,
+    _NONE,
+    _NONE,
+    _NONE,
+    _NONE,
+    _NONE,
+    _INT32_MAX,
+    [],
+    _not_copying,
+)
 
 
 def _fresh(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -18,7 +18,7 @@ import dataclasses
 import pickle
 import traceback
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import numpy as np
 import torch
@@ -51,6 +51,9 @@ class WorkerItem:
             round's last item carries them: ``item_rounds``).
         state_lines: [len(states.shards)] lines each of those shards emitted in the round
             (what ``states`` are past the shard's previous state).
+        mix_pieces: With a feedback mix (``mix_policy``): ``(lengths, counts, datasets)``,
+            the input pieces of every row (flat), pieces per row, and the dataset of each
+            piece (-1: padding); what ``record_loss`` attributes a loss by.
     """
 
     offsets: np.ndarray
@@ -65,6 +68,7 @@ class WorkerItem:
     samples: dict[str, torch.Tensor] | None
     states: ShardStates
     state_lines: np.ndarray
+    mix_pieces: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 class ShardStates:
@@ -110,7 +114,9 @@ class ShardStates:
         if self._states is None:
             blob = self._blob
             assert blob is not None
-            self._states = pickle.loads(blob.numpy() if isinstance(blob, torch.Tensor) else blob)
+            # A tensor's numpy view is a buffer pickle reads in place (no copy).
+            data = cast(bytes, blob.numpy()) if isinstance(blob, torch.Tensor) else blob
+            self._states = pickle.loads(data)
             self._blob = None
         return self._states[sid]
 

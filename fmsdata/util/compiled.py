@@ -38,6 +38,7 @@ the first function that names it compiles.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -146,6 +147,7 @@ class _Background:
         self.busy = threading.Lock()  # held while compiling; a fork waits for it
         self.thread: threading.Thread | None = None
         self.guard = threading.Lock()
+        self.stopping = False  # the interpreter exits: start no other compile
 
     def submit(self, function: _Compiled, args: tuple[Any, ...]) -> None:
         with self.guard:
@@ -154,14 +156,28 @@ class _Background:
                     target=self._run, name="fmsdata-compile", daemon=True
                 )
                 self.thread.start()
+                atexit.register(self.stop)
         self.jobs.put((function, args))
 
     def _run(self) -> None:
         while True:
             function, args = self.jobs.get()
             with self.busy:
+                if self.stopping:
+                    return
                 function._compile_for(args)
             del function, args  # hold no arrays while waiting
+
+    def stop(self) -> None:
+        """At interpreter exit: let the compile in flight finish and start no other, so no
+        thread is inside LLVM while the process tears its libraries down (a 4-step
+        torchtitan example run once ended in "terminate called without an active
+        exception" on a loaded machine; not reproduced alone, so this is a precaution).
+        The wait is one kernel's compile at most. Forked DataLoader workers leave through
+        ``os._exit``: no teardown there."""
+        self.stopping = True
+        with self.busy:
+            pass
 
     def before_fork(self) -> None:
         self.busy.acquire()

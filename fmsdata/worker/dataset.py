@@ -60,6 +60,8 @@ logger = logging.getLogger(__name__)
 # speed). The pages are the page cache's and reclaimable; the bound only keeps a long run
 # over a large corpus from mapping all it ever read.
 MAPPED_BUDGET = 1 << 30
+# A document id's dataset field (``fmsdata.stages.outputs``: ``dataset << 56 | ...``).
+_DATASET_SHIFT = 56
 
 # A custom preprocess maps one packed line (int64, seq_length + 1 tokens) and its count of
 # non-pad tokens to named arrays of fixed shapes; it replaces the built-in causal-LM shift.
@@ -484,7 +486,9 @@ class RankLineDataset(IterableDataset):
         # Taken after the token-level stages saw the round's lines.
         states = {sid: pipeline.state_dict() for sid, (pipeline, _) in touched.items()}
         segments = segment_counts = segment_ids = None
-        want_ids = config.return_document_ids
+        # A mix that follows the loss attributes it by the dataset of each input token.
+        feedback = config.mix_policy is not None
+        want_ids = config.return_document_ids or feedback
         if config.return_position_ids or config.return_cu_seqlens or want_ids:
             ids = None
             if token_lines is None:  # the pieces are the spans
@@ -506,15 +510,26 @@ class RankLineDataset(IterableDataset):
         if self.preprocess is not None:
             samples = self._run_preprocess(self.preprocess, tokens, content)
         else:
-            fields = token_fields(config.return_position_ids, want_ids)
+            fields = token_fields(config.return_position_ids, config.return_document_ids)
             pieces = None
             if segments is not None and segment_counts is not None and len(fields) > 2:
-                pieces = RowPieces(segments, segment_counts, segment_ids)
+                pieces = RowPieces(
+                    segments, segment_counts, segment_ids if config.return_document_ids else None
+                )
             placed, overflow = write_batches(
                 ring, first, fields, offsets_np, rows_np, tokens, content, pieces, pending,
                 dtype=getattr(torch, config.output_dtype),
                 masked=config.ignore_first_labels,
             )  # fmt: skip
+        mix_pieces = None
+        if (
+            feedback
+            and segments is not None
+            and segment_counts is not None
+            and segment_ids is not None
+        ):
+            datasets = np.where(segment_ids < 0, -1, segment_ids >> _DATASET_SHIFT)
+            mix_pieces = (segments, segment_counts, datasets)
         if not config.return_cu_seqlens:  # the rest of the structure is written already
             segments = segment_counts = segment_ids = None
         segment_ids = None  # the ids are written; cu_seqlens needs the lengths only
@@ -531,6 +546,7 @@ class RankLineDataset(IterableDataset):
             samples=samples,
             states=ShardStates(states),
             state_lines=np.array([n for _, n in touched.values()], dtype=np.int64),
+            mix_pieces=mix_pieces,
         )
 
     @staticmethod

@@ -83,14 +83,14 @@ class LineWriter:
     @classmethod
     def for_config(cls, accesses: Sequence[Any], decoration: Any, config: Any) -> LineWriter:
         """The writer a loader config asks for: its line length, line delimiters, padding
-        (``packing: pad``) and vocabulary."""
+        (``packing: pad`` or ``best_fit``) and vocabulary."""
         return cls(
             accesses,
             decoration,
             config.line_length,
             bol=config.bol_token,
             eol=config.eol_token,
-            pad=config.pad_token if config.packing == "pad" else None,
+            pad=config.lines.line_pad_token,
             vocab_size=config.vocab_size,
         )
 
@@ -104,8 +104,10 @@ class LineWriter:
 
         Raises:
             ShardFormatError: A token does not fit an int32 row, or is outside
-                ``vocab_size``; or the spans name more tokens than their documents or rows
-                hold (the files changed since the spans were made).
+                ``vocab_size``; or a span names tokens past its document's end (the files
+                changed since the spans were made).
+            ConfigError: Lines do not fit a row: packed for another line length (a config
+                change met on resume) or changed by a stage.
         """
         fill, pending = self.lay_out(lines, out)
         pending.copy(out, 0, len(fill))
@@ -149,13 +151,27 @@ class LineWriter:
             first,
             n_copy,
         )
-        if (fill > width).any() or (self.pad is None and (fill != width).any()):
-            raise ShardFormatError(
-                f"lines of {width} tokens came out as {fill.tolist()} tokens: their spans "
-                "name more or fewer tokens than the documents hold now (the files changed "
-                "since the spans were made) or a stage changed the lines' spans"
-            )
+        bad = np.flatnonzero((fill > width) | ((fill != width) if self.pad is None else False))
+        if len(bad):
+            raise self._misfit(fill, width, bad)
         return fill, self._pending(spans, out.reshape(-1), block.offsets, dst, first, n_copy)
+
+    def _misfit(self, fill: np.ndarray, width: int, bad: np.ndarray) -> ConfigError:
+        """The error of lines whose spans do not make a row of ``width`` tokens. Never the
+        files: a line's length is its spans' lengths, and a span that no longer fits its
+        document is refused where it is read or copied (``ShardFormatError``,
+        ``StateMismatchError``). So the lines were packed for another line length (a
+        config change met on resume) or a stage changed them."""
+        line = int(bad[0])
+        return ConfigError(
+            f"lines of {width} tokens came out as {fill.tolist()} tokens (line {line}: "
+            f"{int(fill[line])}): their spans hold another number of tokens than a line of "
+            f"this loader (line_length={self.line_length}, bol={self.bol}, eol={self.eol}): "
+            "lines of a loaded state packed for another line length (a state saved with "
+            "another seq_length loads with allow_changes=['seq_length'], which re-packs its "
+            "lines; another change of the lines' length, bol_token or eol_token, needs a new "
+            "run), or a span-level stage of the chain changed the lines' spans"
+        )
 
     def _pending(
         self,

@@ -33,6 +33,14 @@ SAMPLES = {
     "schedule_interpolation": ("linear", "linear", {}),
     "schedule_resolution": (7, 7, {}),
     "global_batch_size": ("16", 16, {}),
+    "mix_policy": ("odm", "odm", {}),
+    "mix_update_every": ("25", 25, {}),
+    "odm_smoothing": (0.5, 0.5, {}),
+    "odm_exploration": ("0.1", 0.1, {}),
+    "doremi_reference_losses": ("2.5, 3", [2.5, 3.0], {}),
+    "doremi_step_size": (0.5, 0.5, {}),
+    "doremi_smoothing": (0.01, 0.01, {}),
+    "mix_policy_options": ({"rate": 2}, {"rate": 2}, {"mix_policy": "mypolicies:Greedy"}),
     "bos_token": (5, 5, {}),
     "eos_token": (6, 6, {}),
     "strip_tokens": ("0,1", [0, 1], {}),
@@ -44,6 +52,7 @@ SAMPLES = {
     "bol_token": (7, 7, {}),
     "eol_token": (8, 8, {}),
     "shuffle_window": (0, 0, {}),
+    "pack_window": ("64", 64, {}),
     "fim_training": (True, True, {}),
     "psm_rate": (0.25, 0.25, {}),
     "spm_rate": ("0.5", 0.5, {}),
@@ -58,6 +67,7 @@ SAMPLES = {
     "return_position_ids": (True, True, {}),
     "return_cu_seqlens": (True, True, {}),
     "return_document_ids": (True, True, {}),
+    "return_step_digest": (True, True, {}),
     "vocab_size": (1000, 1000, {}),
     "logical_shards": (16, 16, {}),
     "seed": (7, 7, {}),
@@ -78,6 +88,7 @@ SAMPLES = {
     "checkpoint_every": (10, 10, {"checkpoint_dir": "/ck"}),
     "checkpoint_keep": (5, 5, {}),
     "allow_mix_change": (True, True, {}),
+    "allow_changes": (["seq_length"], ["seq_length"], {}),
     "skip_steps": ([[10, 2], ["20", 1]], [[10, 2], [20, 1]], {}),
 }
 
@@ -93,14 +104,22 @@ DEFAULTS_BEFORE_SECTIONS = {
     "remote_retries": 8, "remote_backoff": 0.5, "seq_length": 4096, "batch_size": 8,
     "bos_token": None, "eos_token": None, "bol_token": None, "eol_token": None,
     "strip_tokens": [], "packing": "hard", "pad_token": None, "min_length": 1,
-    "logical_shards": 8, "shuffle_window": 160, "document_order": "random", "seed": 42,
+    "logical_shards": 8, "shuffle_window": 160, "pack_window": 128,
+    "document_order": "random", "seed": 42,
     "num_workers": 1, "prefetch_factor": 2, "pin_memory": False,
     "multiprocessing_context": None, "vocab_size": None, "return_position_ids": False,
-    "return_cu_seqlens": False, "return_document_ids": False, "fim_training": False,
+    "return_cu_seqlens": False, "return_document_ids": False, "return_step_digest": False,
+    "fim_training": False,
     "psm_rate": 0.0, "spm_rate": 0.0, "fim_pre": None, "fim_mid": None, "fim_suf": None,
     "fim_min_length": 2, "batch_format": "dict", "output_dtype": "int64",
     "ignore_first_labels": 0, "open_files": None, "worker_timeout": 600.0, "checkpoint_dir": None,
     "checkpoint_every": 0, "checkpoint_keep": 2,
+    "allow_changes": [],  # added since: a default that changes no fingerprint
+    # Added with the mix that follows the loss (state version 6 fills them in older
+    # fingerprints: fmsdata.state.format._feedback_of_v5).
+    "mix_policy": None, "mix_update_every": 100, "odm_smoothing": 0.9,
+    "odm_exploration": None, "doremi_reference_losses": None, "doremi_step_size": 1.0,
+    "doremi_smoothing": 0.001, "mix_policy_options": None,
 }  # fmt: skip
 
 
@@ -119,7 +138,7 @@ def sectioned(flat):
 
 def test_the_samples_cover_every_field_once():
     names = LoaderConfig.field_names()
-    assert len(names) == len(set(names)) == len(SAMPLES) == 62
+    assert len(names) == len(set(names)) == len(SAMPLES) == 73
     assert set(names) == set(SAMPLES) == set(DEFAULTS_BEFORE_SECTIONS)
 
 
@@ -290,9 +309,25 @@ def test_the_sections_and_fields_are_those_documented():
             "schedule_interpolation",
             "schedule_resolution",
             "global_batch_size",
+            "mix_policy",
+            "mix_update_every",
+            "odm_smoothing",
+            "odm_exploration",
+            "doremi_reference_losses",
+            "doremi_step_size",
+            "doremi_smoothing",
+            "mix_policy_options",
         ),
         "documents": ("bos_token", "eos_token", "strip_tokens", "min_length", "document_order"),
-        "lines": ("seq_length", "packing", "pad_token", "bol_token", "eol_token", "shuffle_window"),
+        "lines": (
+            "seq_length",
+            "packing",
+            "pad_token",
+            "bol_token",
+            "eol_token",
+            "shuffle_window",
+            "pack_window",
+        ),
         "fim": (
             "fim_training",
             "psm_rate",
@@ -310,6 +345,7 @@ def test_the_sections_and_fields_are_those_documented():
             "return_position_ids",
             "return_cu_seqlens",
             "return_document_ids",
+            "return_step_digest",
             "vocab_size",
         ),
         "shards": ("logical_shards", "seed"),
@@ -331,7 +367,7 @@ def test_the_sections_and_fields_are_those_documented():
             "remote_backoff",
         ),
         "checkpoint": ("checkpoint_dir", "checkpoint_every", "checkpoint_keep"),
-        "steering": ("allow_mix_change", "skip_steps"),
+        "steering": ("allow_mix_change", "allow_changes", "skip_steps"),
     }
 
 
@@ -346,6 +382,14 @@ def test_fingerprint_groups_are_those_of_before_the_sections():
         "schedule_interpolation",
         "schedule_resolution",
         "global_batch_size",
+        "mix_policy",
+        "mix_update_every",
+        "odm_smoothing",
+        "odm_exploration",
+        "doremi_reference_losses",
+        "doremi_step_size",
+        "doremi_smoothing",
+        "mix_policy_options",
     )
     assert fingerprint._SHARD_FIELDS == ("logical_shards", "seed")
     assert set(fingerprint.LINE_FIELDS) == {
@@ -359,6 +403,7 @@ def test_fingerprint_groups_are_those_of_before_the_sections():
         "min_length",
         "packing",
         "shuffle_window",
+        "pack_window",
         "document_order",
         "fim_training",
         "psm_rate",
@@ -368,4 +413,4 @@ def test_fingerprint_groups_are_those_of_before_the_sections():
         "fim_suf",
         "fim_min_length",
     }
-    assert len(fingerprint.LINE_FIELDS) == 18
+    assert len(fingerprint.LINE_FIELDS) == 19

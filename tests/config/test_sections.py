@@ -73,8 +73,18 @@ def test_sections_are_frozen_keyword_only_dataclasses(name):
         (DocumentsConfig, {"min_length": -1}, "min_length must be a non-negative integer"),
         (DocumentsConfig, {"document_order": "x"}, r"document_order must be one of \("),
         (LinesConfig, {"seq_length": 0}, "seq_length must be a positive integer, got 0"),
-        (LinesConfig, {"packing": "tight"}, r"packing must be one of \('hard', 'pad'\)"),
+        (
+            LinesConfig,
+            {"packing": "tight"},
+            r"packing must be one of \('hard', 'pad', 'best_fit'\)",
+        ),
         (LinesConfig, {"packing": "pad"}, "packing='pad' needs pad_token, got pad_token=None"),
+        (
+            LinesConfig,
+            {"packing": "best_fit"},
+            "packing='best_fit' needs pad_token, got pad_token=None",
+        ),
+        (LinesConfig, {"pack_window": 0}, "pack_window must be a positive integer, got 0"),
         (LinesConfig, {"seq_length": 1, "bol_token": 1, "eol_token": 2}, "leaves no room"),
         (LinesConfig, {"shuffle_window": -1}, "shuffle_window must be a non-negative integer"),
         (FimConfig, {"psm_rate": 1.5}, r"psm_rate must be a probability in \[0, 1\], got 1.5"),
@@ -166,7 +176,8 @@ def test_enum_fields_are_literals_and_their_constants_agree():
     }
     for (cls, field), allowed in hints.items():
         assert typing.get_args(typing.get_type_hints(cls)[field]) == allowed
-    assert PACKING_MODES == ("hard", "pad") and DOCUMENT_ORDERS == ("random", "sequential")
+    assert PACKING_MODES == ("hard", "pad", "best_fit")
+    assert DOCUMENT_ORDERS == ("random", "sequential")
     assert BATCH_FORMATS == ("dict", "tuple") and OUTPUT_DTYPES == ("int64", "int32")
     mix = typing.get_type_hints(MixConfig)
     assert typing.get_args(mix["schedule_unit"]) == ("tokens", "steps")

@@ -43,7 +43,10 @@ CHAINS = {"filter": filtered, "transform": transformed}
 def builders(config, stages, n_shards):
     loader = build_dataloader(config, stages=stages)
     context = loader.dataset.shard_context(n_shards)
-    writer = LineWriter(context.accesses, context.recipe.decoration, config["seq_length"] + 1)
+    pad = config.get("pad_token") if config.get("packing", "hard") != "hard" else None
+    writer = LineWriter(
+        context.accesses, context.recipe.decoration, config["seq_length"] + 1, pad=pad
+    )
 
     def build(sid=0):
         return TokenLines(stages(Shard(sid, context.recipe, context.accesses)), writer)
@@ -57,10 +60,11 @@ def builders(config, stages, n_shards):
     seed=st.integers(0, 3),
     points=st.lists(st.integers(0, 19), min_size=1, max_size=2),
     world=st.sampled_from([(4, 2), (2, 4), (1, 4)]),
+    packing=st.sampled_from(["hard", "best_fit"]),
 )
-def test_filters_resume_and_rescale_through_the_checker(chain, seed, points, world):
+def test_filters_resume_and_rescale_through_the_checker(chain, seed, points, world, packing):
     info = corpus(scratch_dir(), {"a": 2, "b": 2}, docs_per_file=12, mean_length=30)
-    config = base_config(info, seed=seed)
+    config = base_config(info, seed=seed, packing=packing, pad_token=PAD, pack_window=5)
     build, close = builders(config, CHAINS[chain], 4)
     try:
         check_stage_resume(build, 20, points)
@@ -69,11 +73,18 @@ def test_filters_resume_and_rescale_through_the_checker(chain, seed, points, wor
         close()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_the_filter_drops_exactly_the_documents_the_predicate_rejects(tmp_path, workers):
-    info = corpus(tmp_path, {"a": 2, "b": 2}, docs_per_file=12, mean_length=30)
+@pytest.mark.parametrize(("workers", "packing"), [(0, "pad"), (2, "pad"), (0, "best_fit")])
+def test_the_filter_drops_exactly_the_documents_the_predicate_rejects(tmp_path, workers, packing):
+    # Enough documents that no line holds one document twice (from two epochs): the
+    # reference names a line's pieces by their document ids.
+    info = corpus(tmp_path, {"a": 2, "b": 2}, docs_per_file=40, mean_length=30)
     config = base_config(
-        info, packing="pad", pad_token=PAD, num_workers=workers, return_document_ids=True
+        info,
+        packing=packing,
+        pad_token=PAD,
+        pack_window=6,
+        num_workers=workers,
+        return_document_ids=True,
     )
     plain = take(build_dataloader(config), 10)
     loader = build_dataloader(config, stages=filtered)

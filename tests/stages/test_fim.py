@@ -27,8 +27,9 @@ def builders(config, n_shards):
     loader = build_dataloader(config)
     context = loader.dataset.shard_context(n_shards)
     cfg = LoaderConfig(**config)
-    pad = cfg.pad_token if cfg.packing == "pad" else None
-    writer = LineWriter(context.accesses, context.recipe.decoration, cfg.line_length, pad=pad)
+    writer = LineWriter(
+        context.accesses, context.recipe.decoration, cfg.line_length, pad=cfg.lines.line_pad_token
+    )
 
     def build(sid=0):
         return TokenLines(default_stages(Shard(sid, context.recipe, context.accesses)), writer)
@@ -42,10 +43,19 @@ def builders(config, n_shards):
     seed=st.integers(0, 3),
     points=st.lists(st.integers(0, 19), min_size=1, max_size=2),
     world=st.sampled_from([(4, 2), (2, 4), (1, 4)]),
+    packing=st.sampled_from(["hard", "best_fit"]),
 )
-def test_fim_resumes_and_rescales_through_the_checker(psm, seed, points, world):
+def test_fim_resumes_and_rescales_through_the_checker(psm, seed, points, world, packing):
     info = corpus(scratch_dir(), {"a": 2, "b": 2}, docs_per_file=12, mean_length=30)
-    config = fim_config(info, psm_rate=psm, spm_rate=1.0 - psm, seed=seed)
+    config = fim_config(
+        info,
+        psm_rate=psm,
+        spm_rate=1.0 - psm,
+        seed=seed,
+        packing=packing,
+        pad_token=PAD,
+        pack_window=5,
+    )
     build, close = builders(config, 4)
     try:
         check_stage_resume(build, 20, points)
@@ -73,10 +83,10 @@ def decode(piece):
     return [t for t in piece if t not in (PRE, MID, SUF)]  # cut off by the line's end
 
 
-@pytest.mark.parametrize("packing", ["hard", "pad"])
+@pytest.mark.parametrize("packing", ["hard", "pad", "best_fit"])
 def test_fim_lines_decode_to_the_documents_as_written(tmp_path, packing):
     info = corpus(tmp_path, {"a": 2, "b": 1}, docs_per_file=16, mean_length=30)
-    extra = {"packing": "pad", "pad_token": PAD} if packing == "pad" else {}
+    extra = {"packing": packing, "pad_token": PAD, "pack_window": 7} if packing != "hard" else {}
     config = fim_config(
         info,
         return_document_ids=True,
@@ -117,7 +127,9 @@ def test_fim_lines_decode_to_the_documents_as_written(tmp_path, packing):
                 if k == content[-1] and len(row) == config["seq_length"] + 1:
                     # The line's last piece may have lost its end (overflow, or the split).
                     assert len(set(body)) == len(body) and set(body) <= set(document)
-                elif k == content[0]:
+                elif k == content[0] or packing == "best_fit":
+                    # The rest of a split document: the first piece of a line, or with
+                    # best_fit the rest of a document longer than a line, anywhere.
                     assert body == document[len(document) - len(body) :], piece
                 else:
                     assert body == document, piece  # a whole document, back in order

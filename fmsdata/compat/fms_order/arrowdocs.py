@@ -92,9 +92,9 @@ class ArrowDocs:
         """Document ``index`` of file ``fid`` as an integer array (a view), edges stripped."""
         f = self._file(fid)
         block = index // _BLOCK
-        located = f.blocks.get(block, False)
-        if located is False:
-            located = f.blocks[block] = self._locate(f, block)
+        if block not in f.blocks:
+            f.blocks[block] = self._locate(f, block)
+        located = f.blocks[block]
         if located is None:
             return self._get_slow(f, index)
         starts, ends = located

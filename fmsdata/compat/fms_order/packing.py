@@ -37,7 +37,7 @@ class Packer:
     def next_line(self) -> list[Segment]:
         length = self.length
         buffer, size = list(self.buffer), self.size
-        new: list[Segment] | None = []
+        new: list[Segment] = []
         new_size = 0
         while size + new_size < length:
             buffer += new
@@ -49,7 +49,7 @@ class Packer:
         if size < length:
             buffer += new
             size += new_size
-            new, new_size = None, 0
+            new, new_size = [], 0
         out, rest = self.tokens.split(buffer, length)
         rest_size = size - length
         if self.eol is not None and self.tokens.last(out) != self.eol:

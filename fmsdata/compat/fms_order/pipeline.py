@@ -257,7 +257,7 @@ class FmsOrderDataset(IterableDataset):
             for s, path in zip(states, paths, strict=True)
         ]
         lines = reshard(buffers, n_files, p, world, folder)
-        merged = {
+        merged: dict[str, Any] = {
             "preload": {
                 "g_state": None,
                 "buffer": chain.tokens.encode(lines) if kind == "own" else lines,

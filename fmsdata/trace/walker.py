@@ -1,0 +1,235 @@
+"""Global steps at span level: every rank's rows dealt as the loader deals them, and each
+logical shard's lines pulled from its own chain, with no token read.
+
+The loader of rank ``r`` of ``W`` owns the logical shards ``owned_shards(r, W, L)`` and
+deals each batch's rows to them with ``RowDealer`` (fewest lines emitted first, lowest
+index on ties; a pure function of the lines each shard has emitted), whatever its workers
+(``fmsdata.worker.dataset``); a row gets the next line of its shard, rows in order.
+A skip deals the skipped steps the same way and drops their lines
+(``FmsDataLoader.skip``). So a global step's rows are the next lines of the shards its
+deal names, and a walk needs only the shards it follows: each is built by the loader's
+own stage factory, loaded from the origin's state and replayed at span level
+(``fmsdata.worker.chain``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Iterator
+
+import numpy as np
+
+from fmsdata.loader.dataloader import due_skips
+from fmsdata.stages.lineblock import LineBlock
+from fmsdata.trace.origin import Origin
+from fmsdata.trace.rows import LineTracer
+from fmsdata.worker.chain import ShardPipeline
+from fmsdata.worker.dataset import ShardContext
+from fmsdata.worker.topology import RowDealer, owned_shards
+
+__all__ = ["StepDeal", "StepWalker", "deal_counts"]
+
+_CHUNK = 4096  # lines pulled at a time when lines are passed over
+
+
+@dataclasses.dataclass(frozen=True)
+class StepDeal:
+    """One global step's deal.
+
+    Attributes:
+        step: The step (the run's ``loader.steps`` after it).
+        shards: Per rank, the logical shard of each row (None: a rank not followed).
+        skipped: The skip ``(at, n)`` that passed over this step (its rows were consumed,
+            not delivered), or None.
+    """
+
+    step: int
+    shards: list[list[int] | None]
+    skipped: tuple[int, int] | None
+
+
+class StepWalker:
+    """Walks a run's global steps from an origin, following some logical shards.
+
+    Args:
+        origin: Where the run starts (``fmsdata.trace.origin``).
+        follow: The logical shards whose lines are pulled (default: all); only the
+            ranks owning one are dealt.
+    """
+
+    def __init__(self, origin: Origin, follow: Collection[int] | None = None):
+        self.origin = origin
+        n_shards = origin.config.logical_shards
+        self.world_size = origin.world_size
+        self.follow = set(range(n_shards)) if follow is None else set(follow)
+        self.ranks = [
+            list(owned_shards(r, self.world_size, n_shards)) for r in range(self.world_size)
+        ]
+        emitted = list(origin.start.emitted or [0] * n_shards)
+        self._dealers = [
+            RowDealer([emitted[s] for s in shards]) if self.follow & set(shards) else None
+            for shards in self.ranks
+        ]
+        self.steps = origin.steps
+        self._recorded = [list(skip) for skip in origin.skips]
+        self._next_line = dict(enumerate(emitted))
+        self._pipelines: dict[int, ShardPipeline] = {}
+        self._context: ShardContext | None = None
+        self._deals = self._deal_steps()
+
+    # -- the deal ----------------------------------------------------------------------
+
+    def next_deal(self) -> StepDeal:
+        """The deal of the next global step (its lines not pulled)."""
+        return next(self._deals)
+
+    def _deal_steps(self) -> Iterator[StepDeal]:
+        """Each global step from the origin on, skipped ones included, in order."""
+        while True:
+            for n in due_skips(self.origin.skip_steps, self.steps, self._recorded):
+                skip = (self.steps, n)
+                self._recorded.append([self.steps, n])
+                for _ in range(n):
+                    self.steps += 1
+                    yield StepDeal(self.steps, self._deal(), skip)
+            self.steps += 1
+            yield StepDeal(self.steps, self._deal(), None)
+
+    def _deal(self) -> list[list[int] | None]:
+        batch_size = self.origin.batch_size
+        return [
+            None if dealer is None else [shards[i] for i in dealer.deal(batch_size)]
+            for dealer, shards in zip(self._dealers, self.ranks)
+        ]
+
+    # -- the lines ---------------------------------------------------------------------
+
+    def next_line(self, shard: int) -> int:
+        """The index in its shard of the next line ``shard`` gives (lines from the run's
+        start)."""
+        return self._next_line[shard]
+
+    def ahead(self, shard: int, line: int) -> int:
+        """Lines between the shard's loaded state (its token stages' state) and ``line``."""
+        state = self.origin.start.states.get(shard)
+        return line - (int(state["emitted"]) if state is not None else 0)
+
+    def pipeline(self, shard: int) -> ShardPipeline:
+        """The shard's chain, opened at the origin on first use."""
+        pipeline = self._pipelines.get(shard)
+        if pipeline is None:
+            if shard not in self.follow:
+                raise ValueError(f"logical shard {shard} is not followed")
+            start = self.origin.start
+            pipeline = self.context().open(
+                shard,
+                self.origin.dataset.stages,
+                state=start.states.get(shard),
+                where=start.paths.get(shard, ""),
+            )
+            self._pipelines[shard] = pipeline
+            self._pass(pipeline, start.advance.get(shard, 0))
+        return pipeline
+
+    def take(self, shard: int, n: int) -> LineBlock:
+        """The shard's next ``n`` lines."""
+        lines = self.pipeline(shard).take_lines(n)
+        self._next_line[shard] += n
+        return lines
+
+    def pass_over(self, counts: dict[int, int]) -> None:
+        """Pull and drop ``counts[shard]`` lines of each followed shard (the others are
+        not pulled)."""
+        for shard, n in sorted(counts.items()):
+            if n and shard in self.follow:
+                self._pass(self.pipeline(shard), n)
+                self._next_line[shard] += n
+
+    @staticmethod
+    def _pass(pipeline: ShardPipeline, n: int) -> None:
+        for done in range(0, n, _CHUNK):
+            pipeline.take_lines(min(_CHUNK, n - done))
+
+    def walk_to(self, step: int) -> StepDeal:
+        """Pass over every step before ``step`` (their lines pulled and dropped); return
+        the deal of ``step`` (its lines not pulled yet).
+
+        Raises:
+            ValueError: ``step`` is not after the origin.
+        """
+        if step <= self.steps:
+            raise ValueError(f"step {step} is not after {self.origin.label} (step {self.steps})")
+        counts: list[list[int]] = []
+        while True:
+            deal = self.next_deal()
+            if deal.step == step:
+                self.pass_over(_count(counts))
+                return deal
+            counts.extend(shards for shards in deal.shards if shards is not None)
+            if len(counts) >= _CHUNK:
+                self.pass_over(_count(counts))
+                counts = []
+
+    def pass_through(self, step: int) -> None:
+        """Pass over every step up to ``step``, itself included (nothing when the walk is
+        there already)."""
+        if step > self.steps:
+            self.pass_over(deal_counts(self.walk_to(step)))
+
+    def state_of(self, shard: int) -> dict:
+        """The shard's span-level state here (its token stages left out: the walk does not
+        run them), in a form that depends only on what it holds: saved, loaded into a fresh
+        chain that measures what it restores, and saved again. (A resumed chain holds
+        spans whose document facts it has not measured, and saves their lengths where an
+        unbroken one leaves them to the document's end.)"""
+        fresh = self.context().open(
+            shard, self.origin.dataset.stages, state=self.pipeline(shard).state_dict()
+        )
+        return {"emitted": fresh.emitted, "stages": fresh.lines.state_dict()}
+
+    # -- set-up ------------------------------------------------------------------------
+
+    def context(self) -> ShardContext:
+        if self._context is None:
+            self._context = self.origin.dataset.shard_context(len(self.follow))
+        return self._context
+
+    def close(self) -> None:
+        if self._context is not None:
+            self._context.close()
+            self._context = None
+        self._pipelines.clear()
+
+    def __enter__(self) -> StepWalker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _count(rows: list[list[int]]) -> dict[int, int]:
+    """Lines per shard of the rows of some deals."""
+    if not rows:
+        return {}
+    flat = np.concatenate([np.asarray(r, dtype=np.int64) for r in rows])
+    counts = np.bincount(flat)
+    return {int(s): int(c) for s, c in enumerate(counts) if c}
+
+
+def deal_counts(deal: StepDeal) -> dict[int, int]:
+    """Lines per shard of one step's deal."""
+    return _count([shards for shards in deal.shards if shards is not None])
+
+
+def line_tracer(walker: StepWalker) -> LineTracer:
+    """How the walk's rows are told: the config's line layout over the walk's data."""
+    config = walker.origin.config
+    context = walker.context()
+    return LineTracer(
+        context.accesses,
+        context.recipe.decoration,
+        config.line_length,
+        config.bol_token,
+        config.eol_token,
+        config.lines.line_pad_token,
+    )
