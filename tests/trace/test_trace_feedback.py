@@ -7,13 +7,18 @@ The runs report a synthetic loss (each token's dataset's constant, ``a`` the har
 one), so the weights move at every update; the trace is compared with the tokens the
 loaders delivered (tokens encode their origin, ``tracecheck``)."""
 
+import json
+
 import numpy as np
 import pytest
+import yaml
 from feedback_ranks import synthetic_loss
 from support import base_config, corpus, roundtrip
 from tracecheck import assert_step_delivered, deliveries
 
 from fmsdata import ConfigError, build_dataloader
+from fmsdata.checkpoint import save_loader_state
+from fmsdata.cli.main import main
 from fmsdata.loader import feedback
 from fmsdata.state.format import mix_history_of
 from fmsdata.trace import Tracer
@@ -43,9 +48,10 @@ def feedback_config(info, **extra):
     )
 
 
-def feedback_run(info, config, world_size, saved_at=SAVED_AT):
+def feedback_run(info, config, world_size, saved_at=SAVED_AT, folder=None):
     """Every rank's batches of a run reporting the synthetic loss (per step: every
-    rank's), every rank's state after ``saved_at`` steps, and the mix history.
+    rank's), every rank's state after ``saved_at`` steps (also saved into ``folder`` when
+    given), and the mix history.
 
     The ranks run in this process in lockstep; what ``torch.distributed`` would sum over
     them (``fmsdata.loader.feedback.all_ranks``) is summed here, rank by rank, from each
@@ -66,6 +72,8 @@ def feedback_run(info, config, world_size, saved_at=SAVED_AT):
             delivered.append(batches)
             if loaders[0].steps == saved_at:
                 states = [roundtrip(loader.snapshot()) for loader in loaders]
+                for loader in loaders if folder is not None else ():
+                    save_loader_state(loader, folder)
     histories = [loader.mix_history for loader in loaders]
     assert all(h == histories[0] for h in histories), histories
     return delivered, states, histories[0]
@@ -177,6 +185,26 @@ def test_a_checkpoint_taken_at_an_update(info):
     assert tracer.known_until == 4 * EVERY
     for trace in tracer.steps(range(2 * EVERY, 4 * EVERY + 1)):
         assert_step_delivered(trace.to_plain(), delivered[trace.step - 1], info)
+
+
+def test_the_command_line_with_workers(info, tmp_path, capsys):
+    """``fmsdata trace --checkpoint`` over a run whose two ranks had two workers each:
+    steps around the updates told as delivered, a step past the next update refused."""
+    config = feedback_config(info, num_workers=2)
+    delivered, _, _ = feedback_run(info, config, 2, folder=tmp_path / "ckpt")
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    argv = ["trace", "--config", str(path), "--checkpoint", str(tmp_path / "ckpt")]
+    for step in (2, 5, 8, SAVED_AT, SAVED_AT + EVERY - 1):
+        code = main([*argv, "--step", str(step), "--json"])
+        out = capsys.readouterr().out
+        assert code == 0
+        assert_step_delivered(json.loads(out), delivered[step - 1], info)
+    code = main([*argv, "--step", str(SAVED_AT + EVERY)])
+    captured = capsys.readouterr()
+    assert code != 0
+    message = captured.err + captured.out
+    assert f"after step {SAVED_AT + EVERY - 1}" in message and "later checkpoint" in message
 
 
 def documents_in(steps, info):
