@@ -12,7 +12,10 @@ config's mix as a resume applies it, the config's ``skip_steps``). Steps up to i
 from the start of the run as the checkpoint records it (its mix, world size and skips),
 and that replay is checked: it must reach the checkpoint's state in every logical shard it
 followed, or the trace says these steps cannot be told from this checkpoint, and how to
-tell them.
+tell them. A run whose weights followed its loss (``mix_policy``) is replayed with the
+weights it recorded, each change applied at its step (``fmsdata.trace.walker``); after the
+checkpoint, only the steps before the policy's next possible update can be told
+(``Tracer.known_until``).
 """
 
 from __future__ import annotations

@@ -207,6 +207,29 @@ def test_the_command_line_with_workers(info, tmp_path, capsys):
     assert f"after step {SAVED_AT + EVERY - 1}" in message and "later checkpoint" in message
 
 
+def test_a_token_stage_across_the_updates(info):
+    """Fill-in-the-middle (a token stage the trace follows) on one rank: each step's
+    tokens across the updates as delivered."""
+    fim = dict(fim_training=True, psm_rate=0.4, spm_rate=0.4, fim_pre=8, fim_mid=9, fim_suf=10)
+    config = feedback_config(info, **fim)
+    ranges = [list(r) for r in info.ranges.values()]
+    loader = build_dataloader(config, rank=0, world_size=1)
+    delivered, states = [], []
+    for batch in loader:
+        delivered.append(batch)
+        loader.record_loss(batch, synthetic_loss(batch["input_ids"], ranges, LOSSES))
+        if loader.steps == SAVED_AT:
+            states = [roundtrip(loader.snapshot())]
+        if loader.steps == STEPS:
+            break
+    tracer = Tracer(config, checkpoint=states)
+    for step in range(1, SAVED_AT + EVERY):
+        (told,) = tracer.batch(step)
+        for field in ("input_ids", "labels"):
+            got = np.asarray(told[field], dtype=np.int64)
+            assert np.array_equal(got, delivered[step - 1][field].numpy()), (step, field)
+
+
 def documents_in(steps, info):
     """Every (path, doc) whose tokens some of ``steps``' batches hold."""
     values = np.unique(
