@@ -469,6 +469,18 @@ class FmsDataLoader(DataLoader):
         record = self._feedback.record if self._feedback is not None else self._kept_mix
         return [] if record is None else [(step, list(w)) for step, w in record.history]
 
+    @property
+    def mix_update_due(self) -> int | None:
+        """The last step whose batch is drawn with the weights in force now, whatever the
+        losses still to come: the policy's next update (after ``mix_update_every``
+        recorded steps, those of the current interval counted) applies from the batch
+        after it at the earliest. None without ``mix_policy`` (the weights stay)."""
+        self._prepare()
+        if self._feedback is None:
+            return None
+        record = self._feedback.record
+        return self._consumed.steps + record.setup["mix_update_every"] - record.records
+
     def _use_weights(self, weights: list[float]) -> None:
         """Draw with ``weights`` from the next chain built (the fingerprint records them)."""
         dataset: RankLineDataset = self.dataset  # type: ignore[assignment]

@@ -141,6 +141,8 @@ class ToldRun(Protocol):
 
     def check_reaches(self, walker: StepWalker) -> None: ...
 
+    def check_known(self, step: int) -> None: ...
+
 
 def trace_document(
     tracer: ToldRun, dataset: str, file: str | int, doc: int, until: int | None = None
@@ -149,7 +151,9 @@ def trace_document(
     document's tokens were delivered, with rank, row and the pieces' token ranges.
 
     Raises:
-        ConfigError: No such document, or no ``until`` without a checkpoint.
+        ConfigError: No such document, no ``until`` without a checkpoint, or an
+            ``until`` past what the checkpoint knows of a mix that follows the loss
+            (``Tracer.check_known``).
         StateMismatchError: Steps before the checkpoint that it cannot tell.
     """
     last = tracer.checkpoint_step
@@ -166,6 +170,7 @@ def trace_document(
     checked = path = None
     parts = [("before", min(until, last))] if last is not None else []
     if last is None or until > last:
+        tracer.check_known(until)
         parts.append(("after", until))
     for which, end in parts:
         origin = tracer.origin(which)
@@ -216,6 +221,11 @@ def _scan(walker: StepWalker, until: int, key: tuple[int, int, int], found: _Fou
     slots: dict[int, list[tuple[int, int, int, Any]]] = {s: [] for s in walker.follow}
     pending = 0
     while walker.steps < until:
+        if walker.change_due(walker.steps):  # the run's weights changed here
+            _pull(walker, slots, key, tracer, found)
+            pending = 0
+            walker.apply_changes(walker.steps)
+            tracer = line_tracer(walker)
         deal = walker.next_deal()
         for rank, shards in enumerate(deal.shards):
             for row, shard in enumerate(shards or ()):

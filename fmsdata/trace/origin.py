@@ -22,7 +22,7 @@ from fmsdata.loader.build import open_loader
 from fmsdata.loader.dataloader import FmsDataLoader
 from fmsdata.stages.shard import StageFactory
 from fmsdata.state.fingerprint import MIX_FIELDS
-from fmsdata.state.format import LoaderState
+from fmsdata.state.format import LoaderState, mix_history_of
 from fmsdata.worker.dataset import RankLineDataset, Start
 from fmsdata.worker.topology import Topology
 
@@ -44,6 +44,9 @@ class Origin:
             (``fmsdata.loader.dataloader.due_skips``).
         world_size: Ranks the rows are dealt over from here on.
         label: How the output names this position.
+        changes: The weights a closed-loop mix applied after the origin, ``[(step,
+            weights)]``: each from the batch after ``step`` on, the shards' chains carried
+            over there as the loader carried them (``fmsdata.trace.walker``).
     """
 
     loader: FmsDataLoader
@@ -53,6 +56,7 @@ class Origin:
     skip_steps: list[list[int]]
     world_size: int
     label: str
+    changes: list[tuple[int, list[float]]] = dataclasses.field(default_factory=list)
 
     @property
     def dataset(self) -> RankLineDataset:
@@ -148,11 +152,17 @@ def start_before(
     config: LoaderConfig | Any, states: Sequence[Any], stages: StageFactory | None = None
 ) -> Origin:
     """The start of the run that led to a checkpoint, as far as the checkpoint says: its
-    mix (datasets, weights, schedule), its world size and the skips it records. Whether
-    the run really started so (no mix change on an earlier resume, the same data) is
+    mix (datasets, weights, schedule), its world size and the skips it records, and where
+    its weights followed the loss (or changed on a resume), the weights it started with and
+    each change up to the checkpoint (``fmsdata.state.format.mix_history_of``). Whether the
+    run really started so (no other mix change on an earlier resume, the same data) is
     checked by replaying it to the checkpoint (``fmsdata.trace.tracer``)."""
     saved = LoaderState.read(list(states), as_config(config).logical_shards)
-    loader = _loader(saved_mix(config, states), stages)
+    mixed = saved_mix(config, states)
+    history = [(step, w) for step, w in mix_history_of(saved) if step <= saved.steps]
+    if history and history[0][0] <= 0:
+        mixed = mixed.replace(weights=list(history[0][1]))
+    loader = _loader(mixed, stages)
     return Origin(
         loader,
         loader.start_position(),
@@ -161,4 +171,5 @@ def start_before(
         [list(skip) for skip in saved.skips],
         _world_size(loader.config, None, saved.world_size),
         "the run's start (as the checkpoint records it)",
+        [(step, list(w)) for step, w in history if step > 0],
     )

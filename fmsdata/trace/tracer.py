@@ -12,7 +12,10 @@ config's mix as a resume applies it, the config's ``skip_steps``). Steps up to i
 from the start of the run as the checkpoint records it (its mix, world size and skips),
 and that replay is checked: it must reach the checkpoint's state in every logical shard it
 followed, or the trace says these steps cannot be told from this checkpoint, and how to
-tell them.
+tell them. A run whose weights followed its loss (``mix_policy``) is replayed with the
+weights it recorded, each change applied at its step (``fmsdata.trace.walker``); after the
+checkpoint, only the steps before the policy's next possible update can be told
+(``Tracer.known_until``).
 """
 
 from __future__ import annotations
@@ -144,6 +147,33 @@ class Tracer:
             self._origins[which] = made
         return self._origins[which]
 
+    @property
+    def known_until(self) -> int | None:
+        """The last step after the checkpoint (or the run's start) that can be told: where
+        the run's weights follow its training loss, steps after the policy's next
+        update were drawn with weights chosen from losses the checkpoint does not record.
+        None: every step (no ``mix_policy`` after the checkpoint)."""
+        return self.origin("after").loader.mix_update_due
+
+    def check_known(self, step: int) -> None:
+        """Refuse a step drawn with weights the checkpoint cannot know.
+
+        Raises:
+            ConfigError: Naming the step, why and what to give instead.
+        """
+        known = self.known_until
+        if known is None or step <= known:
+            return
+        origin = self.origin("after")
+        policy = origin.config.mix_policy
+        raise ConfigError(
+            f"step {step} cannot be told from {origin.label}: the run's weights follow its "
+            f"training loss (mix_policy {policy!r}) and its next update, after step {known} "
+            f"at the latest, chose the weights of the steps after it from losses "
+            f"{origin.label} does not record; give a later checkpoint (--checkpoint) saved "
+            f"at step {step - 1} or later to trace step {step}"
+        )
+
     def origin_of(self, step: int) -> Origin:
         """Where step ``step`` is told from."""
         if step < 1:
@@ -181,6 +211,7 @@ class Tracer:
                     trace.checked = checked
                     yield trace
         if after:
+            self.check_known(after[-1])
             with StepWalker(self.origin("after")) as walker:
                 for step in after:
                     yield self._trace(walker, step, tokens)

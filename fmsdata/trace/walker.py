@@ -10,6 +10,13 @@ A skip deals the skipped steps the same way and drops their lines
 deal names, and a walk needs only the shards it follows: each is built by the loader's
 own stage factory, loaded from the origin's state and replayed at span level
 (``fmsdata.worker.chain``).
+
+Where the run's weights changed after the origin (a closed-loop mix,
+``Origin.changes``), the walk changes them where the loader did
+(``FmsDataLoader._apply_weights``): once every line of the steps up to the change is
+pulled, each followed shard's chain state is carried over to the new weights by the
+loader's own ``fmsdata.state.remix`` (every share measured afresh) and its chain built
+again from there with them, as the loader's ``fmsdata.loader.resume.settle`` does.
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ from collections.abc import Collection, Iterator
 import numpy as np
 
 from fmsdata.loader.dataloader import due_skips
+from fmsdata.loader.resume import at_seq_length
 from fmsdata.stages.lineblock import LineBlock
+from fmsdata.state.format import ShardEntry
+from fmsdata.state.remix import remix
 from fmsdata.trace.origin import Origin
 from fmsdata.trace.rows import LineTracer
 from fmsdata.worker.chain import ShardPipeline
-from fmsdata.worker.dataset import ShardContext
+from fmsdata.worker.dataset import RankLineDataset, ShardContext
 from fmsdata.worker.topology import RowDealer, owned_shards
 
 __all__ = ["StepDeal", "StepWalker", "deal_counts"]
@@ -76,6 +86,12 @@ class StepWalker:
         self._pipelines: dict[int, ShardPipeline] = {}
         self._context: ShardContext | None = None
         self._deals = self._deal_steps()
+        # The run's chains from the origin on: the origin's, then each weight change's.
+        self.dataset: RankLineDataset = origin.dataset
+        self._changes = sorted(
+            ((step, list(w)) for step, w in origin.changes if step >= self.steps),
+            key=lambda change: change[0],
+        )
 
     # -- the deal ----------------------------------------------------------------------
 
@@ -120,16 +136,54 @@ class StepWalker:
         if pipeline is None:
             if shard not in self.follow:
                 raise ValueError(f"logical shard {shard} is not followed")
+            if self.dataset is not self.origin.dataset:
+                raise AssertionError("every followed shard is open once the weights change")
             start = self.origin.start
             pipeline = self.context().open(
                 shard,
-                self.origin.dataset.stages,
+                self.dataset.stages,
                 state=start.states.get(shard),
                 where=start.paths.get(shard, ""),
             )
             self._pipelines[shard] = pipeline
             self._pass(pipeline, start.advance.get(shard, 0))
         return pipeline
+
+    # -- weight changes ------------------------------------------------------------------
+
+    def change_due(self, through: int) -> bool:
+        """Whether the run changed its weights after some step up to ``through``, and the
+        walk has not yet."""
+        return bool(self._changes) and self._changes[0][0] <= through
+
+    def apply_changes(self, through: int) -> None:
+        """Change the weights as the run did after each step up to ``through`` (every line
+        of those steps must be pulled): each followed shard's chain state carried over to
+        the new weights (``fmsdata.state.remix``, every share measured afresh), its chain
+        built again from there."""
+        while self.change_due(through):
+            step, weights = self._changes.pop(0)
+            self._change_weights(step, weights)
+
+    def _change_weights(self, step: int, weights: list[float]) -> None:
+        old = self.dataset
+        shards = sorted(self.follow)
+        entries = {s: ShardEntry(s, self.pipeline(s).state_dict()) for s in shards}
+        names = list(old.mix_names)
+        new = at_seq_length(old, None, datasets=names, weights=list(weights))
+        space = [d.name for d in old.catalog().datasets]  # the saved spans' numbering
+        recorded = [dict(stage) for stage in old.layout()[0]]
+        carried, space = remix(entries, recorded, new.mix_names, space, rebase=True)
+        new.drain(space[len(new.mix_names) :])
+        if self._context is not None:
+            self._context.close()
+            self._context = None
+        self._pipelines.clear()
+        self.dataset = new
+        context = self.context()
+        for s in shards:
+            where = f"logical shard {s} carried over to the weights of step {step + 1}"
+            self._pipelines[s] = context.open(s, new.stages, state=carried[s].state, where=where)
 
     def take(self, shard: int, n: int) -> LineBlock:
         """The shard's next ``n`` lines."""
@@ -162,6 +216,10 @@ class StepWalker:
         counts: list[list[int]] = []
         while True:
             deal = self.next_deal()
+            if self.change_due(deal.step - 1):
+                self.pass_over(_count(counts))
+                counts = []
+                self.apply_changes(deal.step - 1)
             if deal.step == step:
                 self.pass_over(_count(counts))
                 return deal
@@ -172,9 +230,10 @@ class StepWalker:
 
     def pass_through(self, step: int) -> None:
         """Pass over every step up to ``step``, itself included (nothing when the walk is
-        there already)."""
+        there already), and change the weights where the run changed them after it."""
         if step > self.steps:
             self.pass_over(deal_counts(self.walk_to(step)))
+        self.apply_changes(step)
 
     def state_of(self, shard: int) -> dict:
         """The shard's span-level state here (its token stages left out: the walk does not
@@ -183,7 +242,7 @@ class StepWalker:
         spans whose document facts it has not measured, and saves their lengths where an
         unbroken one leaves them to the document's end.)"""
         fresh = self.context().open(
-            shard, self.origin.dataset.stages, state=self.pipeline(shard).state_dict()
+            shard, self.dataset.stages, state=self.pipeline(shard).state_dict()
         )
         return {"emitted": fresh.emitted, "stages": fresh.lines.state_dict()}
 
@@ -191,7 +250,7 @@ class StepWalker:
 
     def context(self) -> ShardContext:
         if self._context is None:
-            self._context = self.origin.dataset.shard_context(len(self.follow))
+            self._context = self.dataset.shard_context(len(self.follow))
         return self._context
 
     def close(self) -> None:
