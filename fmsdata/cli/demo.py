@@ -181,7 +181,10 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"4. streamed {len(batches)} batches of {tuple(batches[0]['input_ids'].shape)} with "
         f"{args.workers} worker(s): first after {first * 1e3:.0f} ms, then "
-        f"{tokens / elapsed / 1e6:.1f} M tokens/s"
+        f"{tokens / elapsed / 1e6:.1f} M tokens/s\n"
+        "   (on a machine that never ran fmsdata, its kernels compile in the background "
+        "meanwhile and these batches are made in Python: `fmsdata bench` times the steady "
+        "state, `fmsdata warm` compiles ahead)"
     )
     # Decoded with the tokenizer tokenize bundled into the root, as any reader of it can.
     with open(os.path.join(root, "metadata.json"), encoding="utf-8") as handle:
