@@ -234,7 +234,7 @@ def argv_with(command, parser, target, value):
     return argv
 
 
-@pytest.mark.parametrize("command, action", path_arguments())
+@pytest.mark.parametrize("command, action", list(path_arguments()))
 def test_each_path_argument_takes_a_url_only_where_it_can(command, action, capsys):
     parser = dict(commands())[command]
     (action,) = [a for a in parser._actions if a.dest == action.dest]  # this parser's own
