@@ -113,6 +113,7 @@ def two_ranks(setup):
     return first, again, resumed
 
 
+@pytest.mark.slow  # multi-process: in the slow tier (the default run stays under 5 min)
 def test_two_ranks_shift_shares_the_way_odm_says(setup, two_ranks):
     info, config, _, _ = setup
     first, _, _ = two_ranks
@@ -131,11 +132,13 @@ def test_two_ranks_shift_shares_the_way_odm_says(setup, two_ranks):
     assert shares_of(late, info)[0] > shares_of(early, info)[0] + 0.1
 
 
+@pytest.mark.slow  # multi-process: in the slow tier (the default run stays under 5 min)
 def test_the_same_losses_twice_give_the_same_run(two_ranks):
     first, again, _ = two_ranks
     assert first == again
 
 
+@pytest.mark.slow  # multi-process: in the slow tier (the default run stays under 5 min)
 def test_resumed_on_two_ranks_matches_the_unbroken_run(two_ranks):
     first, _, resumed = two_ranks
     for unbroken, after in zip(first, resumed):
@@ -143,6 +146,7 @@ def test_resumed_on_two_ranks_matches_the_unbroken_run(two_ranks):
         assert after["history"] == unbroken["history"]
 
 
+@pytest.mark.slow  # multi-process: in the slow tier (the default run stays under 5 min)
 def test_resumed_on_one_rank_continues_from_the_recorded_weights(setup, two_ranks):
     info, config, ranges, root = setup
     first, _, _ = two_ranks

@@ -41,7 +41,7 @@ def stalls_everywhere(shard: Shard):
     return SleepsForever(default_stages(shard), True)
 
 
-@pytest.mark.parametrize("pin_memory", [False, True])
+@pytest.mark.parametrize("pin_memory", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_worker_sleeping_in_a_user_stage_is_named_within_the_timeout(tmp_path, pin_memory):
     """Two workers, 4 logical shards dealt [0, 2] and [1, 3]: shard 3's stage sleeps, so
     worker 1 never sends an item. The wait ends with ``WorkerStalledError`` naming worker
@@ -65,6 +65,7 @@ def test_a_worker_sleeping_in_a_user_stage_is_named_within_the_timeout(tmp_path,
     loader.close()
 
 
+@pytest.mark.slow  # multi-process: in the slow tier (the default run stays under 5 min)
 def test_a_stall_in_the_first_worker_is_named_too(tmp_path):
     info = corpus(tmp_path)
     config = base_config(info, num_workers=2, worker_timeout=2)
@@ -121,6 +122,7 @@ def test_a_worker_killed_mid_run_is_named_with_its_signal(tmp_path):
         time.sleep(0.1)
 
 
+@pytest.mark.slow  # multi-process: in the slow tier (the default run stays under 5 min)
 def test_a_slow_worker_within_the_timeout_is_waited_for(tmp_path, monkeypatch):
     """Polls shorter than the timeout are waited through (torch gives the wait back every
     poll): a worker slower than a poll but within worker_timeout is not an error."""

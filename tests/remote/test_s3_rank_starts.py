@@ -68,6 +68,7 @@ def saved_by_two_ranks(config, bucket, tmp_path):
     return folder
 
 
+@pytest.mark.slow  # multi-process: in the slow tier (the default run stays under 5 min)
 def test_requests_per_rank_do_not_grow_with_the_number_of_ranks(job, tmp_path, bucket):
     """Every kind of request (LIST, HEAD, GET, PUT) and the bytes read, of a fresh start
     and of a resume (from a save of 2 ranks: a rescale beyond 2), at 2 and 16 ranks: no
@@ -87,6 +88,7 @@ def test_requests_per_rank_do_not_grow_with_the_number_of_ranks(job, tmp_path, b
             assert counts["GET"] >= 2 and counts["bytes"] > 0, table
 
 
+@pytest.mark.slow  # multi-process: in the slow tier (the default run stays under 5 min)
 def test_no_rank_lists_the_whole_root_when_counts_exist(job, tmp_path, bucket):
     config, recorder = job
     folder = saved_by_two_ranks(config, bucket, tmp_path)
