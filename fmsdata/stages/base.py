@@ -283,6 +283,13 @@ class SpanStage(Stage):
         ``take``); a stage of yours needs only ``__next__``."""
         return LineBlock.of(self.take(n))
 
+    def _changed_from(self, owner: type, *names: str) -> bool:
+        """Whether this object's class changes any of ``owner``'s methods ``names``: a
+        built-in stage's batched ``take`` / ``take_lines`` serve only when it does not (a
+        subclass that changed ``__next__`` or ``take`` is taken at its word)."""
+        cls = type(self)
+        return any(getattr(cls, name) is not getattr(owner, name) for name in names)
+
 
 class TokenStage(Stage):
     """A token-level stage: changes each materialized line of its shard, in order.

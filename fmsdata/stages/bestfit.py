@@ -135,17 +135,14 @@ class BestFitPacker(SpanStage):
         return block.spans.copy()  # as ``take``: a line kept does not keep the plan
 
     def take(self, n: int) -> list[np.ndarray]:
-        if type(self).__next__ is not BestFitPacker.__next__:
+        if self._changed_from(BestFitPacker, "__next__"):
             return super().take(n)  # a subclass that changed __next__ is taken at its word
         return self._planned(n).lines()
 
     def take_lines(self, n: int) -> LineBlock:
         """The next ``n`` lines: views of the plans' spans (a stage that keeps lines copies
         them: the shuffle buffer into its store)."""
-        if (
-            type(self).__next__ is not BestFitPacker.__next__
-            or type(self).take is not BestFitPacker.take
-        ):
+        if self._changed_from(BestFitPacker, "__next__", "take"):
             return super().take_lines(n)  # a subclass is taken at its word
         return self._planned(n)
 

@@ -121,14 +121,14 @@ class LinePacker(SpanStage):
         return plan.spans[plan.bounds[j] : plan.bounds[j + 1]].copy()  # as ``take``: no view
 
     def take(self, n: int) -> list[np.ndarray]:
-        if type(self).__next__ is not LinePacker.__next__:
+        if self._changed_from(LinePacker, "__next__"):
             return super().take(n)  # a subclass that changed __next__ is taken at its word
         return self._planned(n).lines()
 
     def take_lines(self, n: int) -> LineBlock:
         """The next ``n`` lines: views of the plans' spans (a stage that keeps lines copies
         them: the shuffle buffer into its store)."""
-        if type(self).__next__ is not LinePacker.__next__ or type(self).take is not LinePacker.take:
+        if self._changed_from(LinePacker, "__next__", "take"):
             return super().take_lines(n)  # a subclass is taken at its word
         return self._planned(n)
 

@@ -82,15 +82,12 @@ class ShuffleBuffer(SpanStage):
         return self._take_block(1).line(0).copy()
 
     def take(self, n: int) -> list[np.ndarray]:
-        if type(self).__next__ is not ShuffleBuffer.__next__:
+        if self._changed_from(ShuffleBuffer, "__next__"):
             return super().take(n)  # a subclass that changed __next__ is taken at its word
         return self._take_block(n).lines()
 
     def take_lines(self, n: int) -> LineBlock:
-        if (
-            type(self).__next__ is not ShuffleBuffer.__next__
-            or type(self).take is not ShuffleBuffer.take
-        ):
+        if self._changed_from(ShuffleBuffer, "__next__", "take"):
             return super().take_lines(n)  # a subclass is taken at its word
         return self._take_block(n)
 
