@@ -215,19 +215,27 @@ class Stage(IterableDataset):
         """How messages name this stage."""
         return self.role or type(self).__name__
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, deferred: bool = False) -> dict[str, Any]:
         """Own fields plus each child's state under its key.
+
+        Args:
+            deferred: May hold ``fmsdata.stages.deferred.Deferred`` parts, made when the
+                state is read (how a worker takes its shards' states every round).
 
         Raises:
             ConfigError: A stage not of fmsdata's own gave an ``own_state`` that is not a
                 dict of plain data (G6): it could not be saved, nor travel from a worker.
         """
-        state = self.own_state()
+        state = self._own_state_deferred() if deferred else self.own_state()
         if not type(self).__module__.startswith("fmsdata."):
             _check_own_state(self, state)
         for key, child in self.children().items():
-            state[key] = child.state_dict()
+            state[key] = child.state_dict(deferred)
         return state
+
+    def _own_state_deferred(self) -> dict[str, Any]:
+        """``own_state``, whose costly parts a built-in stage may leave ``Deferred``."""
+        return self.own_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load a ``state_dict()`` strictly: a StateMismatchError names the stage, and the

@@ -8,7 +8,9 @@ handed out stay behind until the array fills; then the held lines are moved to i
 in place, and the array is sized to a quarter more than the rows held and coming in (so
 it keeps about 1.25 times the spans of the window and of one take's pushes, and each span
 is moved about four times on average: a few percent of what writing its tokens costs). A
-line's rows may move at any step: views of them are read, never kept.
+line's rows may move at any step: views of them are read, never kept. A ``snapshot`` (a
+worker's state at a round's end) keeps the rows array as it is: the store then never
+writes over the rows held, and its next compaction moves them into a new array.
 
 A slot may also stand for a line of a loaded state not measured yet (count -1, start:
 the line's number in the saved form): the buffer measures it when it is handed out.
@@ -44,6 +46,7 @@ class LineStore:
         self.start = np.zeros(max(slots, 0) + 2, dtype=np.int64)
         self.count = np.zeros(max(slots, 0) + 2, dtype=np.int64)
         self.size = 0  # slots held
+        self._shared = False  # rows is held by a snapshot: compact into a new array
 
     def __len__(self) -> int:
         return self.size
@@ -57,6 +60,13 @@ class LineStore:
             for a, n in zip(self.start[: self.size].tolist(), self.count[: self.size].tolist())
         ]
 
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The held lines as ``(rows, start, count)`` that stay as they are while the store
+        goes on: the slots copied, the rows shared (rows are only appended after the
+        rows held, and the next compaction moves the held lines into a new array)."""
+        self._shared = True
+        return self.rows, self.start[: self.size].copy(), self.count[: self.size].copy()
+
     def reset(self, lines: Sequence[np.ndarray | int]) -> None:
         """Hold ``lines`` (span arrays, or ints: restored lines by number) in this order."""
         if len(lines) + 2 > len(self.start):
@@ -68,6 +78,7 @@ class LineStore:
         self.rows = np.empty((max(rows, _MIN_ROWS), SPAN_WIDTH), dtype=np.int64)
         self.rows[: len(block.spans)] = block.spans
         self.end = self.held = len(block.spans)
+        self._shared = False
         k = 0
         for slot, line in enumerate(lines):
             if isinstance(line, np.ndarray):
@@ -110,11 +121,12 @@ class LineStore:
         room = max(need + need // 4, _MIN_ROWS)
         if self.end + incoming <= len(self.rows) and len(self.rows) <= 2 * room:
             return
-        self.end = _compact(self.rows, self.start, self.count, self.size, RESTORED)
-        if need > len(self.rows) or 2 * room < len(self.rows):
-            rows = np.empty((room, SPAN_WIDTH), dtype=np.int64)
-            rows[: self.end] = self.rows[: self.end]
-            self.rows = rows
+        resize = need > len(self.rows) or 2 * room < len(self.rows)
+        into = self.rows
+        if resize or self._shared:
+            into = np.empty((room if resize else len(self.rows), SPAN_WIDTH), dtype=np.int64)
+        self.end = _compact(self.rows, into, self.start, self.count, self.size, RESTORED)
+        self.rows, self._shared = into, False
 
 
 @compiled
@@ -144,10 +156,10 @@ def _steps(  # type: ignore[no-untyped-def]
 
 
 @compiled
-def _compact(rows, start, count, size, restored):  # type: ignore[no-untyped-def]
-    """Move the held slots' rows to the front of ``rows``, one line after another in the
-    order they lie (so no line is overwritten before it moves), and point the slots at
-    them; returns the rows used."""
+def _compact(rows, into, start, count, size, restored):  # type: ignore[no-untyped-def]
+    """Move the held slots' rows to the front of ``into`` (``rows`` itself, or a new
+    array), one line after another in the order they lie (so no line is overwritten before
+    it moves), and point the slots at them; returns the rows used."""
     order = np.argsort(start[:size])
     at = 0
     for k in range(size):
@@ -158,7 +170,7 @@ def _compact(rows, start, count, size, restored):  # type: ignore[no-untyped-def
         a = start[slot]
         for r in range(n):
             for c in range(rows.shape[1]):
-                rows[at + r, c] = rows[a + r, c]
+                into[at + r, c] = rows[a + r, c]
         start[slot] = at
         at += n
     return at

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import StateMismatchError
+from fmsdata.stages.deferred import Deferred
 from fmsdata.stages.docfacts import document_facts
 from fmsdata.stages.linestore import RESTORED
 from fmsdata.stages.spans import (
@@ -48,6 +49,7 @@ __all__ = [
     "DocumentLengths",
     "pack_lines",
     "pack_rows",
+    "PackedLater",
     "unpack_lines",
     "resolve",
     "COLUMNS",
@@ -96,16 +98,22 @@ class SavedLines:
         return SavedLines(spans, self.offsets, tokens)
 
 
-def _narrow(values: np.ndarray) -> np.ndarray:
-    """``values`` in the narrowest unsigned type that holds them (int64 if one is negative,
-    which a reader then refuses by name)."""
+_NONE_SAVED = SavedLines(
+    np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int64),
+    np.zeros(1, dtype=np.int64),
+    np.zeros((0, 0), dtype=np.int64),
+)
+
+
+def _narrow(values: np.ndarray, low: int, high: int) -> np.ndarray:
+    """``values`` (int64, smallest ``low``, largest ``high``) in the narrowest unsigned
+    type that holds them (int64 if one is negative, which a reader then refuses by name)."""
     if not values.size:
         return values.astype(np.uint8)
-    if int(values.min()) < 0:
+    if low < 0:
         return values.astype(np.int64)
-    top = int(values.max())
     for dtype, most in _NARROW:
-        if top <= most:
+        if high <= most:
             return values.astype(dtype)
     return values.astype(np.uint64)
 
@@ -153,26 +161,48 @@ def pack_rows(
     (``fmsdata.stages.linestore``): one compiled pass, no array per line. A worker saves
     every shard it visits once a round, so this runs for every buffered span a round."""
     if saved is None:
-        saved = SavedLines(
-            np.zeros((0, SAVED_SPAN_WIDTH), dtype=np.int64),
-            np.zeros(1, dtype=np.int64),
-            np.zeros((0, 0), dtype=np.int64),
-        )
-    spans, offsets, tokens = _saved_form(
+        saved = _NONE_SAVED
+    columns, offsets, tokens, low, high = _saved_form(
         rows, start, count, n_lines, RESTORED, saved.spans, saved.offsets, saved.tokens, to_end
     )
-    packed = {"offsets": _narrow(offsets)}
+    packed = {"offsets": _narrow(offsets, 0, int(offsets[-1]))}
     for c, key in enumerate(COLUMNS):
-        packed[key] = _narrow(spans[:, c])
-    packed["tokens"] = np.asfortranarray(_narrow(tokens))
+        packed[key] = _narrow(columns[c], int(low[c]), int(high[c]))
+    packed["tokens"] = np.asfortranarray(_narrow(tokens, int(low[-1]), int(high[-1])))
     return packed
+
+
+class PackedLater(Deferred):
+    """``pack_rows`` of a snapshot of a shuffle buffer's store (``LineStore.snapshot``),
+    packed when made: the state a worker takes every round costs no pass over the
+    window's spans (see ``fmsdata.stages.deferred``)."""
+
+    __slots__ = ("_rows", "_start", "_count", "_saved", "_to_end")
+
+    def __init__(
+        self,
+        rows: np.ndarray,
+        start: np.ndarray,
+        count: np.ndarray,
+        saved: SavedLines | None,
+        to_end: bool,
+    ):
+        self._rows, self._start, self._count = rows, start, count
+        self._saved, self._to_end = saved, to_end
+
+    def make(self) -> dict[str, np.ndarray]:
+        return pack_rows(
+            self._rows, self._start, self._count, len(self._start), self._saved, self._to_end
+        )
 
 
 @compiled
 def _saved_form(rows, start, count, n, restored, s_spans, s_offsets, s_tokens, to_end):  # type: ignore[no-untyped-def]
-    """The saved columns ``[spans, SAVED_SPAN_WIDTH]``, line bounds and tokens per line and
+    """The saved columns ``[SAVED_SPAN_WIDTH, spans]``, line bounds and tokens per line and
     dataset of lines ``k < n`` (``pack_rows``): a span known by its ``dlen`` to run to the
-    end of its document saved with length 0; a restored line copied with its counts."""
+    end of its document saved with length 0; a restored line copied with its counts. Also
+    the smallest and largest value of each column and, last, of the tokens (so the caller
+    narrows them without another pass)."""
     total = 0
     width = s_tokens.shape[1]
     for k in range(n):
@@ -182,7 +212,7 @@ def _saved_form(rows, start, count, n, restored, s_spans, s_offsets, s_tokens, t
             total += count[k]
             for r in range(start[k], start[k] + count[k]):
                 width = max(width, rows[r, DS] + 1)
-    spans = np.empty((total, SAVED_SPAN_WIDTH), dtype=np.int64)
+    columns = np.empty((SAVED_SPAN_WIDTH, total), dtype=np.int64)
     offsets = np.zeros(n + 1, dtype=np.int64)
     tokens = np.zeros((n, width), dtype=np.int64)
     at = 0
@@ -191,21 +221,31 @@ def _saved_form(rows, start, count, n, restored, s_spans, s_offsets, s_tokens, t
             line = start[k]
             for r in range(s_offsets[line], s_offsets[line + 1]):
                 for c in range(SAVED_SPAN_WIDTH):
-                    spans[at, c] = s_spans[r, c]
+                    columns[c, at] = s_spans[r, c]
                 at += 1
             for d in range(s_tokens.shape[1]):
                 tokens[k, d] = s_tokens[line, d]
         else:
             for r in range(start[k], start[k] + count[k]):
                 for c in range(SAVED_SPAN_WIDTH):
-                    spans[at, c] = rows[r, c]
+                    columns[c, at] = rows[r, c]
                 length = rows[r, LENGTH]
                 tokens[k, rows[r, DS]] += length
                 if to_end and rows[r, START] + length == rows[r, DLEN]:
-                    spans[at, LENGTH] = 0
+                    columns[LENGTH, at] = 0
                 at += 1
         offsets[k + 1] = at
-    return spans, offsets, tokens
+    low = np.zeros(SAVED_SPAN_WIDTH + 1, dtype=np.int64)
+    high = np.zeros(SAVED_SPAN_WIDTH + 1, dtype=np.int64)
+    for c in range(SAVED_SPAN_WIDTH):
+        for i in range(total):
+            low[c] = min(low[c], columns[c, i])
+            high[c] = max(high[c], columns[c, i])
+    for k in range(n):
+        for d in range(width):
+            low[-1] = min(low[-1], tokens[k, d])
+            high[-1] = max(high[-1], tokens[k, d])
+    return columns, offsets, tokens, low, high
 
 
 def _int_array(value: Any, path: str, ndim: int) -> np.ndarray:

@@ -16,13 +16,14 @@ import numpy as np
 
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.stages.base import DatasetRenumbering, LineChange, SpanStage
+from fmsdata.stages.deferred import made
 from fmsdata.stages.lineblock import LineBlock
 from fmsdata.stages.linestore import RESTORED, LineStore
 from fmsdata.stages.savedlines import (
     DocumentLengths,
+    PackedLater,
     SavedLines,
     pack_lines,
-    pack_rows,
     resolve,
     unpack_lines,
 )
@@ -127,18 +128,14 @@ class ShuffleBuffer(SpanStage):
         )
 
     def own_state(self) -> dict[str, Any]:
+        return made(self._own_state_deferred())
+
+    def _own_state_deferred(self) -> dict[str, Any]:
         if self._open:
             raise self._unmeasured()
-        store = self._store
-        packed = pack_rows(
-            store.rows,
-            store.start,
-            store.count,
-            store.size,
-            self._restored,
-            self.documents is not None,
-        )
-        return {"emitted": self.emitted, BUFFER_KEY: packed}
+        rows, start, count = self._store.snapshot()
+        lines = PackedLater(rows, start, count, self._restored, self.documents is not None)
+        return {"emitted": self.emitted, BUFFER_KEY: lines}
 
     def load_own_state(self, state: dict[str, Any]) -> None:
         self.emitted = need_count(state["emitted"], "emitted")

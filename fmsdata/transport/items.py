@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from fmsdata.errors import FmsDataError
+from fmsdata.stages.deferred import made
 
 __all__ = ["WorkerItem", "WorkerError", "ShardStates", "carry_errors"]
 
@@ -75,7 +76,8 @@ class ShardStates:
     """``{shard id: shard state}`` of the shards a round advanced, pickled as one opaque
     blob to travel and unpickled only when a state is read (``get``): the main process
     holds the latest blob of each shard but reads it only to save a state or to start
-    workers. Without workers nothing is pickled at all.
+    workers. Without workers nothing is pickled at all, and the states' ``Deferred`` parts
+    (``fmsdata.stages.deferred``) are made only when a state is read.
 
     A large blob travels in shared memory (a uint8 tensor: the main process maps it and
     reads none of it until a state is taken). Through the pipe its bytes would be copied
@@ -118,7 +120,7 @@ class ShardStates:
             data = cast(bytes, blob.numpy()) if isinstance(blob, torch.Tensor) else blob
             self._states = pickle.loads(data)
             self._blob = None
-        return self._states[sid]
+        return made(self._states[sid])
 
 
 @dataclasses.dataclass(frozen=True)

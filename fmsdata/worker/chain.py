@@ -99,8 +99,9 @@ class ShardPipeline:
                 )
         return content
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"emitted": self.emitted, "stages": self.top.state_dict()}
+    def state_dict(self, deferred: bool = False) -> dict[str, Any]:
+        """The shard's state (``deferred``: see ``Stage.state_dict``)."""
+        return {"emitted": self.emitted, "stages": self.top.state_dict(deferred)}
 
     def load_state_dict(self, state: Any, where: str = "shard state") -> None:
         """Load a ``state_dict()`` strictly: each stage reads its own part; a

@@ -484,7 +484,7 @@ class RankLineDataset(IterableDataset):
                 if pipeline.token_stages:
                     content[i] = pipeline.apply_tokens(tokens[i], int(content[i]), token_lines[i])
         # Taken after the token-level stages saw the round's lines.
-        states = {sid: pipeline.state_dict() for sid, (pipeline, _) in touched.items()}
+        states = {sid: pipeline.state_dict(deferred=True) for sid, (pipeline, _) in touched.items()}
         segments = segment_counts = segment_ids = None
         # A mix that follows the loss attributes it by the dataset of each input token.
         feedback = config.mix_policy is not None

@@ -106,6 +106,34 @@ def test_the_store_steps_as_a_list_of_lines_does(window, takes, seed, key):
     assert [line.tolist() for line in store.lines()] == [line.tolist() for line in held]
 
 
+@settings(deadline=None)
+@given(
+    window=st.integers(2, 40),
+    takes=st.lists(st.integers(1, 50), min_size=1, max_size=12),
+    seed=st.integers(0, 2**20),
+)
+def test_a_snapshot_stays_as_it_was_while_the_store_goes_on(window, takes, seed):
+    """A snapshot taken after any take (a worker's state at a round's end) still reads
+    the lines held then after later takes, refills and resizes of the store: the store
+    writes only after the rows held and compacts into a new array."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 30, size=2 * sum(takes) + 2).tolist()
+    store, source, step, snapshots = LineStore(window), iter(make_lines(sizes)), 0, []
+    for n in takes:
+        pushes, size = 0, len(store)
+        for _ in range(n):
+            push = min(2, max(window - size, 0))
+            pushes, size = pushes + push, size + push - 1
+        pushed = LineBlock.of([next(source) for _ in range(pushes)])
+        store.steps(pushed, hash_array(seed, step, n), window)
+        step += n
+        held = [line.copy() for line in store.lines()]
+        snapshots.append((store.snapshot(), held))
+    for (rows, start, count), held in snapshots:
+        got = [rows[a : a + k] for a, k in zip(start.tolist(), count.tolist())]
+        assert [x.tolist() for x in got] == [x.tolist() for x in held]
+
+
 def test_restored_slots_come_out_by_number():
     """A slot of a loaded state not measured yet holds its line's number in the saved
     form; measured lines around it keep their rows through a refill."""

@@ -140,3 +140,27 @@ def test_the_order_is_the_one_step_at_a_time_model(window, sizes, key):
     want, held = one_step_at_a_time(window, key, sum(sizes))
     assert got == want
     assert [int(line[0, 2]) for line in buffer.buffer] == held
+
+
+@settings(deadline=None)
+@given(window=st.integers(0, 40), sizes=st.lists(st.integers(1, 60), min_size=1, max_size=10))
+def test_a_deferred_state_is_the_state_of_when_it_was_taken(window, sizes):
+    """A state taken deferred (a worker's state at each round's end) and made only after
+    later takes is the state taken in full at that time, and pickles as it."""
+    import pickle
+
+    from fmsdata.stages.deferred import made
+
+    buffer = ShuffleBuffer(Counter(), window, 3)
+    taken = []
+    for n in sizes:
+        buffer.take_lines(n)
+        taken.append((buffer.state_dict(deferred=True), buffer.state_dict()))
+    for deferred, full in taken:
+        travelled = pickle.loads(pickle.dumps(deferred))
+        for state in (travelled, made(deferred)):
+            assert state.keys() == full.keys()
+            assert state["emitted"] == full["emitted"]
+            for key, value in full["buffer"].items():
+                assert np.array_equal(state["buffer"][key], value), key
+                assert state["buffer"][key].dtype == value.dtype, key
