@@ -89,12 +89,13 @@ class ShardStates:
         shards: The shard ids, in the order the states were given.
     """
 
-    __slots__ = ("shards", "_blob", "_states")
+    __slots__ = ("shards", "_blob", "_states", "_made")
 
     def __init__(self, states: dict[int, dict[str, Any]]):
         self.shards = tuple(states)
         self._states: dict[int, dict[str, Any]] | None = states
         self._blob: bytes | torch.Tensor | None = None
+        self._made: set[int] = set()  # shards whose state has no Deferred part left
 
     def __getstate__(self) -> tuple[tuple[int, ...], bytes | torch.Tensor]:
         if self._blob is None:
@@ -110,6 +111,7 @@ class ShardStates:
     def __setstate__(self, state: tuple[tuple[int, ...], bytes | torch.Tensor]) -> None:
         self.shards, self._blob = state
         self._states = None
+        self._made = set(self.shards)  # pickling made every part
 
     def get(self, sid: int) -> dict[str, Any]:
         """Shard ``sid``'s state (shared: read it, do not change it)."""
@@ -120,7 +122,10 @@ class ShardStates:
             data = cast(bytes, blob.numpy()) if isinstance(blob, torch.Tensor) else blob
             self._states = pickle.loads(data)
             self._blob = None
-        return made(self._states[sid])
+        if sid not in self._made:
+            made(self._states[sid])
+            self._made.add(sid)
+        return self._states[sid]
 
 
 @dataclasses.dataclass(frozen=True)
