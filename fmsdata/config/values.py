@@ -1,38 +1,65 @@
 """How config values are read: the coercions and checks every section shares.
 
-Each reader takes the field's name and the value as given (from YAML, a CLI override, a
-dict or Python) and returns the normalized value, or raises ``ConfigError`` naming the
-field and quoting the value. Sections call them from ``__post_init__``.
+A reader takes the field's name and the value as given (from YAML, a CLI override, a dict
+or Python) and returns the normalized value, or raises ``ConfigError`` naming the field
+and quoting the value. A section declares each field's reader with ``checked``;
+``Section.__post_init__`` runs them in declaration order, then the section's ``_check``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from fmsdata.errors import ConfigError
 from fmsdata.util.textcorpus import TOKENIZER_HINT
 from fmsdata.util.urls import local_path, location
 
 __all__ = [
+    "Section",
+    "checked",
     "split_csv",
     "to_number",
+    "number",
     "positive_int",
     "non_negative_int",
     "optional_token",
     "optional_path",
     "optional_name",
     "flag",
-    "choice",
+    "one_of",
     "weight_list",
     "as_plain",
     "set_field",
 ]
 
+T = TypeVar("T")
+Reader = Callable[[str, Any], Any]
+
+
+def checked(default: T, read: Reader, *, repr: bool = True) -> T:
+    """A section field with its default, read by ``read`` when the section is built."""
+    return dataclasses.field(default=default, repr=repr, metadata={"read": read})
+
+
+class Section:
+    """A config section: its ``checked`` fields read in order, then ``_check``."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):  # type: ignore[arg-type]
+            read = field.metadata.get("read")
+            if read is not None:
+                set_field(self, field.name, read(field.name, getattr(self, field.name)))
+        self._check()
+
+    def _check(self) -> None:
+        """What spans fields of the section (each field was read on its own)."""
+
 
 def set_field(obj: Any, name: str, value: Any) -> None:
-    """Store a normalized value on a frozen section (only from its ``__post_init__``)."""
+    """Store a normalized value on a frozen section (only while it is built)."""
     object.__setattr__(obj, name, value)
 
 
@@ -41,19 +68,15 @@ def split_csv(field: str, value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        items = [item.strip() for item in value.split(",")]
-        return tuple(item for item in items if item)
+        return tuple(item for item in (item.strip() for item in value.split(",")) if item)
     if isinstance(value, (list, tuple)):
         return tuple(str(item).strip() for item in value)
     raise ConfigError(f"{field} must be a comma string or a list, got {value!r}")
 
 
-_KIND_NAMES = {int: "an integer", float: "a number"}
-
-
 def to_number(field: str, value: Any, kind: type) -> Any:
     """``value`` as an ``int`` or ``float`` (numeric strings accepted, bools refused)."""
-    expected = _KIND_NAMES.get(kind, f"a {kind.__name__}")
+    expected = "an integer" if kind is int else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ConfigError(f"{field} must be {expected}, got {value!r}")
     try:
@@ -65,28 +88,38 @@ def to_number(field: str, value: Any, kind: type) -> Any:
     return number
 
 
-def positive_int(field: str, value: Any) -> int:
-    number = to_number(field, value, int)
-    if number < 1:
-        raise ConfigError(f"{field} must be a positive integer, got {value!r}")
-    return int(number)
+def number(kind: type, what: str, ok: Callable[[Any], bool], *, optional: bool = False) -> Reader:
+    """A reader of ``kind`` (``int`` or ``float``) values for which ``ok`` holds (``what``
+    says which in the error), or None too where ``optional``."""
+
+    def read(field: str, value: Any) -> Any:
+        if value is None and optional:
+            return None
+        result = to_number(field, value, kind)
+        if not ok(result):
+            raise ConfigError(f"{field} must be {what}, got {value!r}")
+        return result
+
+    return read
 
 
-def non_negative_int(field: str, value: Any) -> int:
-    number = to_number(field, value, int)
-    if number < 0:
-        raise ConfigError(f"{field} must be a non-negative integer, got {number!r}")
-    return int(number)
+positive_int = number(int, "a positive integer", lambda n: n > 0)
+non_negative_int = number(int, "a non-negative integer", lambda n: n >= 0)
+# A token id, or None.
+optional_token = number(int, "a non-negative token id or None", lambda n: n >= 0, optional=True)
 
 
-def optional_token(field: str, value: Any) -> int | None:
-    """A token id (a non-negative integer) or None."""
-    if value is None:
-        return None
-    token = to_number(field, value, int)
-    if token < 0:
-        raise ConfigError(f"{field} must be a non-negative token id or None, got {value!r}")
-    return int(token)
+def one_of(allowed: Sequence[Any], what: str = "") -> Reader:
+    """A reader of values in ``allowed`` (a ``Literal``'s arguments); ``what`` names them
+    in the error (default: the tuple)."""
+    what = what or f"one of {tuple(allowed)}"
+
+    def read(field: str, value: Any) -> Any:
+        if value not in allowed:
+            raise ConfigError(f"{field} must be {what}, got {value!r}")
+        return value
+
+    return read
 
 
 # Every field that holds a path, and where it may be (``fmsdata.util.urls``): "read" and
@@ -129,13 +162,6 @@ def flag(field: str, value: Any) -> bool:
     """A true/false field: only a real ``bool`` (``"yes"`` or 1 is a mistake to name)."""
     if not isinstance(value, bool):
         raise ConfigError(f"{field} must be true or false, got {value!r}")
-    return value
-
-
-def choice(field: str, value: Any, allowed: Sequence[Any]) -> Any:
-    """``value`` if it is one of ``allowed`` (a ``Literal``'s arguments)."""
-    if value not in allowed:
-        raise ConfigError(f"{field} must be one of {tuple(allowed)}, got {value!r}")
     return value
 
 
