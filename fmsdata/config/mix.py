@@ -130,17 +130,7 @@ class MixConfig(Section):
             set_field(self, "odm_exploration", explore("odm_exploration", self.odm_exploration))
         losses = split_csv("doremi_reference_losses", self.doremi_reference_losses)
         if losses is not None:
-            numbers = tuple(to_number("doremi_reference_losses", x, float) for x in losses)
-            if any(not (0 <= x < float("inf")) for x in numbers):
-                raise ConfigError(
-                    "doremi_reference_losses must be non-negative and finite, got "
-                    f"{self.doremi_reference_losses!r}"
-                )
-            if datasets is not None and len(numbers) != len(datasets):
-                raise ConfigError(
-                    f"doremi_reference_losses has {len(numbers)} entries but datasets has "
-                    f"{len(datasets)}: {list(numbers)!r} for {list(datasets)!r}"
-                )
+            numbers = weight_list("doremi_reference_losses", losses, datasets, weights=False)
             set_field(self, "doremi_reference_losses", numbers)
         elif policy == "doremi":
             raise ConfigError(

@@ -166,20 +166,22 @@ def flag(field: str, value: Any) -> bool:
 
 
 def weight_list(
-    field: str, values: Sequence[Any], datasets: tuple[str, ...] | None
+    field: str, values: Sequence[Any], datasets: tuple[str, ...] | None, *, weights: bool = True
 ) -> tuple[float, ...]:
-    """Weights of ``datasets``: non-negative, finite, one positive, one per dataset."""
+    """One number per dataset, non-negative and finite; ``weights`` (one positive) need
+    ``datasets``, other lists are matched to them only where they are named."""
     numbers = tuple(to_number(field, w, float) for w in values)
-    if any(not (0 <= w < float("inf")) for w in numbers) or not any(w > 0 for w in numbers):
-        raise ConfigError(
-            f"{field} must be non-negative and finite with one positive, got {list(values)!r}"
-        )
-    if datasets is None:
+    if any(not (0 <= w < float("inf")) for w in numbers) or not (
+        any(w > 0 for w in numbers) or not weights
+    ):
+        one = " with one positive" if weights else ""
+        raise ConfigError(f"{field} must be non-negative and finite{one}, got {list(values)!r}")
+    if datasets is None and weights:
         raise ConfigError(f"{field} needs datasets: name the folders the weights belong to")
-    if len(numbers) != len(datasets):
+    if datasets is not None and len(numbers) != len(datasets):
         raise ConfigError(
             f"{field} has {len(numbers)} entries but datasets has {len(datasets)}: "
-            f"{list(values)!r} for {list(datasets)!r}"
+            f"{list(numbers)!r} for {list(datasets)!r}"
         )
     return numbers
 
