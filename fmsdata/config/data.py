@@ -11,6 +11,7 @@ from fmsdata.config.values import (
     Section,
     checked,
     flag,
+    non_empty,
     optional_path,
     optional_token,
     set_field,
@@ -52,9 +53,9 @@ class DataConfig(Section):
     """
 
     data_path: str
-    file_type: str | None = None
+    file_type: str | None = checked(None, non_empty("a format name or unset", optional=True))
     col_name: str = "tokens"
-    text_field: str = "text"
+    text_field: str = checked("text", non_empty("a non-empty name"))
     tokenizer: str | None = checked(None, optional_path)
     token_dtype: str | None = None
     doc_separator: int | None = checked(None, optional_token)
@@ -71,10 +72,6 @@ class DataConfig(Section):
                 f"col_name must name a column or a comma list of them, got {self.col_name!r}"
             )
         set_field(self, "col_name", ",".join(columns))
-        if self.file_type is not None and (
-            not isinstance(self.file_type, str) or not self.file_type
-        ):
-            raise ConfigError(f"file_type must be a format name or unset, got {self.file_type!r}")
         if self.token_dtype is not None:
             try:
                 dtype = np.dtype(self.token_dtype)
@@ -85,5 +82,3 @@ class DataConfig(Section):
             if dtype.kind not in "iu":
                 raise ConfigError(f"token_dtype must be an integer type, got {self.token_dtype!r}")
             set_field(self, "token_dtype", dtype.name)
-        if not isinstance(self.text_field, str) or not self.text_field:
-            raise ConfigError(f"text_field must be a non-empty name, got {self.text_field!r}")

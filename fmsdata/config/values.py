@@ -27,6 +27,7 @@ __all__ = [
     "non_negative_int",
     "optional_token",
     "optional_path",
+    "non_empty",
     "optional_name",
     "flag",
     "one_of",
@@ -151,11 +152,19 @@ def optional_path(field: str, value: Any) -> str | None:
     return location(text, field, write=kind == "write")
 
 
-def optional_name(field: str, value: Any) -> str | None:
-    """None or a non-empty string (an endpoint, a profile name)."""
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ConfigError(f"{field} must be a non-empty string or None, got {value!r}")
-    return value
+def non_empty(what: str, *, optional: bool = False) -> Reader:
+    """A reader of non-empty strings (a column, a format, a profile name), or None too
+    where ``optional``; ``what`` says which in the error."""
+
+    def read(field: str, value: Any) -> Any:
+        if (value is not None or not optional) and (not isinstance(value, str) or not value):
+            raise ConfigError(f"{field} must be {what}, got {value!r}")
+        return value
+
+    return read
+
+
+optional_name = non_empty("a non-empty string or None", optional=True)
 
 
 def flag(field: str, value: Any) -> bool:
