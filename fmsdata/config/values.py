@@ -22,6 +22,7 @@ __all__ = [
     "checked",
     "split_csv",
     "to_number",
+    "reader",
     "number",
     "positive_int",
     "non_negative_int",
@@ -89,14 +90,20 @@ def to_number(field: str, value: Any, kind: type) -> Any:
     return number
 
 
-def number(kind: type, what: str, ok: Callable[[Any], bool], *, optional: bool = False) -> Reader:
-    """A reader of ``kind`` (``int`` or ``float``) values for which ``ok`` holds (``what``
-    says which in the error), or None too where ``optional``."""
+def reader(
+    what: str,
+    ok: Callable[[Any], bool],
+    convert: Reader | None = None,
+    *,
+    optional: bool = False,
+) -> Reader:
+    """A reader of the values for which ``ok`` holds (after ``convert``), or None too
+    where ``optional``; ``what`` says which values in the error."""
 
     def read(field: str, value: Any) -> Any:
         if value is None and optional:
             return None
-        result = to_number(field, value, kind)
+        result = convert(field, value) if convert else value
         if not ok(result):
             raise ConfigError(f"{field} must be {what}, got {value!r}")
         return result
@@ -104,23 +111,27 @@ def number(kind: type, what: str, ok: Callable[[Any], bool], *, optional: bool =
     return read
 
 
-positive_int = number(int, "a positive integer", lambda n: n > 0)
-non_negative_int = number(int, "a non-negative integer", lambda n: n >= 0)
-# A token id, or None.
-optional_token = number(int, "a non-negative token id or None", lambda n: n >= 0, optional=True)
+def number(kind: type, what: str, ok: Callable[[Any], bool], *, optional: bool = False) -> Reader:
+    """A reader of ``kind`` (``int`` or ``float``) values for which ``ok`` holds."""
+    return reader(what, ok, lambda field, value: to_number(field, value, kind), optional=optional)
 
 
 def one_of(allowed: Sequence[Any], what: str = "") -> Reader:
-    """A reader of values in ``allowed`` (a ``Literal``'s arguments); ``what`` names them
-    in the error (default: the tuple)."""
-    what = what or f"one of {tuple(allowed)}"
+    """A reader of values in ``allowed`` (a ``Literal``'s arguments)."""
+    return reader(what or f"one of {tuple(allowed)}", lambda value: value in allowed)
 
-    def read(field: str, value: Any) -> Any:
-        if value not in allowed:
-            raise ConfigError(f"{field} must be {what}, got {value!r}")
-        return value
 
-    return read
+def non_empty(what: str, *, optional: bool = False) -> Reader:
+    """A reader of non-empty strings (a column, a format, a profile name)."""
+    return reader(what, lambda value: isinstance(value, str) and bool(value), optional=optional)
+
+
+positive_int = number(int, "a positive integer", lambda n: n > 0)
+non_negative_int = number(int, "a non-negative integer", lambda n: n >= 0)
+optional_token = number(int, "a non-negative token id or None", lambda n: n >= 0, optional=True)
+optional_name = non_empty("a non-empty string or None", optional=True)
+# Only a real ``bool``: ``"yes"`` or 1 is a mistake to name.
+flag = reader("true or false", lambda value: isinstance(value, bool))
 
 
 # Every field that holds a path, and where it may be (``fmsdata.util.urls``): "read" and
@@ -150,28 +161,6 @@ def optional_path(field: str, value: Any) -> str | None:
     if kind == "local":
         return local_path(text, field, _LOCAL_HINTS.get(field, ""))
     return location(text, field, write=kind == "write")
-
-
-def non_empty(what: str, *, optional: bool = False) -> Reader:
-    """A reader of non-empty strings (a column, a format, a profile name), or None too
-    where ``optional``; ``what`` says which in the error."""
-
-    def read(field: str, value: Any) -> Any:
-        if (value is not None or not optional) and (not isinstance(value, str) or not value):
-            raise ConfigError(f"{field} must be {what}, got {value!r}")
-        return value
-
-    return read
-
-
-optional_name = non_empty("a non-empty string or None", optional=True)
-
-
-def flag(field: str, value: Any) -> bool:
-    """A true/false field: only a real ``bool`` (``"yes"`` or 1 is a mistake to name)."""
-    if not isinstance(value, bool):
-        raise ConfigError(f"{field} must be true or false, got {value!r}")
-    return value
 
 
 def weight_list(
