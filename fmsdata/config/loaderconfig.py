@@ -146,20 +146,16 @@ class LoaderConfig:
         """Plain data (lists, not tuples) suitable for YAML or JSON: flat names (how saved
         configs and state fingerprints hold it), or ``{section: {field: value}}``; either
         loads back with ``from_dict``."""
-        if sectioned:
-            return {
-                name: {f: as_plain(getattr(section, f)) for f in field_names_of(type(section))}
-                for name, section in self._sections().items()
-            }
-        return {name: as_plain(value) for name, value in self._flat_values().items()}
+        flat = {name: as_plain(value) for name, value in self._flat_values().items()}
+        if not sectioned:
+            return flat
+        return {name: {f: flat[f] for f in field_names_of(cls)} for name, cls in SECTIONS.items()}
 
     def _sections(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in SECTIONS}
 
     def _flat_values(self) -> dict[str, Any]:
-        return {
-            name: getattr(getattr(self, section), name) for name, section in _SECTION_OF.items()
-        }
+        return {name: getattr(self, name) for name in _SECTION_OF}
 
 
 # Section name -> section class, in LoaderConfig's order.
