@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fmsdata.config.values import Section, checked, non_negative_int, optional_path
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import non_negative_int, optional_path
 from fmsdata.errors import ConfigError
 
 __all__ = ["CheckpointConfig"]

@@ -7,9 +7,8 @@ import os
 
 import numpy as np
 
+from fmsdata.config.section import Section, checked
 from fmsdata.config.values import (
-    Section,
-    checked,
     flag,
     non_empty,
     optional_path,

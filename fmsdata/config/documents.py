@@ -9,14 +9,8 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from fmsdata.config.values import (
-    Section,
-    checked,
-    non_negative_int,
-    one_of,
-    optional_token,
-    split_csv,
-)
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import non_negative_int, one_of, optional_token, split_csv
 
 __all__ = ["DocumentsConfig", "Decoration", "DocumentOrder", "DOCUMENT_ORDERS"]
 

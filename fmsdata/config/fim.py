@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fmsdata.config.values import (
-    Section,
-    checked,
-    flag,
-    non_negative_int,
-    number,
-    optional_token,
-)
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import flag, non_negative_int, number, optional_token
 from fmsdata.errors import ConfigError
 
 __all__ = ["FimConfig"]

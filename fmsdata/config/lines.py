@@ -9,14 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, get_args
 
-from fmsdata.config.values import (
-    Section,
-    checked,
-    non_negative_int,
-    one_of,
-    optional_token,
-    positive_int,
-)
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import non_negative_int, one_of, optional_token, positive_int
 from fmsdata.errors import ConfigError
 
 __all__ = ["LinesConfig", "PackingMode", "PACKING_MODES"]

@@ -9,16 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, get_args
 
-from fmsdata.config.values import (
-    Section,
-    checked,
-    number,
-    one_of,
-    set_field,
-    split_csv,
-    to_number,
-    weight_list,
-)
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import number, one_of, set_field, split_csv, to_number, weight_list
 from fmsdata.errors import ConfigError
 
 __all__ = ["MixConfig", "ScheduleUnit", "ScheduleInterpolation", "BUILT_IN_POLICIES"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, get_args
 
-from fmsdata.config.values import Section, checked, flag, number, one_of, positive_int
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import flag, number, one_of, positive_int
 from fmsdata.errors import ConfigError
 
 __all__ = ["OutputConfig", "BatchFormat", "OutputDtype", "BATCH_FORMATS", "OUTPUT_DTYPES"]

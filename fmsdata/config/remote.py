@@ -6,7 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from fmsdata.config.values import Section, checked, flag, number, optional_name
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import flag, number, optional_name
 from fmsdata.errors import ConfigError
 
 __all__ = ["RemoteConfig"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fmsdata.config.values import Section, checked, non_negative_int, positive_int
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import non_negative_int, positive_int
 
 __all__ = ["ShardsConfig"]
 

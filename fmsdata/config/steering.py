@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fmsdata.config.values import Section, checked, flag, split_csv, to_number
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import flag, split_csv, to_number
 from fmsdata.errors import ConfigError
 
 __all__ = ["SteeringConfig"]

@@ -2,24 +2,20 @@
 
 A reader takes the field's name and the value as given (from YAML, a CLI override, a dict
 or Python) and returns the normalized value, or raises ``ConfigError`` naming the field
-and quoting the value. A section declares each field's reader with ``checked``;
-``Section.__post_init__`` runs them in declaration order, then the section's ``_check``.
+and quoting the value. A section names each field's reader (``fmsdata.config.section``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from fmsdata.errors import ConfigError
 from fmsdata.util.textcorpus import TOKENIZER_HINT
 from fmsdata.util.urls import local_path, location
 
 __all__ = [
-    "Section",
-    "checked",
     "split_csv",
     "to_number",
     "reader",
@@ -35,29 +31,10 @@ __all__ = [
     "weight_list",
     "as_plain",
     "set_field",
+    "Reader",
 ]
 
-T = TypeVar("T")
 Reader = Callable[[str, Any], Any]
-
-
-def checked(default: T, read: Reader, *, repr: bool = True) -> T:
-    """A section field with its default, read by ``read`` when the section is built."""
-    return dataclasses.field(default=default, repr=repr, metadata={"read": read})
-
-
-class Section:
-    """A config section: its ``checked`` fields read in order, then ``_check``."""
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):  # type: ignore[arg-type]
-            read = field.metadata.get("read")
-            if read is not None:
-                set_field(self, field.name, read(field.name, getattr(self, field.name)))
-        self._check()
-
-    def _check(self) -> None:
-        """What spans fields of the section (each field was read on its own)."""
 
 
 def set_field(obj: Any, name: str, value: Any) -> None:

@@ -5,16 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, get_args
 
-from fmsdata.config.values import (
-    Section,
-    checked,
-    flag,
-    non_negative_int,
-    number,
-    one_of,
-    positive_int,
-    set_field,
-)
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import flag, non_negative_int, number, one_of, positive_int, set_field
 
 __all__ = ["WorkersConfig", "StartMethod"]
 
