@@ -1,6 +1,5 @@
-"""The ``documents`` section: how a stored document becomes the tokens the packer sees,
-and in what order a logical shard reads them; and ``Decoration``, the part of it that
-decides a document's tokens (what the data layer counts and the stages write)."""
+"""The ``documents`` section, and ``Decoration``: the part of it that decides a
+document's tokens (what the data layer counts and the stages write)."""
 
 from __future__ import annotations
 

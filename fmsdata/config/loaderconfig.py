@@ -90,8 +90,14 @@ class LoaderConfig:
     def __init__(self, **values: Any) -> None:
         """Build from flat names and/or sections (a section object or a mapping of its
         fields); ``data_path`` is required, every other field has a default."""
-        for name, section in _build_sections(flatten(values)).items():
-            object.__setattr__(self, name, section)
+        flat = flatten(values)
+        if "data_path" not in flat:
+            raise ConfigError("config field data_path is required")
+        grouped: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        for field, value in flat.items():
+            grouped[_SECTION_OF[field]][field] = value
+        for name, cls in SECTIONS.items():
+            object.__setattr__(self, name, cls(**grouped[name]))
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -231,16 +237,6 @@ def _section_items(name: str, value: Any) -> dict[str, Any]:
         raise ConfigError(f"config section {name!r} holds fields of other sections: {placed}")
     _refuse_unknown(value, field_names_of(cls), f" in section {name!r}")
     return dict(value)
-
-
-def _build_sections(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """Each section built from its flat fields (defaults for the rest)."""
-    if "data_path" not in flat:
-        raise ConfigError("config field data_path is required")
-    grouped: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
-    for field, value in flat.items():
-        grouped[_SECTION_OF[field]][field] = value
-    return {name: SECTIONS[name](**grouped[name]) for name in SECTIONS}
 
 
 def _known_overrides(overrides: Iterable[str], where: str) -> dict[str, Any]:
