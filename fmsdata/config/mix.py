@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any, Literal, get_args
 
 from fmsdata.config.section import Section, checked
-from fmsdata.config.values import number, one_of, set_field, split_csv, to_number, weight_list
+from fmsdata.config.values import number, one_of, reader, set_field, split_csv, weight_list
 from fmsdata.errors import ConfigError
 
 __all__ = ["MixConfig", "ScheduleUnit", "ScheduleInterpolation", "BUILT_IN_POLICIES"]
@@ -22,10 +22,19 @@ BUILT_IN_POLICIES = ("odm", "doremi")
 ScheduleUnit = Literal["tokens", "steps"]
 ScheduleInterpolation = Literal["step", "linear"]
 _UNITS = get_args(ScheduleUnit)
+_POSITION = number(int, "non-negative", lambda at: at >= 0)
 
 
 def _positive(value: float) -> bool:
     return value > 0
+
+
+def _is_policy(value: Any) -> bool:
+    """A built-in policy's name or ``module.path:Class`` (dotted identifiers on both sides
+    of one colon)."""
+    module, colon, name = str(value).partition(":")
+    dotted = all(part.isidentifier() for part in (*module.split("."), *name.split(".")))
+    return isinstance(value, str) and (value in BUILT_IN_POLICIES or (bool(colon) and dotted))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,7 +82,9 @@ class MixConfig(Section):
     )
     schedule_resolution: int = checked(100, number(int, "positive", _positive))
     global_batch_size: int | None = checked(None, number(int, "positive", _positive, optional=True))
-    mix_policy: str | None = None
+    mix_policy: str | None = checked(
+        None, reader("None, 'odm', 'doremi' or 'module:Class'", _is_policy, optional=True)
+    )
     mix_update_every: int = checked(100, number(int, "positive", _positive))
     odm_smoothing: float = checked(0.9, number(float, "in [0, 1)", lambda a: 0 <= a < 1))
     odm_exploration: float | None = None
@@ -102,18 +113,11 @@ class MixConfig(Section):
     def _check_feedback(self, datasets: tuple[str, ...] | None) -> None:
         """The feedback fields: the policy named well, its parameters in range."""
         policy = self.mix_policy
-        if policy is not None:
-            if not isinstance(policy, str) or not (
-                policy in BUILT_IN_POLICIES or _is_class_path(policy)
-            ):
-                raise ConfigError(
-                    f"mix_policy must be None, 'odm', 'doremi' or 'module:Class', got {policy!r}"
-                )
-            if self.weight_schedule is not None:
-                raise ConfigError(
-                    f"mix_policy={policy!r} sets the weights as the run goes: set weights "
-                    "(where it starts) or weight_schedule, not both"
-                )
+        if policy is not None and self.weight_schedule is not None:
+            raise ConfigError(
+                f"mix_policy={policy!r} sets the weights as the run goes: set weights "
+                "(where it starts) or weight_schedule, not both"
+            )
         if self.odm_exploration is not None:
             n = len(datasets) if datasets is not None else 1
             explore = number(
@@ -154,11 +158,7 @@ class MixConfig(Section):
         for point in schedule:
             if not isinstance(point, (list, tuple)) or len(point) != 2:
                 raise ConfigError(f"weight_schedule points are [at, weights], got {point!r}")
-            at = to_number("weight_schedule", point[0], int)
-            if at < 0:
-                raise ConfigError(
-                    f"weight_schedule position must be non-negative, got {point[0]!r}"
-                )
+            at = _POSITION("weight_schedule position", point[0])
             weights = split_csv("weight_schedule", point[1]) or ()
             points.append((at, weight_list("weight_schedule", weights, datasets)))
         if any(b[0] <= a[0] for a, b in zip(points, points[1:])):
@@ -170,11 +170,3 @@ class MixConfig(Section):
                 "schedule_unit='steps' needs global_batch_size (sequences per global step)"
             )
         return tuple(points)
-
-
-def _is_class_path(value: str) -> bool:
-    """``module.path:Class`` (dotted identifiers on both sides of one colon)."""
-    module, colon, name = value.partition(":")
-    return bool(colon) and all(
-        part.isidentifier() for part in (*module.split("."), *name.split("."))
-    )
