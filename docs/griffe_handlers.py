@@ -1,8 +1,4 @@
-"""A griffe extension for the API reference: ``fmsdata.handlers`` lives in the repository's
-top-level ``handlers/`` folder (``pyproject.toml`` maps it into the package), where griffe,
-reading ``fmsdata/`` from its files, does not look. When ``fmsdata`` is loaded, the folder
-is loaded too, into the same collection, and attached as ``fmsdata.handlers``, so its
-pages and cross-references name it as users import it."""
+"""Griffe extensions for the API reference (``mkdocs.yml`` names them)."""
 
 from __future__ import annotations
 
@@ -13,6 +9,12 @@ import griffe
 
 
 class HandlersAsSubpackage(griffe.Extension):
+    """``fmsdata.handlers`` lives in the repository's top-level ``handlers/`` folder
+    (``pyproject.toml`` maps it into the package), where griffe, reading ``fmsdata/`` from
+    its files, does not look. When ``fmsdata`` is loaded, the folder is loaded too, into
+    the same collection, and attached as ``fmsdata.handlers``, so its pages and
+    cross-references name it as users import it."""
+
     def on_package(self, *, pkg: Any, loader: Any, **kwargs: Any) -> None:
         if pkg.name != "fmsdata" or "handlers" in pkg.members:
             return
@@ -27,3 +29,13 @@ class HandlersAsSubpackage(griffe.Extension):
         handlers = sub.load("handlers")
         del loader.modules_collection.members["handlers"]
         pkg.set_member("handlers", handlers)
+
+
+class CheckedDefaults(griffe.Extension):
+    """Config section fields are declared ``checked(default, reader)``
+    (``fmsdata.config.section``): their signatures show the default."""
+
+    def on_attribute_instance(self, *, attr: Any, **kwargs: Any) -> None:
+        value = attr.value
+        if isinstance(value, griffe.ExprCall) and str(value.function) == "checked":
+            attr.value = value.arguments[0]

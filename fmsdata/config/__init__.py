@@ -1,9 +1,6 @@
-"""The loader configuration: frozen sections, one per layer, and ``LoaderConfig`` over them.
-
-Sections (each a frozen keyword-only dataclass that validates its own fields): ``data``,
-``mix``, ``documents``, ``lines``, ``fim``, ``output``, ``shards``, ``workers``,
-``remote``, ``checkpoint``, ``steering``. ``LoaderConfig`` holds one of each, checks what
-spans them and loads from a dict, YAML or CLI overrides by flat field names.
+"""The loader configuration: frozen sections, one per layer, each validating its own
+fields, and ``LoaderConfig`` over them, which checks what spans them and loads from a dict,
+YAML or CLI overrides by flat field names.
 
 Field names follow the fms-fsdp / Bamba training config (``data_path``, ``datasets``,
 ``weights``, ``col_name``, ``bos_token`` ...), so an existing config file loads unchanged;

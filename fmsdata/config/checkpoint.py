@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from fmsdata.config.values import non_negative_int, optional_path, set_field
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import non_negative_int, optional_path
 from fmsdata.errors import ConfigError
 
 __all__ = ["CheckpointConfig"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class CheckpointConfig:
+class CheckpointConfig(Section):
     """Where and how often the loader saves its state by itself, and how many it keeps.
 
     Attributes:
@@ -23,14 +24,11 @@ class CheckpointConfig:
         checkpoint_keep: Automatic checkpoints kept (older ones are removed).
     """
 
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-    checkpoint_keep: int = 2
+    checkpoint_dir: str | None = checked(None, optional_path)
+    checkpoint_every: int = checked(0, non_negative_int)
+    checkpoint_keep: int = checked(2, non_negative_int)
 
-    def __post_init__(self) -> None:
-        set_field(self, "checkpoint_dir", optional_path("checkpoint_dir", self.checkpoint_dir))
-        for name in ("checkpoint_every", "checkpoint_keep"):
-            set_field(self, name, non_negative_int(name, getattr(self, name)))
+    def _check(self) -> None:
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError(
                 f"checkpoint_every={self.checkpoint_every} needs checkpoint_dir, got None"

@@ -7,7 +7,15 @@ import os
 
 import numpy as np
 
-from fmsdata.config.values import flag, optional_path, optional_token, set_field, split_csv
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import (
+    flag,
+    non_empty,
+    optional_path,
+    optional_token,
+    set_field,
+    split_csv,
+)
 from fmsdata.errors import ConfigError
 
 __all__ = ["DataConfig", "DEFAULT_FILE_TYPE"]
@@ -17,7 +25,7 @@ DEFAULT_FILE_TYPE = "arrow"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DataConfig:
+class DataConfig(Section):
     """The data root and the format options of its files: what the catalog lists and the
     format handler reads with (``fmsdata.data.dataformat.handler_for``). Which of the root's
     datasets are read is the ``mix`` section's ``datasets``.
@@ -44,16 +52,16 @@ class DataConfig:
     """
 
     data_path: str
-    file_type: str | None = None
+    file_type: str | None = checked(None, non_empty("a format name or unset", optional=True))
     col_name: str = "tokens"
-    text_field: str = "text"
-    tokenizer: str | None = None
+    text_field: str = checked("text", non_empty("a non-empty name"))
+    tokenizer: str | None = checked(None, optional_path)
     token_dtype: str | None = None
-    doc_separator: int | None = None
-    strict: bool = False
-    cache_dir: str | None = None
+    doc_separator: int | None = checked(None, optional_token)
+    strict: bool = checked(False, flag)
+    cache_dir: str | None = checked(None, optional_path)
 
-    def __post_init__(self) -> None:
+    def _check(self) -> None:
         if not isinstance(self.data_path, (str, os.PathLike)) or not str(self.data_path):
             raise ConfigError(f"data_path must be a non-empty path or URL, got {self.data_path!r}")
         set_field(self, "data_path", optional_path("data_path", self.data_path))
@@ -63,10 +71,6 @@ class DataConfig:
                 f"col_name must name a column or a comma list of them, got {self.col_name!r}"
             )
         set_field(self, "col_name", ",".join(columns))
-        if self.file_type is not None and (
-            not isinstance(self.file_type, str) or not self.file_type
-        ):
-            raise ConfigError(f"file_type must be a format name or unset, got {self.file_type!r}")
         if self.token_dtype is not None:
             try:
                 dtype = np.dtype(self.token_dtype)
@@ -77,9 +81,3 @@ class DataConfig:
             if dtype.kind not in "iu":
                 raise ConfigError(f"token_dtype must be an integer type, got {self.token_dtype!r}")
             set_field(self, "token_dtype", dtype.name)
-        set_field(self, "doc_separator", optional_token("doc_separator", self.doc_separator))
-        for name in ("tokenizer", "cache_dir"):
-            set_field(self, name, optional_path(name, getattr(self, name)))
-        if not isinstance(self.text_field, str) or not self.text_field:
-            raise ConfigError(f"text_field must be a non-empty name, got {self.text_field!r}")
-        flag("strict", self.strict)

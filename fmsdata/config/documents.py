@@ -1,21 +1,15 @@
-"""The ``documents`` section: how a stored document becomes the tokens the packer sees,
-and in what order a logical shard reads them; and ``Decoration``, the part of it that
-decides a document's tokens (what the data layer counts and the stages write)."""
+"""The ``documents`` section, and ``Decoration``: the part of it that decides a
+document's tokens (what the data layer counts and the stages write)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
-from fmsdata.config.values import (
-    choice,
-    non_negative_int,
-    optional_token,
-    set_field,
-    split_csv,
-)
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import non_negative_int, one_of, optional_token, split_csv
 
 __all__ = ["DocumentsConfig", "Decoration", "DocumentOrder", "DOCUMENT_ORDERS"]
 
@@ -64,8 +58,12 @@ class Decoration:
         return lead, trail
 
 
+def _token_ids(field: str, value: Any) -> tuple[int, ...]:
+    return tuple(optional_token(field, token) for token in split_csv(field, value) or ())
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DocumentsConfig:
+class DocumentsConfig(Section):
     """Document delimiters, stripping, the length floor and the document order.
 
     Attributes:
@@ -84,19 +82,11 @@ class DocumentsConfig:
             continuous packing).
     """
 
-    bos_token: int | None = None
-    eos_token: int | None = None
-    strip_tokens: tuple[int, ...] = ()
-    min_length: int = 1
-    document_order: DocumentOrder = "random"
-
-    def __post_init__(self) -> None:
-        for name in ("bos_token", "eos_token"):
-            set_field(self, name, optional_token(name, getattr(self, name)))
-        strip = split_csv("strip_tokens", self.strip_tokens) or ()
-        set_field(self, "strip_tokens", tuple(optional_token("strip_tokens", t) for t in strip))
-        set_field(self, "min_length", non_negative_int("min_length", self.min_length))
-        choice("document_order", self.document_order, DOCUMENT_ORDERS)
+    bos_token: int | None = checked(None, optional_token)
+    eos_token: int | None = checked(None, optional_token)
+    strip_tokens: tuple[int, ...] = checked((), _token_ids)
+    min_length: int = checked(1, non_negative_int)
+    document_order: DocumentOrder = checked("random", one_of(DOCUMENT_ORDERS))
 
     @property
     def decoration(self) -> Decoration:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from fmsdata.config.values import flag, non_negative_int, optional_token, set_field, to_number
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import flag, non_negative_int, number, optional_token
 from fmsdata.errors import ConfigError
 
 __all__ = ["FimConfig"]
 
+_PROBABILITY = number(float, "a probability in [0, 1]", lambda p: 0 <= p <= 1)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FimConfig:
+class FimConfig(Section):
     """Fill-in-the-middle on every line (``fmsdata.stages.fim``), as the stage takes it.
 
     Attributes:
@@ -22,25 +25,16 @@ class FimConfig:
         fim_min_length: Document pieces shorter than this stay as they are.
     """
 
-    fim_training: bool = False
-    psm_rate: float = 0.0
-    spm_rate: float = 0.0
-    fim_pre: int | None = None
-    fim_mid: int | None = None
-    fim_suf: int | None = None
-    fim_min_length: int = 2
+    fim_training: bool = checked(False, flag)
+    psm_rate: float = checked(0.0, _PROBABILITY)
+    spm_rate: float = checked(0.0, _PROBABILITY)
+    fim_pre: int | None = checked(None, optional_token)
+    fim_mid: int | None = checked(None, optional_token)
+    fim_suf: int | None = checked(None, optional_token)
+    fim_min_length: int = checked(2, non_negative_int)
 
-    def __post_init__(self) -> None:
-        for name in ("fim_pre", "fim_mid", "fim_suf"):
-            set_field(self, name, optional_token(name, getattr(self, name)))
-        for name in ("psm_rate", "spm_rate"):
-            rate = to_number(name, getattr(self, name), float)
-            if not 0.0 <= rate <= 1.0:
-                raise ConfigError(f"{name} must be a probability in [0, 1], got {rate!r}")
-            set_field(self, name, rate)
+    def _check(self) -> None:
         if self.psm_rate + self.spm_rate > 1.0:
             raise ConfigError(
                 f"psm_rate + spm_rate must be at most 1, got {self.psm_rate} + {self.spm_rate}"
             )
-        set_field(self, "fim_min_length", non_negative_int("fim_min_length", self.fim_min_length))
-        flag("fim_training", self.fim_training)

@@ -9,13 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, get_args
 
-from fmsdata.config.values import (
-    choice,
-    non_negative_int,
-    optional_token,
-    positive_int,
-    set_field,
-)
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import non_negative_int, one_of, optional_token, positive_int
 from fmsdata.errors import ConfigError
 
 __all__ = ["LinesConfig", "PackingMode", "PACKING_MODES"]
@@ -25,7 +20,7 @@ PACKING_MODES: tuple[str, ...] = get_args(PackingMode)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LinesConfig:
+class LinesConfig(Section):
     """The packed lines: their length, delimiters, padding and shuffle buffer.
 
     Attributes:
@@ -47,21 +42,15 @@ class LinesConfig:
             by the other packings.
     """
 
-    seq_length: int = 4096
-    packing: PackingMode = "hard"
-    pad_token: int | None = None
-    bol_token: int | None = None
-    eol_token: int | None = None
-    shuffle_window: int = 160
-    pack_window: int = 128
+    seq_length: int = checked(4096, positive_int)
+    packing: PackingMode = checked("hard", one_of(PACKING_MODES))
+    pad_token: int | None = checked(None, optional_token)
+    bol_token: int | None = checked(None, optional_token)
+    eol_token: int | None = checked(None, optional_token)
+    shuffle_window: int = checked(160, non_negative_int)
+    pack_window: int = checked(128, positive_int)
 
-    def __post_init__(self) -> None:
-        for name in ("bol_token", "eol_token", "pad_token"):
-            set_field(self, name, optional_token(name, getattr(self, name)))
-        set_field(self, "seq_length", positive_int("seq_length", self.seq_length))
-        set_field(self, "shuffle_window", non_negative_int("shuffle_window", self.shuffle_window))
-        set_field(self, "pack_window", positive_int("pack_window", self.pack_window))
-        choice("packing", self.packing, PACKING_MODES)
+    def _check(self) -> None:
         if self.packing != "hard" and self.pad_token is None:
             raise ConfigError(f"packing={self.packing!r} needs pad_token, got pad_token=None")
         if self.content_capacity < 1:

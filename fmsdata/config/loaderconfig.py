@@ -1,18 +1,10 @@
 """``LoaderConfig``: the sections together, the checks that span sections, and the flat
 names every config file, CLI override and trainer integration writes.
 
-Every field has one flat name, unique across sections (``seq_length``, ``bos_token``,
-``endpoint_url`` ...), the name fms-fsdp's configs use where it has one. A config is
-given by flat names, by sections (a mapping of a section's flat names, or the section
-object), or both, and each field at most once::
-
-    LoaderConfig(data_path="/data", seq_length=2048)
-    LoaderConfig.from_dict({"data": {"data_path": "/data"}, "lines": {"seq_length": 2048}})
-
 Every way in (the constructor, ``from_dict``, ``from_yaml``, ``replace``,
 ``with_overrides``) goes through one path: the values are flattened (``flatten``), grouped
 by section, each section validates its own fields, then ``LoaderConfig`` checks what spans
-sections. Reads by flat name (``config.seq_length``) go to the section holding the field.
+sections.
 """
 
 from __future__ import annotations
@@ -66,10 +58,17 @@ class LoaderConfig:
     - ``checkpoint`` (``CheckpointConfig``): the loader's automatic checkpoints.
     - ``steering`` (``SteeringConfig``): mix changes on resume, skipped steps.
 
-    Build it with flat names (``LoaderConfig(data_path=..., seq_length=...)``), sections,
-    or both; read a field as ``config.lines.seq_length`` or by its flat name,
-    ``config.seq_length``. ``to_dict()`` gives the flat names (what configs are saved and
-    compared as), ``field_names()`` lists them.
+    Every field has one flat name, unique across sections (``seq_length``, ``bos_token``,
+    ``endpoint_url`` ...), the name fms-fsdp's configs use where it has one. Build it with
+    flat names, sections (a mapping of a section's fields, or the section object), or
+    both, each field at most once::
+
+        LoaderConfig(data_path="/data", seq_length=2048)
+        LoaderConfig.from_dict({"data": {"data_path": "/data"}, "lines": {"seq_length": 2048}})
+
+    Read a field as ``config.lines.seq_length`` or by its flat name, ``config.seq_length``
+    (also ``line_length`` and ``content_capacity`` of ``LinesConfig``). ``to_dict()`` gives
+    the flat names (what configs are saved and compared as), ``field_names()`` lists them.
 
     Raises:
         ConfigError: On construction: an unknown field (naming the closest known one), a
@@ -91,19 +90,23 @@ class LoaderConfig:
     def __init__(self, **values: Any) -> None:
         """Build from flat names and/or sections (a section object or a mapping of its
         fields); ``data_path`` is required, every other field has a default."""
-        for name, section in _build_sections(flatten(values)).items():
-            object.__setattr__(self, name, section)
+        flat = flatten(values)
+        if "data_path" not in flat:
+            raise ConfigError("config field data_path is required")
+        grouped: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        for field, value in flat.items():
+            grouped[_SECTION_OF[field]][field] = value
+        for name, cls in SECTIONS.items():
+            object.__setattr__(self, name, cls(**grouped[name]))
         self.__post_init__()
 
     def __post_init__(self) -> None:
         """The checks that span sections (each section checked its own fields)."""
         vocab = self.output.vocab_size
-        if vocab is not None:
-            for section in (self.documents, self.lines, self.fim):
-                for name in _TOKEN_FIELDS.get(type(section), ()):
-                    token = getattr(section, name)
-                    if token is not None and token >= vocab:
-                        raise ConfigError(f"{name}={token} is outside vocab_size={vocab}")
+        for name in _TOKEN_FIELDS if vocab is not None else ():
+            token = getattr(self, name)
+            if token is not None and token >= vocab:
+                raise ConfigError(f"{name}={token} is outside vocab_size={vocab}")
         first, seq_length = self.output.ignore_first_labels, self.lines.seq_length
         if first > seq_length:
             raise ConfigError(
@@ -111,25 +114,9 @@ class LoaderConfig:
                 f"({seq_length}), got {first!r}"
             )
 
-    def __getattr__(self, name: str) -> Any:
-        # Only called when normal lookup fails: a flat name reads its section's field.
-        section = _SECTION_OF.get(name)
-        if section is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(object.__getattribute__(self, section), name)
-
-    def __dir__(self) -> list[str]:
-        return sorted({*super().__dir__(), *_SECTION_OF})
-
-    @property
-    def line_length(self) -> int:
-        """Tokens in one packed line: one more than ``seq_length`` for the causal shift."""
-        return self.lines.line_length
-
-    @property
-    def content_capacity(self) -> int:
-        """Document tokens that fit in one line after the line delimiters."""
-        return self.lines.content_capacity
+    if typing.TYPE_CHECKING:
+        # Flat names are properties set below, from the sections; this types them.
+        def __getattr__(self, name: str) -> Any: ...
 
     # -- the edge: flat names in and out ------------------------------------------------
 
@@ -165,20 +152,16 @@ class LoaderConfig:
         """Plain data (lists, not tuples) suitable for YAML or JSON: flat names (how saved
         configs and state fingerprints hold it), or ``{section: {field: value}}``; either
         loads back with ``from_dict``."""
-        if sectioned:
-            return {
-                name: {f: as_plain(getattr(section, f)) for f in field_names_of(type(section))}
-                for name, section in self._sections().items()
-            }
-        return {name: as_plain(value) for name, value in self._flat_values().items()}
+        flat = {name: as_plain(value) for name, value in self._flat_values().items()}
+        if not sectioned:
+            return flat
+        return {name: {f: flat[f] for f in field_names_of(cls)} for name, cls in SECTIONS.items()}
 
     def _sections(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in SECTIONS}
 
     def _flat_values(self) -> dict[str, Any]:
-        return {
-            name: getattr(getattr(self, section), name) for name, section in _SECTION_OF.items()
-        }
+        return {name: getattr(self, name) for name in _SECTION_OF}
 
 
 # Section name -> section class, in LoaderConfig's order.
@@ -194,18 +177,14 @@ assert len(_SECTION_OF) == sum(len(field_names_of(c)) for c in SECTIONS.values()
 )
 assert not set(_SECTION_OF) & set(SECTIONS), "a section is named like a field"
 # Each flat name is a read-only property reading its section's field: the loader reads its
-# config on every batch, and a property costs a fraction of the failed lookup that
-# ``__getattr__`` answers (seven flat reads a batch took 7 us of the main process's 19 us
-# with one worker on the 2-core box). ``__getattr__`` stays for type checkers.
-for _name, _section in _SECTION_OF.items():
+# config on every batch, and a property costs a fraction of a ``__getattr__`` lookup
+# (seven flat reads a batch took 7 us of the main process's 19 us with one worker on the
+# 2-core box).
+for _name, _section in {**_SECTION_OF, "line_length": "lines", "content_capacity": "lines"}.items():
     setattr(LoaderConfig, _name, property(operator.attrgetter(f"{_section}.{_name}")))
 del _name, _section
-# Fields holding a token id that vocab_size bounds, per section (in the order checked).
-_TOKEN_FIELDS: dict[type, tuple[str, ...]] = {
-    DocumentsConfig: ("bos_token", "eos_token"),
-    LinesConfig: ("bol_token", "eol_token", "pad_token"),
-    FimConfig: ("fim_pre", "fim_mid", "fim_suf"),
-}
+# Fields holding a token id that vocab_size bounds (in the order checked).
+_TOKEN_FIELDS = "bos_token eos_token bol_token eol_token pad_token fim_pre fim_mid fim_suf".split()
 
 
 def flatten(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -258,16 +237,6 @@ def _section_items(name: str, value: Any) -> dict[str, Any]:
         raise ConfigError(f"config section {name!r} holds fields of other sections: {placed}")
     _refuse_unknown(value, field_names_of(cls), f" in section {name!r}")
     return dict(value)
-
-
-def _build_sections(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """Each section built from its flat fields (defaults for the rest)."""
-    if "data_path" not in flat:
-        raise ConfigError("config field data_path is required")
-    grouped: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
-    for field, value in flat.items():
-        grouped[_SECTION_OF[field]][field] = value
-    return {name: SECTIONS[name](**grouped[name]) for name in SECTIONS}
 
 
 def _known_overrides(overrides: Iterable[str], where: str) -> dict[str, Any]:

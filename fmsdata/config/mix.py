@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, get_args
 
-from fmsdata.config.values import set_field, split_csv, to_number, weight_list
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import number, one_of, reader, set_field, split_csv, weight_list
 from fmsdata.errors import ConfigError
 
 __all__ = ["MixConfig", "ScheduleUnit", "ScheduleInterpolation", "BUILT_IN_POLICIES"]
@@ -20,10 +21,24 @@ BUILT_IN_POLICIES = ("odm", "doremi")
 
 ScheduleUnit = Literal["tokens", "steps"]
 ScheduleInterpolation = Literal["step", "linear"]
+_UNITS = get_args(ScheduleUnit)
+_POSITION = number(int, "non-negative", lambda at: at >= 0)
+
+
+def _positive(value: float) -> bool:
+    return value > 0
+
+
+def _is_policy(value: Any) -> bool:
+    """A built-in policy's name or ``module.path:Class`` (dotted identifiers on both sides
+    of one colon)."""
+    module, colon, name = str(value).partition(":")
+    dotted = all(part.isidentifier() for part in (*module.split("."), *name.split(".")))
+    return isinstance(value, str) and (value in BUILT_IN_POLICIES or (bool(colon) and dotted))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MixConfig:
+class MixConfig(Section):
     """The datasets of the root that are read, and their weights (fixed or scheduled).
 
     Attributes:
@@ -61,20 +76,26 @@ class MixConfig:
     datasets: tuple[str, ...] | None = None
     weights: tuple[float, ...] | None = None
     weight_schedule: tuple[tuple[int, tuple[float, ...]], ...] | None = None
-    schedule_unit: ScheduleUnit = "tokens"
-    schedule_interpolation: ScheduleInterpolation = "step"
-    schedule_resolution: int = 100
-    global_batch_size: int | None = None
-    mix_policy: str | None = None
-    mix_update_every: int = 100
-    odm_smoothing: float = 0.9
+    schedule_unit: ScheduleUnit = checked("tokens", one_of(_UNITS, "'tokens' or 'steps'"))
+    schedule_interpolation: ScheduleInterpolation = checked(
+        "step", one_of(get_args(ScheduleInterpolation), "'step' or 'linear'")
+    )
+    schedule_resolution: int = checked(100, number(int, "positive", _positive))
+    global_batch_size: int | None = checked(None, number(int, "positive", _positive, optional=True))
+    mix_policy: str | None = checked(
+        None, reader("None, 'odm', 'doremi' or 'module:Class'", _is_policy, optional=True)
+    )
+    mix_update_every: int = checked(100, number(int, "positive", _positive))
+    odm_smoothing: float = checked(0.9, number(float, "in [0, 1)", lambda a: 0 <= a < 1))
     odm_exploration: float | None = None
     doremi_reference_losses: tuple[float, ...] | None = None
-    doremi_step_size: float = 1.0
-    doremi_smoothing: float = 1e-3
+    doremi_step_size: float = checked(
+        1.0, number(float, "positive and finite", lambda s: 0 < s < float("inf"))
+    )
+    doremi_smoothing: float = checked(1e-3, number(float, "in [0, 1]", lambda c: 0 <= c <= 1))
     mix_policy_options: dict[str, Any] | None = None
 
-    def __post_init__(self) -> None:
+    def _check(self) -> None:
         datasets = split_csv("datasets", self.datasets)
         if datasets is not None:
             if not datasets or any(not name for name in datasets):
@@ -85,28 +106,6 @@ class MixConfig:
         weights = split_csv("weights", self.weights)
         if weights is not None:
             set_field(self, "weights", weight_list("weights", weights, datasets))
-        if self.schedule_unit not in get_args(ScheduleUnit):
-            raise ConfigError(
-                f"schedule_unit must be 'tokens' or 'steps', got {self.schedule_unit!r}"
-            )
-        if self.schedule_interpolation not in get_args(ScheduleInterpolation):
-            raise ConfigError(
-                "schedule_interpolation must be 'step' or 'linear', "
-                f"got {self.schedule_interpolation!r}"
-            )
-        if self.global_batch_size is not None:
-            size = to_number("global_batch_size", self.global_batch_size, int)
-            if size < 1:
-                raise ConfigError(
-                    f"global_batch_size must be positive, got {self.global_batch_size!r}"
-                )
-            set_field(self, "global_batch_size", size)
-        resolution = to_number("schedule_resolution", self.schedule_resolution, int)
-        if resolution < 1:
-            raise ConfigError(
-                f"schedule_resolution must be positive, got {self.schedule_resolution!r}"
-            )
-        set_field(self, "schedule_resolution", resolution)
         if self.weight_schedule is not None:
             set_field(self, "weight_schedule", self._schedule_points(datasets))
         self._check_feedback(datasets)
@@ -114,58 +113,20 @@ class MixConfig:
     def _check_feedback(self, datasets: tuple[str, ...] | None) -> None:
         """The feedback fields: the policy named well, its parameters in range."""
         policy = self.mix_policy
-        if policy is not None:
-            if not isinstance(policy, str) or not (
-                policy in BUILT_IN_POLICIES or _is_class_path(policy)
-            ):
-                raise ConfigError(
-                    f"mix_policy must be None, 'odm', 'doremi' or 'module:Class', got {policy!r}"
-                )
-            if self.weight_schedule is not None:
-                raise ConfigError(
-                    f"mix_policy={policy!r} sets the weights as the run goes: set weights "
-                    "(where it starts) or weight_schedule, not both"
-                )
-        every = to_number("mix_update_every", self.mix_update_every, int)
-        if every < 1:
-            raise ConfigError(f"mix_update_every must be positive, got {self.mix_update_every!r}")
-        set_field(self, "mix_update_every", every)
-        alpha = to_number("odm_smoothing", self.odm_smoothing, float)
-        if not 0 <= alpha < 1:
-            raise ConfigError(f"odm_smoothing must be in [0, 1), got {self.odm_smoothing!r}")
-        set_field(self, "odm_smoothing", alpha)
-        if self.odm_exploration is not None:
-            rate = to_number("odm_exploration", self.odm_exploration, float)
-            n = len(datasets) if datasets is not None else 1
-            if not 0 < rate <= 1 / n:
-                raise ConfigError(
-                    f"odm_exploration must be in (0, 1 / datasets] = (0, {1 / n:g}], "
-                    f"got {self.odm_exploration!r}"
-                )
-            set_field(self, "odm_exploration", rate)
-        step = to_number("doremi_step_size", self.doremi_step_size, float)
-        if not 0 < step < float("inf"):
+        if policy is not None and self.weight_schedule is not None:
             raise ConfigError(
-                f"doremi_step_size must be positive and finite, got {self.doremi_step_size!r}"
+                f"mix_policy={policy!r} sets the weights as the run goes: set weights "
+                "(where it starts) or weight_schedule, not both"
             )
-        set_field(self, "doremi_step_size", step)
-        smoothing = to_number("doremi_smoothing", self.doremi_smoothing, float)
-        if not 0 <= smoothing <= 1:
-            raise ConfigError(f"doremi_smoothing must be in [0, 1], got {self.doremi_smoothing!r}")
-        set_field(self, "doremi_smoothing", smoothing)
+        if self.odm_exploration is not None:
+            n = len(datasets) if datasets is not None else 1
+            explore = number(
+                float, f"in (0, 1 / datasets] = (0, {1 / n:g}]", lambda e: 0 < e <= 1 / n
+            )
+            set_field(self, "odm_exploration", explore("odm_exploration", self.odm_exploration))
         losses = split_csv("doremi_reference_losses", self.doremi_reference_losses)
         if losses is not None:
-            numbers = tuple(to_number("doremi_reference_losses", x, float) for x in losses)
-            if any(not (0 <= x < float("inf")) for x in numbers):
-                raise ConfigError(
-                    "doremi_reference_losses must be non-negative and finite, got "
-                    f"{self.doremi_reference_losses!r}"
-                )
-            if datasets is not None and len(numbers) != len(datasets):
-                raise ConfigError(
-                    f"doremi_reference_losses has {len(numbers)} entries but datasets has "
-                    f"{len(datasets)}: {list(numbers)!r} for {list(datasets)!r}"
-                )
+            numbers = weight_list("doremi_reference_losses", losses, datasets, weights=False)
             set_field(self, "doremi_reference_losses", numbers)
         elif policy == "doremi":
             raise ConfigError(
@@ -197,11 +158,7 @@ class MixConfig:
         for point in schedule:
             if not isinstance(point, (list, tuple)) or len(point) != 2:
                 raise ConfigError(f"weight_schedule points are [at, weights], got {point!r}")
-            at = to_number("weight_schedule", point[0], int)
-            if at < 0:
-                raise ConfigError(
-                    f"weight_schedule position must be non-negative, got {point[0]!r}"
-                )
+            at = _POSITION("weight_schedule position", point[0])
             weights = split_csv("weight_schedule", point[1]) or ()
             points.append((at, weight_list("weight_schedule", weights, datasets)))
         if any(b[0] <= a[0] for a, b in zip(points, points[1:])):
@@ -213,11 +170,3 @@ class MixConfig:
                 "schedule_unit='steps' needs global_batch_size (sequences per global step)"
             )
         return tuple(points)
-
-
-def _is_class_path(value: str) -> bool:
-    """``module.path:Class`` (dotted identifiers on both sides of one colon)."""
-    module, colon, name = value.partition(":")
-    return bool(colon) and all(
-        part.isidentifier() for part in (*module.split("."), *name.split("."))
-    )

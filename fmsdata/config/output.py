@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, get_args
 
-from fmsdata.config.values import choice, flag, positive_int, set_field, to_number
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import flag, number, one_of, positive_int
 from fmsdata.errors import ConfigError
 
 __all__ = ["OutputConfig", "BatchFormat", "OutputDtype", "BATCH_FORMATS", "OUTPUT_DTYPES"]
@@ -17,7 +18,7 @@ OUTPUT_DTYPES: tuple[str, ...] = get_args(OutputDtype)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class OutputConfig:
+class OutputConfig(Section):
     """The batches a rank receives: their size, tensors, dtype and form.
 
     Attributes:
@@ -43,40 +44,24 @@ class OutputConfig:
             must not be smaller (larger is a model's padded vocabulary).
     """
 
-    batch_size: int = 8
-    batch_format: BatchFormat = "dict"
-    output_dtype: OutputDtype = "int64"
-    ignore_first_labels: int = 0
-    return_position_ids: bool = False
-    return_cu_seqlens: bool = False
-    return_document_ids: bool = False
-    return_step_digest: bool = False
-    vocab_size: int | None = None
+    batch_size: int = checked(8, positive_int)
+    batch_format: BatchFormat = checked("dict", one_of(BATCH_FORMATS))
+    output_dtype: OutputDtype = checked("int64", one_of(OUTPUT_DTYPES))
+    # Its upper bound, seq_length, is the lines section's: LoaderConfig checks it.
+    ignore_first_labels: int = checked(
+        0, number(int, "an integer from 0 to seq_length", lambda n: n >= 0)
+    )
+    return_position_ids: bool = checked(False, flag)
+    return_cu_seqlens: bool = checked(False, flag)
+    return_document_ids: bool = checked(False, flag)
+    return_step_digest: bool = checked(False, flag)
+    vocab_size: int | None = checked(
+        None, number(int, "positive or None", lambda n: n > 0, optional=True)
+    )
 
-    def __post_init__(self) -> None:
-        set_field(self, "batch_size", positive_int("batch_size", self.batch_size))
-        choice("batch_format", self.batch_format, BATCH_FORMATS)
-        choice("output_dtype", self.output_dtype, OUTPUT_DTYPES)
-        first = self.ignore_first_labels
-        if not isinstance(first, int) or isinstance(first, bool) or first < 0:
-            # Its upper bound, seq_length, is the lines section's: LoaderConfig checks it.
-            raise ConfigError(
-                f"ignore_first_labels must be an integer from 0 to seq_length, got {first!r}"
-            )
-        for name in (
-            "return_position_ids",
-            "return_cu_seqlens",
-            "return_document_ids",
-            "return_step_digest",
-        ):
-            flag(name, getattr(self, name))
+    def _check(self) -> None:
         if self.output_dtype == "int32" and self.return_document_ids:
             raise ConfigError(
                 "return_document_ids needs output_dtype='int64' (an id is "
                 "dataset << 56 | file << 32 | doc), got output_dtype='int32'"
             )
-        if self.vocab_size is not None:
-            vocab = to_number("vocab_size", self.vocab_size, int)
-            if vocab < 1:
-                raise ConfigError(f"vocab_size must be positive or None, got {self.vocab_size!r}")
-            set_field(self, "vocab_size", vocab)

@@ -6,14 +6,24 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from fmsdata.config.values import flag, optional_name, set_field, to_number
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import flag, number, optional_name
 from fmsdata.errors import ConfigError
 
 __all__ = ["RemoteConfig"]
 
 
+def _options(field: str, value: Any) -> Mapping[str, Any] | None:
+    if value is not None and not isinstance(value, Mapping):
+        # The value itself may hold secrets: name its type only.
+        raise ConfigError(
+            f"{field} must be a mapping of fsspec options, got a {type(value).__name__}"
+        )
+    return value
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RemoteConfig:
+class RemoteConfig(Section):
     """Access options of ``s3://`` and other fsspec roots (``fmsdata.remote.storage``)
     and the local cache of their files. A local root ignores them.
 
@@ -30,33 +40,10 @@ class RemoteConfig:
         remote_backoff: Seconds before the first retry (doubling, capped at 30 s).
     """
 
-    endpoint_url: str | None = None
-    aws_profile: str | None = None
-    anonymous: bool = False
-    storage_options: Mapping[str, Any] | None = dataclasses.field(default=None, repr=False)
-    remote_cache_gb: float = 100.0
-    remote_retries: int = 8
-    remote_backoff: float = 0.5
-
-    def __post_init__(self) -> None:
-        for name in ("endpoint_url", "aws_profile"):
-            optional_name(name, getattr(self, name))
-        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
-            # The value itself may hold secrets: name its type only.
-            raise ConfigError(
-                "storage_options must be a mapping of fsspec options, "
-                f"got a {type(self.storage_options).__name__}"
-            )
-        size = to_number("remote_cache_gb", self.remote_cache_gb, float)
-        if not size > 0:
-            raise ConfigError(f"remote_cache_gb must be positive, got {self.remote_cache_gb!r}")
-        set_field(self, "remote_cache_gb", size)
-        tries = to_number("remote_retries", self.remote_retries, int)
-        if tries < 1:
-            raise ConfigError(f"remote_retries must be at least 1, got {self.remote_retries!r}")
-        set_field(self, "remote_retries", tries)
-        backoff = to_number("remote_backoff", self.remote_backoff, float)
-        if not 0 <= backoff < 3600:
-            raise ConfigError(f"remote_backoff must be in [0, 3600) s, got {self.remote_backoff!r}")
-        set_field(self, "remote_backoff", backoff)
-        flag("anonymous", self.anonymous)
+    endpoint_url: str | None = checked(None, optional_name)
+    aws_profile: str | None = checked(None, optional_name)
+    anonymous: bool = checked(False, flag)
+    storage_options: Mapping[str, Any] | None = checked(None, _options, repr=False)
+    remote_cache_gb: float = checked(100.0, number(float, "positive", lambda gb: gb > 0))
+    remote_retries: int = checked(8, number(int, "at least 1", lambda n: n >= 1))
+    remote_backoff: float = checked(0.5, number(float, "in [0, 3600) s", lambda s: 0 <= s < 3600))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from fmsdata.config.values import non_negative_int, positive_int, set_field
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import non_negative_int, positive_int
 
 __all__ = ["ShardsConfig"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ShardsConfig:
+class ShardsConfig(Section):
     """The logical shards and the seed: every order (file walk, document walk, shuffle,
     fill-in-the-middle draws) is a pure function of (seed, logical shard), which is what
     makes a run resumable and rescalable. A loader state must agree with both.
@@ -25,9 +26,5 @@ class ShardsConfig:
 
     # As batch_size: a global batch of any world size that can run (up to 8 ranks) is then
     # a multiple of it, so the defaults keep G2/G3 exact; more ranks need more shards.
-    logical_shards: int = 8
-    seed: int = 42
-
-    def __post_init__(self) -> None:
-        set_field(self, "logical_shards", positive_int("logical_shards", self.logical_shards))
-        set_field(self, "seed", non_negative_int("seed", self.seed))
+    logical_shards: int = checked(8, positive_int)
+    seed: int = checked(42, non_negative_int)

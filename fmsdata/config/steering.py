@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-from fmsdata.config.values import flag, set_field, split_csv, to_number
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import flag, split_csv, to_number
 from fmsdata.errors import ConfigError
 
 __all__ = ["SteeringConfig"]
 
 
+def _skips(field: str, value: Any) -> tuple[tuple[int, int], ...]:
+    skips = []
+    for item in value or ():
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise ConfigError(f"{field} entries are [step, n], got {item!r}")
+        at, n = (to_number(field, v, int) for v in item)
+        if at < 0 or n < 1:
+            raise ConfigError(f"{field} needs step >= 0 and n >= 1, got {list(item)!r}")
+        skips.append((at, n))
+    return tuple(skips)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SteeringConfig:
+class SteeringConfig(Section):
     """Interventions in a run (docs/guide/steering.md): a mix or line length changed on
     resume, batches passed over. None shapes a line, so none is part of a state's
     fingerprint.
@@ -28,19 +42,6 @@ class SteeringConfig:
             ``n`` batches (applied once; the state records it).
     """
 
-    allow_mix_change: bool = False
-    allow_changes: tuple[str, ...] = ()
-    skip_steps: tuple[tuple[int, int], ...] = ()
-
-    def __post_init__(self) -> None:
-        flag("allow_mix_change", self.allow_mix_change)
-        set_field(self, "allow_changes", split_csv("allow_changes", self.allow_changes) or ())
-        skips = []
-        for item in self.skip_steps or ():
-            if not isinstance(item, (list, tuple)) or len(item) != 2:
-                raise ConfigError(f"skip_steps entries are [step, n], got {item!r}")
-            at, n = (to_number("skip_steps", v, int) for v in item)
-            if at < 0 or n < 1:
-                raise ConfigError(f"skip_steps needs step >= 0 and n >= 1, got {list(item)!r}")
-            skips.append((at, n))
-        set_field(self, "skip_steps", tuple(skips))
+    allow_mix_change: bool = checked(False, flag)
+    allow_changes: tuple[str, ...] = checked((), lambda field, value: split_csv(field, value) or ())
+    skip_steps: tuple[tuple[int, int], ...] = checked((), _skips)

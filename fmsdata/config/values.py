@@ -1,14 +1,14 @@
 """How config values are read: the coercions and checks every section shares.
 
-Each reader takes the field's name and the value as given (from YAML, a CLI override, a
-dict or Python) and returns the normalized value, or raises ``ConfigError`` naming the
-field and quoting the value. Sections call them from ``__post_init__``.
+A reader takes the field's name and the value as given (from YAML, a CLI override, a dict
+or Python) and returns the normalized value, or raises ``ConfigError`` naming the field
+and quoting the value. A section names each field's reader (``fmsdata.config.section``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fmsdata.errors import ConfigError
@@ -18,21 +18,27 @@ from fmsdata.util.urls import local_path, location
 __all__ = [
     "split_csv",
     "to_number",
+    "reader",
+    "number",
     "positive_int",
     "non_negative_int",
     "optional_token",
     "optional_path",
+    "non_empty",
     "optional_name",
     "flag",
-    "choice",
+    "one_of",
     "weight_list",
     "as_plain",
     "set_field",
+    "Reader",
 ]
+
+Reader = Callable[[str, Any], Any]
 
 
 def set_field(obj: Any, name: str, value: Any) -> None:
-    """Store a normalized value on a frozen section (only from its ``__post_init__``)."""
+    """Store a normalized value on a frozen section (only while it is built)."""
     object.__setattr__(obj, name, value)
 
 
@@ -41,19 +47,15 @@ def split_csv(field: str, value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        items = [item.strip() for item in value.split(",")]
-        return tuple(item for item in items if item)
+        return tuple(item for item in (item.strip() for item in value.split(",")) if item)
     if isinstance(value, (list, tuple)):
         return tuple(str(item).strip() for item in value)
     raise ConfigError(f"{field} must be a comma string or a list, got {value!r}")
 
 
-_KIND_NAMES = {int: "an integer", float: "a number"}
-
-
 def to_number(field: str, value: Any, kind: type) -> Any:
     """``value`` as an ``int`` or ``float`` (numeric strings accepted, bools refused)."""
-    expected = _KIND_NAMES.get(kind, f"a {kind.__name__}")
+    expected = "an integer" if kind is int else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ConfigError(f"{field} must be {expected}, got {value!r}")
     try:
@@ -65,28 +67,48 @@ def to_number(field: str, value: Any, kind: type) -> Any:
     return number
 
 
-def positive_int(field: str, value: Any) -> int:
-    number = to_number(field, value, int)
-    if number < 1:
-        raise ConfigError(f"{field} must be a positive integer, got {value!r}")
-    return int(number)
+def reader(
+    what: str,
+    ok: Callable[[Any], bool],
+    convert: Reader | None = None,
+    *,
+    optional: bool = False,
+) -> Reader:
+    """A reader of the values for which ``ok`` holds (after ``convert``), or None too
+    where ``optional``; ``what`` says which values in the error."""
+
+    def read(field: str, value: Any) -> Any:
+        if value is None and optional:
+            return None
+        result = convert(field, value) if convert else value
+        if not ok(result):
+            raise ConfigError(f"{field} must be {what}, got {value!r}")
+        return result
+
+    return read
 
 
-def non_negative_int(field: str, value: Any) -> int:
-    number = to_number(field, value, int)
-    if number < 0:
-        raise ConfigError(f"{field} must be a non-negative integer, got {number!r}")
-    return int(number)
+def number(kind: type, what: str, ok: Callable[[Any], bool], *, optional: bool = False) -> Reader:
+    """A reader of ``kind`` (``int`` or ``float``) values for which ``ok`` holds."""
+    return reader(what, ok, lambda field, value: to_number(field, value, kind), optional=optional)
 
 
-def optional_token(field: str, value: Any) -> int | None:
-    """A token id (a non-negative integer) or None."""
-    if value is None:
-        return None
-    token = to_number(field, value, int)
-    if token < 0:
-        raise ConfigError(f"{field} must be a non-negative token id or None, got {value!r}")
-    return int(token)
+def one_of(allowed: Sequence[Any], what: str = "") -> Reader:
+    """A reader of values in ``allowed`` (a ``Literal``'s arguments)."""
+    return reader(what or f"one of {tuple(allowed)}", lambda value: value in allowed)
+
+
+def non_empty(what: str, *, optional: bool = False) -> Reader:
+    """A reader of non-empty strings (a column, a format, a profile name)."""
+    return reader(what, lambda value: isinstance(value, str) and bool(value), optional=optional)
+
+
+positive_int = number(int, "a positive integer", lambda n: n > 0)
+non_negative_int = number(int, "a non-negative integer", lambda n: n >= 0)
+optional_token = number(int, "a non-negative token id or None", lambda n: n >= 0, optional=True)
+optional_name = non_empty("a non-empty string or None", optional=True)
+# Only a real ``bool``: ``"yes"`` or 1 is a mistake to name.
+flag = reader("true or false", lambda value: isinstance(value, bool))
 
 
 # Every field that holds a path, and where it may be (``fmsdata.util.urls``): "read" and
@@ -118,42 +140,23 @@ def optional_path(field: str, value: Any) -> str | None:
     return location(text, field, write=kind == "write")
 
 
-def optional_name(field: str, value: Any) -> str | None:
-    """None or a non-empty string (an endpoint, a profile name)."""
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ConfigError(f"{field} must be a non-empty string or None, got {value!r}")
-    return value
-
-
-def flag(field: str, value: Any) -> bool:
-    """A true/false field: only a real ``bool`` (``"yes"`` or 1 is a mistake to name)."""
-    if not isinstance(value, bool):
-        raise ConfigError(f"{field} must be true or false, got {value!r}")
-    return value
-
-
-def choice(field: str, value: Any, allowed: Sequence[Any]) -> Any:
-    """``value`` if it is one of ``allowed`` (a ``Literal``'s arguments)."""
-    if value not in allowed:
-        raise ConfigError(f"{field} must be one of {tuple(allowed)}, got {value!r}")
-    return value
-
-
 def weight_list(
-    field: str, values: Sequence[Any], datasets: tuple[str, ...] | None
+    field: str, values: Sequence[Any], datasets: tuple[str, ...] | None, *, weights: bool = True
 ) -> tuple[float, ...]:
-    """Weights of ``datasets``: non-negative, finite, one positive, one per dataset."""
+    """One number per dataset, non-negative and finite; ``weights`` (one positive) need
+    ``datasets``, other lists are matched to them only where they are named."""
     numbers = tuple(to_number(field, w, float) for w in values)
-    if any(not (0 <= w < float("inf")) for w in numbers) or not any(w > 0 for w in numbers):
-        raise ConfigError(
-            f"{field} must be non-negative and finite with one positive, got {list(values)!r}"
-        )
-    if datasets is None:
+    if any(not (0 <= w < float("inf")) for w in numbers) or not (
+        any(w > 0 for w in numbers) or not weights
+    ):
+        one = " with one positive" if weights else ""
+        raise ConfigError(f"{field} must be non-negative and finite{one}, got {list(values)!r}")
+    if datasets is None and weights:
         raise ConfigError(f"{field} needs datasets: name the folders the weights belong to")
-    if len(numbers) != len(datasets):
+    if datasets is not None and len(numbers) != len(datasets):
         raise ConfigError(
             f"{field} has {len(numbers)} entries but datasets has {len(datasets)}: "
-            f"{list(values)!r} for {list(datasets)!r}"
+            f"{list(numbers)!r} for {list(datasets)!r}"
         )
     return numbers
 

@@ -5,16 +5,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, get_args
 
-from fmsdata.config.values import flag, non_negative_int, positive_int, set_field, to_number
-from fmsdata.errors import ConfigError
+from fmsdata.config.section import Section, checked
+from fmsdata.config.values import flag, non_negative_int, number, one_of, positive_int, set_field
 
 __all__ = ["WorkersConfig", "StartMethod"]
 
 StartMethod = Literal["fork", "spawn", "forkserver"]
+_TIMEOUT = number(
+    float,
+    "a non-negative number of seconds or None (0 and None: wait forever)",
+    lambda seconds: 0 <= seconds < float("inf"),
+    optional=True,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class WorkersConfig:
+class WorkersConfig(Section):
     """How many worker processes a rank runs and how they hand batches over; none of it
     changes which tokens come.
 
@@ -36,34 +42,16 @@ class WorkersConfig:
             where nothing can watch them.
     """
 
-    num_workers: int = 1
-    prefetch_factor: int = 2
-    pin_memory: bool = False
-    multiprocessing_context: StartMethod | None = None
-    open_files: int | None = None
-    worker_timeout: float | None = 600.0
+    num_workers: int = checked(1, non_negative_int)
+    prefetch_factor: int = checked(2, positive_int)
+    pin_memory: bool = checked(False, flag)
+    multiprocessing_context: StartMethod | None = checked(
+        None, one_of((None, *get_args(StartMethod)), "fork, spawn, forkserver or None")
+    )
+    open_files: int | None = checked(
+        None, number(int, "a positive integer or None", lambda n: n > 0, optional=True)
+    )
+    worker_timeout: float | None = checked(600.0, _TIMEOUT)
 
-    def __post_init__(self) -> None:
-        set_field(self, "num_workers", non_negative_int("num_workers", self.num_workers))
-        set_field(self, "prefetch_factor", positive_int("prefetch_factor", self.prefetch_factor))
-        flag("pin_memory", self.pin_memory)
-        if self.multiprocessing_context not in (None, *get_args(StartMethod)):
-            raise ConfigError(
-                "multiprocessing_context must be fork, spawn, forkserver or None, "
-                f"got {self.multiprocessing_context!r}"
-            )
-        if self.open_files is not None:
-            files = to_number("open_files", self.open_files, int)
-            if files < 1:
-                raise ConfigError(
-                    f"open_files must be a positive integer or None, got {self.open_files!r}"
-                )
-            set_field(self, "open_files", files)
-        if self.worker_timeout is not None:
-            timeout = to_number("worker_timeout", self.worker_timeout, float)
-            if not timeout >= 0 or timeout == float("inf"):
-                raise ConfigError(
-                    "worker_timeout must be a non-negative number of seconds or None (0 and "
-                    f"None: wait forever), got {self.worker_timeout!r}"
-                )
-            set_field(self, "worker_timeout", timeout or None)
+    def _check(self) -> None:
+        set_field(self, "worker_timeout", self.worker_timeout or None)
