@@ -99,38 +99,15 @@ FMS_DEFAULTS: dict[str, Any] = {
 # Fields of train_config that drive the model, FSDP, optimizer, logging or the script
 # itself (use_dummy_dataset picks get_dummy_loader): accepted and ignored.
 FOREIGN_FIELDS = frozenset(
-    {
-        "model_variant",
-        "use_dummy_dataset",
-        "sharding_strategy",
-        "fsdp_activation_checkpointing",
-        "selective_checkpointing",
-        "mixed_precision",
-        "low_cpu_fsdp",
-        "num_steps",
-        "training_stage",
-        "learning_rate",
-        "grad_clip_thresh",
-        "use_profiler",
-        "profiler_rank0_only",
-        "report_interval",
-        "tracker",
-        "tracker_dir",
-        "tracker_project_name",
-        "tracker_run_id",
-        "use_torch_compile",
-        "tp_size",
-        "model_arch",
-        "model_path",
-        "n_speculator_heads",
-        "speculator_width",
-        "speculator_tie_weights",
-        "speculator_scale_input",
-        "stage2_start_step",
-        "stage2_prompt_length",
-        "stage2_batch_size",
-        "stage2_seq_length",
-    }
+    """
+    model_variant use_dummy_dataset sharding_strategy fsdp_activation_checkpointing
+    selective_checkpointing mixed_precision low_cpu_fsdp num_steps training_stage
+    learning_rate grad_clip_thresh use_profiler profiler_rank0_only report_interval
+    tracker tracker_dir tracker_project_name tracker_run_id use_torch_compile tp_size
+    model_arch model_path n_speculator_heads speculator_width speculator_tie_weights
+    speculator_scale_input stage2_start_step stage2_prompt_length stage2_batch_size
+    stage2_seq_length
+    """.split()
 )
 
 # Folder of loader checkpoints under ckpt_save_path / ckpt_load_path.

@@ -53,13 +53,8 @@ class DocStream:
     and last token."""
 
     FIELDS = (
-        "docset_index",
-        "chunk_index",
-        "lcg_state",
-        "epochs_seen",
-        "tokens_seen",
-        "docs_seen",
-        "percent_seen",
+        *("docset_index", "chunk_index", "lcg_state", "epochs_seen", "tokens_seen"),
+        *("docs_seen", "percent_seen"),
     )
 
     def __init__(
@@ -94,9 +89,7 @@ class DocStream:
         out = {field: getattr(self, field) for field in self.FIELDS}
         out["dataset"] = self.name
         if self.origin is not None:
-            origin = dict(self.origin)
-            # the chunk still to come of the current document is recomputed on load
-            out["origin"] = origin
+            out["origin"] = dict(self.origin)
         return out
 
     def load(self, state: dict) -> None:

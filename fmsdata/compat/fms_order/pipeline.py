@@ -51,6 +51,10 @@ WINDOW = 10000  # fms-fsdp's PreloadBufferDataset size in get_data_loader
 _SUFFIX = ".fms"
 _VERSION = 2  # 2: buffered lines saved as spans of the documents
 _SOURCES = (("own", OWN_CHECKPOINTS, _SUFFIX), ("fms", "checkpoints", ".pth"))
+# the fields a saved state must have been saved with (with the line length) to continue
+_FINGERPRINT = """datasets weights seq_length logical_shards seed eos_token bos_token bol_token
+    eol_token strip_tokens col_name fim_training psm_rate spm_rate fim_pre fim_mid
+    fim_suf""".split()
 
 
 def fms_resume_source(values: dict[str, Any]) -> tuple[str, str, int] | None:
@@ -194,29 +198,7 @@ class FmsOrderDataset(IterableDataset):
     ):
         self.values, self.rank, self.world_size = dict(values), rank, world_size
         self.postprocess, self.length = tuple(postprocess), length
-        self.fingerprint = {
-            key: values[key]
-            for key in (
-                "datasets",
-                "weights",
-                "seq_length",
-                "logical_shards",
-                "seed",
-                "eos_token",
-                "bos_token",
-                "bol_token",
-                "eol_token",
-                "strip_tokens",
-                "col_name",
-                "fim_training",
-                "psm_rate",
-                "spm_rate",
-                "fim_pre",
-                "fim_mid",
-                "fim_suf",
-            )
-        }
-        self.fingerprint["length"] = length
+        self.fingerprint = {key: values[key] for key in _FINGERPRINT} | {"length": length}
 
     def _place(self) -> tuple[int, int]:
         info = get_worker_info()
