@@ -12,9 +12,7 @@ Checkpoints, like fms-fsdp's, are written by whoever produces the lines when bat
 ``ckpt_save_path/fmsdata_fms_order/step_<N>_ckp/loader_state_<p>.fms`` (fmsdata's
 state files: JSON and ``.npy`` in a zip, never unpickled). Unlike fms-fsdp's they also
 hold where each logical shard's pass started, so resuming continues the uninterrupted
-stream exactly. At start a worker resumes from, in order: the newest such folder under
-``ckpt_save_path``; fms-fsdp's own checkpoints there; with ``resuming_dataset``, the same
-two under ``ckpt_load_path`` (``fms_resume_source``).
+stream exactly. Where a worker resumes from: ``fms_resume_source``.
 """
 
 from __future__ import annotations
@@ -137,15 +135,7 @@ class _Chain:
                     f"fim_training with bos_token={bos!r}: mamba-fim allows no BOS in FIM "
                     "training (use fim_pre)"
                 )
-            self.fim = FimStep(
-                eos,
-                values["psm_rate"],
-                values["spm_rate"],
-                values["fim_pre"],
-                values["fim_mid"],
-                values["fim_suf"],
-                rank,
-            )
+            self.fim = FimStep(values, rank)
 
     def state(self) -> dict[str, Any]:
         out = {
@@ -247,21 +237,14 @@ class FmsOrderDataset(IterableDataset):
             "packer": {"buffer": []},
             "mix": {"sample_iterator_states": []},
         }
+        # fms-fsdp's rescale restarts each logical shard's pass where its state says;
+        # fmsdata's own states rescale the same way, so without ``origin``
+        for s in states:
+            for sub in s["mix"]["sample_iterator_states"]:
+                for shard in sub["logical_shard_states"]:
+                    shard.pop("origin", None)
         for i in range(len(chain.datasets)):
             subs = [s["mix"]["sample_iterator_states"][i] for s in states]
-            if kind == "own":
-                # fms-fsdp's rescale restarts each logical shard's pass where its state
-                # says; fmsdata's own states rescale the same way, so without ``origin``
-                subs = [
-                    {
-                        **sub,
-                        "logical_shard_states": [
-                            {k: v for k, v in shard.items() if k != "origin"}
-                            for shard in sub["logical_shard_states"]
-                        ],
-                    }
-                    for sub in subs
-                ]
             merged["mix"]["sample_iterator_states"].append(
                 {
                     key: reshard([sub[key] for sub in subs], n_files, p, world, folder)
