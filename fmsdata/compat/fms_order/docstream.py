@@ -72,9 +72,8 @@ class DocStream:
     ):
         self.folder, self.name, self.shard, self.seed = folder, name, shard, seed
         self.ranges = docs.ranges
-        sizes = [hi - lo + 1 for _, lo, hi in self.ranges]
-        self.ends = list(np.cumsum(sizes)) if sizes else []
-        self.n_docs = int(sum(sizes))
+        self.ends = np.cumsum([hi - lo + 1 for _, lo, hi in self.ranges]).tolist()
+        self.n_docs = docs.n_docs
         self.reader, self.eos, self.bos, self.min_length = reader, eos, bos, min_length
         self.file_ids = file_ids
         self.docset_index, self.chunk_index, self.lcg_state = 0, -1, seed + shard

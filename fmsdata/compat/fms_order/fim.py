@@ -79,5 +79,4 @@ class FimStep:
 
     def load(self, state: dict, whole: bool) -> None:
         if whole and state.get("g_state") is not None:
-            g = np.asarray(state["g_state"], dtype=np.uint8)
-            self.generator.set_state(torch.from_numpy(g.copy()))
+            self.generator.set_state(torch.tensor(np.asarray(state["g_state"], np.uint8)))

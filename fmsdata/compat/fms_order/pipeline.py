@@ -58,10 +58,7 @@ _FINGERPRINT = """datasets weights seq_length logical_shards seed eos_token bos_
 def fms_resume_source(values: dict[str, Any]) -> tuple[str, str, int] | None:
     """``(kind, folder, step)`` a worker would resume from: ``"own"`` (fmsdata's saves
     in this order), ``"fms"`` (fms-fsdp's) or None; ``step`` is the step count kept.
-
-    fms-fsdp's rule, with fmsdata's own saves looked for first in each place: a restarted
-    job's ``ckpt_save_path`` (step count kept), else with ``resuming_dataset`` the
-    ``ckpt_load_path`` of the stage before (step count restarted at 0)."""
+    fms-fsdp's rule (``fmsstate``), fmsdata's own saves looked for first in each place."""
     places = [(values["ckpt_save_path"], True)]
     if values["resuming_dataset"]:
         places.append((values["ckpt_load_path"], False))
