@@ -165,13 +165,11 @@ class DocStream:
         """Rebuild the document being emitted after a load of fmsdata's own state."""
         o = self.origin
         assert o is not None
+        doc, lcg = self._fetch(self.docset_index)
+        n = self._n_chunks(doc)
         if o["phase"] == "main":
-            doc, lcg = self._fetch(self.docset_index)
-            n = self._n_chunks(doc)
             self._doc = (doc, n, self.chunk_index + 1, n, lcg)
-        elif o["phase"] == "residual":
-            doc, _ = self._fetch(self.docset_index)
-            n = self._n_chunks(doc)
+        else:  # "residual": the chunks skipped at the pass's start, no LCG step after them
             self._doc = (doc, n, self.chunk_index + 1, min(o["residual"], n), None)
 
     def next_chunk(self) -> Chunk:
