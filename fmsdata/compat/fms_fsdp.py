@@ -99,38 +99,15 @@ FMS_DEFAULTS: dict[str, Any] = {
 # Fields of train_config that drive the model, FSDP, optimizer, logging or the script
 # itself (use_dummy_dataset picks get_dummy_loader): accepted and ignored.
 FOREIGN_FIELDS = frozenset(
-    {
-        "model_variant",
-        "use_dummy_dataset",
-        "sharding_strategy",
-        "fsdp_activation_checkpointing",
-        "selective_checkpointing",
-        "mixed_precision",
-        "low_cpu_fsdp",
-        "num_steps",
-        "training_stage",
-        "learning_rate",
-        "grad_clip_thresh",
-        "use_profiler",
-        "profiler_rank0_only",
-        "report_interval",
-        "tracker",
-        "tracker_dir",
-        "tracker_project_name",
-        "tracker_run_id",
-        "use_torch_compile",
-        "tp_size",
-        "model_arch",
-        "model_path",
-        "n_speculator_heads",
-        "speculator_width",
-        "speculator_tie_weights",
-        "speculator_scale_input",
-        "stage2_start_step",
-        "stage2_prompt_length",
-        "stage2_batch_size",
-        "stage2_seq_length",
-    }
+    """
+    model_variant use_dummy_dataset sharding_strategy fsdp_activation_checkpointing
+    selective_checkpointing mixed_precision low_cpu_fsdp num_steps training_stage
+    learning_rate grad_clip_thresh use_profiler profiler_rank0_only report_interval
+    tracker tracker_dir tracker_project_name tracker_run_id use_torch_compile tp_size
+    model_arch model_path n_speculator_heads speculator_width speculator_tie_weights
+    speculator_scale_input stage2_start_step stage2_prompt_length stage2_batch_size
+    stage2_seq_length
+    """.split()
 )
 
 # Folder of loader checkpoints under ckpt_save_path / ckpt_load_path.
@@ -281,7 +258,10 @@ def get_data_loader(
     restart = latest_checkpoint(own) is not None  # a restarted job: build_dataloader resumes
     if order is None:
         order = "fmsdata"
-        if not restart and _fms_order_local(values) and fms_resume_source(values) is not None:
+        # fms-fsdp-order checkpoints are looked for only where both checkpoint paths are
+        # local (a URL is never looked up as a local folder named ``s3:``)
+        local = not any(is_url(values[f]) for f in ("ckpt_save_path", "ckpt_load_path"))
+        if not restart and local and fms_resume_source(values) is not None:
             order = "fms-fsdp"
             logger.info("fms-fsdp-order loader checkpoints found: continuing in fms-fsdp order")
     if order == "fms-fsdp":
@@ -406,25 +386,15 @@ def _loader_checkpoints(field: str, value: Any, write: bool = False) -> str:
     return Folder(location(_path(field, value), field, write=write)).join(LOADER_CHECKPOINTS)
 
 
-# train_config fields that order="fms-fsdp" reads as local folders.
-_FMS_ORDER_PATHS = ("data_path", "ckpt_save_path", "ckpt_load_path")
-
-
 def _fms_order_paths(values: dict[str, Any]) -> None:
     """Refuse, by name, a URL among the folders order="fms-fsdp" reads and writes."""
-    for field in _FMS_ORDER_PATHS:
+    for field in ("data_path", "ckpt_save_path", "ckpt_load_path"):
         local_path(
             _path(field, values[field]),
             field,
             "order='fms-fsdp' reads and writes local (or shared) folders, as fms-fsdp does; "
             "order='fmsdata' takes URLs",
         )
-
-
-def _fms_order_local(values: dict[str, Any]) -> bool:
-    """Whether fms-fsdp-order checkpoints can be there: both checkpoint paths are local
-    (a URL is never looked up as a local folder named ``s3:``)."""
-    return not any(is_url(values[field]) for field in ("ckpt_save_path", "ckpt_load_path"))
 
 
 def _path(field: str, value: Any) -> str:

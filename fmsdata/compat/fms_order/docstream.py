@@ -53,13 +53,8 @@ class DocStream:
     and last token."""
 
     FIELDS = (
-        "docset_index",
-        "chunk_index",
-        "lcg_state",
-        "epochs_seen",
-        "tokens_seen",
-        "docs_seen",
-        "percent_seen",
+        *("docset_index", "chunk_index", "lcg_state", "epochs_seen", "tokens_seen"),
+        *("docs_seen", "percent_seen"),
     )
 
     def __init__(
@@ -77,9 +72,8 @@ class DocStream:
     ):
         self.folder, self.name, self.shard, self.seed = folder, name, shard, seed
         self.ranges = docs.ranges
-        sizes = [hi - lo + 1 for _, lo, hi in self.ranges]
-        self.ends = list(np.cumsum(sizes)) if sizes else []
-        self.n_docs = int(sum(sizes))
+        self.ends = np.cumsum([hi - lo + 1 for _, lo, hi in self.ranges]).tolist()
+        self.n_docs = docs.n_docs
         self.reader, self.eos, self.bos, self.min_length = reader, eos, bos, min_length
         self.file_ids = file_ids
         self.docset_index, self.chunk_index, self.lcg_state = 0, -1, seed + shard
@@ -94,9 +88,7 @@ class DocStream:
         out = {field: getattr(self, field) for field in self.FIELDS}
         out["dataset"] = self.name
         if self.origin is not None:
-            origin = dict(self.origin)
-            # the chunk still to come of the current document is recomputed on load
-            out["origin"] = origin
+            out["origin"] = dict(self.origin)
         return out
 
     def load(self, state: dict) -> None:
@@ -173,13 +165,11 @@ class DocStream:
         """Rebuild the document being emitted after a load of fmsdata's own state."""
         o = self.origin
         assert o is not None
+        doc, lcg = self._fetch(self.docset_index)
+        n = self._n_chunks(doc)
         if o["phase"] == "main":
-            doc, lcg = self._fetch(self.docset_index)
-            n = self._n_chunks(doc)
             self._doc = (doc, n, self.chunk_index + 1, n, lcg)
-        elif o["phase"] == "residual":
-            doc, _ = self._fetch(self.docset_index)
-            n = self._n_chunks(doc)
+        else:  # "residual": the chunks skipped at the pass's start, no LCG step after them
             self._doc = (doc, n, self.chunk_index + 1, min(o["residual"], n), None)
 
     def next_chunk(self) -> Chunk:

@@ -21,6 +21,8 @@ State key: ``g_state`` (uint8).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -34,23 +36,19 @@ MIN_LEN = 10  # FIMDataset's default min_len; mamba-fim's get_data_loader keeps 
 class FimStep:
     """Turns some documents of a line into PSM/SPM form, drawing as mamba-fim draws."""
 
-    def __init__(
-        self,
-        eos: int,
-        psm_rate: float,
-        spm_rate: float,
-        pre: int | None,
-        mid: int | None,
-        suf: int | None,
-        rank: int,
-    ):
+    def __init__(self, values: dict[str, Any], rank: int):
+        """``values``: the ``train_config`` loader fields mamba-fim reads (``eos_token``,
+        ``psm_rate``, ``spm_rate``, ``fim_pre``, ``fim_mid``, ``fim_suf``)."""
+        psm_rate, spm_rate = values["psm_rate"], values["spm_rate"]
         if not psm_rate + spm_rate > 0 or psm_rate + spm_rate > 1:
             raise ConfigError(
                 f"fim_training needs 0 < psm_rate + spm_rate <= 1, got psm_rate={psm_rate!r} "
                 f"and spm_rate={spm_rate!r} (mamba-fim asserts the same)"
             )
-        self.eos, self.psm, self.spm = eos, psm_rate, spm_rate
-        self.pre, self.mid, self.suf = ([t] if t else [] for t in (pre, mid, suf))
+        self.eos, self.psm, self.spm = values["eos_token"], psm_rate, spm_rate
+        self.pre, self.mid, self.suf = (
+            [t] if t else [] for t in (values["fim_pre"], values["fim_mid"], values["fim_suf"])
+        )
         self.generator = torch.Generator().manual_seed(rank)
 
     def __call__(self, line: np.ndarray) -> np.ndarray:
@@ -81,5 +79,4 @@ class FimStep:
 
     def load(self, state: dict, whole: bool) -> None:
         if whole and state.get("g_state") is not None:
-            g = np.asarray(state["g_state"], dtype=np.uint8)
-            self.generator.set_state(torch.from_numpy(g.copy()))
+            self.generator.set_state(torch.tensor(np.asarray(state["g_state"], np.uint8)))

@@ -116,14 +116,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-_KEYS = {
-    "SamplingDataset.sample_iterator_states",
-    "SamplingDataset.tokens_seen",
-    "SamplingDataset.current_iterator",
-    "BufferDataset.buffer",
-    "PreloadBufferDataset.g_state",
-    "PreloadBufferDataset.buffer",
-}
+_KEYS = set(
+    """SamplingDataset.sample_iterator_states SamplingDataset.tokens_seen
+    SamplingDataset.current_iterator BufferDataset.buffer PreloadBufferDataset.g_state
+    PreloadBufferDataset.buffer""".split()
+)
 
 
 def from_fms(state: dict[str, Any], path: str) -> dict[str, Any]:

@@ -12,9 +12,7 @@ Checkpoints, like fms-fsdp's, are written by whoever produces the lines when bat
 ``ckpt_save_path/fmsdata_fms_order/step_<N>_ckp/loader_state_<p>.fms`` (fmsdata's
 state files: JSON and ``.npy`` in a zip, never unpickled). Unlike fms-fsdp's they also
 hold where each logical shard's pass started, so resuming continues the uninterrupted
-stream exactly. At start a worker resumes from, in order: the newest such folder under
-``ckpt_save_path``; fms-fsdp's own checkpoints there; with ``resuming_dataset``, the same
-two under ``ckpt_load_path`` (``fms_resume_source``).
+stream exactly. Where a worker resumes from: ``fms_resume_source``.
 """
 
 from __future__ import annotations
@@ -51,15 +49,16 @@ WINDOW = 10000  # fms-fsdp's PreloadBufferDataset size in get_data_loader
 _SUFFIX = ".fms"
 _VERSION = 2  # 2: buffered lines saved as spans of the documents
 _SOURCES = (("own", OWN_CHECKPOINTS, _SUFFIX), ("fms", "checkpoints", ".pth"))
+# the fields a saved state must have been saved with (with the line length) to continue
+_FINGERPRINT = """datasets weights seq_length logical_shards seed eos_token bos_token bol_token
+    eol_token strip_tokens col_name fim_training psm_rate spm_rate fim_pre fim_mid
+    fim_suf""".split()
 
 
 def fms_resume_source(values: dict[str, Any]) -> tuple[str, str, int] | None:
     """``(kind, folder, step)`` a worker would resume from: ``"own"`` (fmsdata's saves
     in this order), ``"fms"`` (fms-fsdp's) or None; ``step`` is the step count kept.
-
-    fms-fsdp's rule, with fmsdata's own saves looked for first in each place: a restarted
-    job's ``ckpt_save_path`` (step count kept), else with ``resuming_dataset`` the
-    ``ckpt_load_path`` of the stage before (step count restarted at 0)."""
+    fms-fsdp's rule (``fmsstate``), fmsdata's own saves looked for first in each place."""
     places = [(values["ckpt_save_path"], True)]
     if values["resuming_dataset"]:
         places.append((values["ckpt_load_path"], False))
@@ -133,15 +132,7 @@ class _Chain:
                     f"fim_training with bos_token={bos!r}: mamba-fim allows no BOS in FIM "
                     "training (use fim_pre)"
                 )
-            self.fim = FimStep(
-                eos,
-                values["psm_rate"],
-                values["spm_rate"],
-                values["fim_pre"],
-                values["fim_mid"],
-                values["fim_suf"],
-                rank,
-            )
+            self.fim = FimStep(values, rank)
 
     def state(self) -> dict[str, Any]:
         out = {
@@ -194,29 +185,7 @@ class FmsOrderDataset(IterableDataset):
     ):
         self.values, self.rank, self.world_size = dict(values), rank, world_size
         self.postprocess, self.length = tuple(postprocess), length
-        self.fingerprint = {
-            key: values[key]
-            for key in (
-                "datasets",
-                "weights",
-                "seq_length",
-                "logical_shards",
-                "seed",
-                "eos_token",
-                "bos_token",
-                "bol_token",
-                "eol_token",
-                "strip_tokens",
-                "col_name",
-                "fim_training",
-                "psm_rate",
-                "spm_rate",
-                "fim_pre",
-                "fim_mid",
-                "fim_suf",
-            )
-        }
-        self.fingerprint["length"] = length
+        self.fingerprint = {key: values[key] for key in _FINGERPRINT} | {"length": length}
 
     def _place(self) -> tuple[int, int]:
         info = get_worker_info()
@@ -265,21 +234,14 @@ class FmsOrderDataset(IterableDataset):
             "packer": {"buffer": []},
             "mix": {"sample_iterator_states": []},
         }
+        # fms-fsdp's rescale restarts each logical shard's pass where its state says;
+        # fmsdata's own states rescale the same way, so without ``origin``
+        for s in states:
+            for sub in s["mix"]["sample_iterator_states"]:
+                for shard in sub["logical_shard_states"]:
+                    shard.pop("origin", None)
         for i in range(len(chain.datasets)):
             subs = [s["mix"]["sample_iterator_states"][i] for s in states]
-            if kind == "own":
-                # fms-fsdp's rescale restarts each logical shard's pass where its state
-                # says; fmsdata's own states rescale the same way, so without ``origin``
-                subs = [
-                    {
-                        **sub,
-                        "logical_shard_states": [
-                            {k: v for k, v in shard.items() if k != "origin"}
-                            for shard in sub["logical_shard_states"]
-                        ],
-                    }
-                    for sub in subs
-                ]
             merged["mix"]["sample_iterator_states"].append(
                 {
                     key: reshard([sub[key] for sub in subs], n_files, p, world, folder)

@@ -51,6 +51,5 @@ class PreloadBuffer:
 
     def load(self, state: dict, whole: bool, where: str = "preload") -> None:
         if whole and state.get("g_state") is not None:
-            g = np.asarray(state["g_state"], dtype=np.uint8)
-            self.generator.set_state(torch.from_numpy(g.copy()))
+            self.generator.set_state(torch.tensor(np.asarray(state["g_state"], np.uint8)))
         self.buffer = self.tokens.lines(state["buffer"], f"{where}.buffer")

@@ -72,8 +72,7 @@ class ShardMix:
         if whole:
             self.current = state["current_reader"]
             if state["g_state"] is not None:
-                g = np.asarray(state["g_state"], dtype=np.uint8)
-                self.generator.set_state(torch.from_numpy(g.copy()))
+                self.generator.set_state(torch.tensor(np.asarray(state["g_state"], np.uint8)))
         self.remaining = [int(x) for x in state["n_docs_remaining"]]
         self._set_weights()
         for stream, sub in zip(self.streams, state["logical_shard_states"], strict=True):

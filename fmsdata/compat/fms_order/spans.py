@@ -42,14 +42,10 @@ Segment = tuple[int, int, int, int, int]
 
 def _narrow(values: np.ndarray) -> np.ndarray:
     """``values`` in the smallest signed integer type that holds them (smaller states)."""
-    if len(values) == 0:
-        return values.astype(np.int8)
-    lo, hi = int(values.min()), int(values.max())
-    for dtype in (np.int8, np.int16, np.int32):
-        info = np.iinfo(dtype)
-        if info.min <= lo and hi <= info.max:
-            return values.astype(dtype)
-    return values.astype(np.int64)
+    lo, hi = (int(values.min()), int(values.max())) if values.size else (0, 0)
+    types = (np.int8, np.int16, np.int32)
+    fits = (t for t in types if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
+    return values.astype(next(fits, np.int64))
 
 
 def _check_int32(values: np.ndarray, where: str) -> None:
