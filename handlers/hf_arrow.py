@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.arrow import arrow_file_problem
-from fmsdata.handlers.base import FileHandler, pick_column
+from fmsdata.handlers.base import MappedReaderHandler, pick_column
 from fmsdata.handlers.mapping import MappedFile
 
 __all__ = ["HFArrowHandler"]
@@ -158,7 +158,7 @@ def _check_layout(path: str, col_name: str, batch: int, buffers: list[pa.Buffer 
             )
 
 
-class HFArrowHandler(FileHandler):
+class HFArrowHandler(MappedReaderHandler):
     """Arrow IPC stream or file, many rows per batch, a ``list<int>`` token column.
 
     Args:
@@ -167,18 +167,13 @@ class HFArrowHandler(FileHandler):
 
     name = "hf_arrow"
     extensions = (".arrow",)
+    described = ("col_name",)
 
     def __init__(self, col_name: str = "input_ids"):
         self.col_name = col_name
 
     def open(self, path: str) -> _RowsReader:
         return _RowsReader(path, self.col_name)
-
-    def num_docs(self, reader: _RowsReader) -> int:
-        return reader.n
-
-    def get(self, reader: _RowsReader, index: int) -> np.ndarray:
-        return reader.doc(index)
 
     def doc_lengths(self, reader: _RowsReader, indices: np.ndarray) -> np.ndarray:
         return reader.lengths[indices]
@@ -187,9 +182,3 @@ class HFArrowHandler(FileHandler):
         if reader.flat is None:
             return None
         return reader.flat, reader.starts, reader.lengths
-
-    def release(self, reader: _RowsReader) -> None:
-        reader.mapped.release()
-
-    def describe(self) -> dict[str, Any]:
-        return {"file_type": self.name, "col_name": self.col_name}
