@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fmsdata.cli.parser import PathArg
+from fmsdata.cli.parser import PathArg, add_command
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.util.urls import is_url, local_path, location, url_scheme
@@ -38,15 +38,12 @@ SHOW_DESCRIPTION = (
     "could build arbitrary objects: DCP's .metadata goes through an allow-list of DCP's own "
     "metadata classes, tensors through torch.load(weights_only=True), the rest is JSON."
 )
+SHOW_HELP = "epochs, documents and tokens seen per dataset and logical shard"
 
 
 def add_show_parser(actions: argparse._SubParsersAction) -> None:
     """``fmsdata state show PATH`` among the actions of ``fmsdata state``."""
-    show = actions.add_parser(
-        "show",
-        help="epochs, documents and tokens seen per dataset and logical shard",
-        description=SHOW_DESCRIPTION,
-    )
+    show = add_command(actions, "show", run_show, SHOW_HELP, SHOW_DESCRIPTION)
     show.add_argument(
         "path",
         type=PathArg("read"),
@@ -75,7 +72,6 @@ def add_show_parser(actions: argparse._SubParsersAction) -> None:
         "name, found from the current folder too)",
     )
     add_storage_options(show)
-    show.set_defaults(run=run_show)
 
 
 @dataclasses.dataclass(frozen=True)

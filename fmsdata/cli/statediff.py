@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fmsdata.cli.parser import PathArg
+from fmsdata.cli.parser import PathArg, add_command
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 
 __all__ = ["add_diff_parser", "run_diff", "diff_states"]
@@ -41,20 +41,18 @@ _SETTINGS = (
     "seed",
     "logical_shards",
 )
+DIFF_HELP = "what changed between two saved states"
+DIFF_DESCRIPTION = (
+    "Compare two saved loader states (A before B, as state show reads each): steps, "
+    "world size, skips added, the mix and the data, and per dataset the documents "
+    "and tokens delivered, buffered, held and dropped, the epochs, and the logical "
+    "shards that entered another epoch."
+)
 
 
 def add_diff_parser(actions: argparse._SubParsersAction) -> None:
     """``fmsdata state diff A B`` among the actions of ``fmsdata state``."""
-    diff = actions.add_parser(
-        "diff",
-        help="what changed between two saved states",
-        description=(
-            "Compare two saved loader states (A before B, as state show reads each): steps, "
-            "world size, skips added, the mix and the data, and per dataset the documents "
-            "and tokens delivered, buffered, held and dropped, the epochs, and the logical "
-            "shards that entered another epoch."
-        ),
-    )
+    diff = add_command(actions, "diff", run_diff, DIFF_HELP, DIFF_DESCRIPTION)
     for name in ("a", "b"):
         diff.add_argument(
             name,
@@ -75,7 +73,6 @@ def add_diff_parser(actions: argparse._SubParsersAction) -> None:
         help="with --config, the run's chain of stages when it is not the default",
     )
     add_storage_options(diff)
-    diff.set_defaults(run=run_diff)
 
 
 def diff_states(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
