@@ -131,11 +131,13 @@ def _length_summary(lengths: np.ndarray) -> dict[str, float]:
 
     if not len(lengths):
         return {}
-    summary = {"min": float(lengths.min()), "mean": float(lengths.mean())}
-    for q in (10, 50, 90, 99):
-        summary[f"p{q}"] = float(np.percentile(lengths, q))
-    summary["max"] = float(lengths.max())
-    return summary
+    percentiles = {f"p{q}": float(np.percentile(lengths, q)) for q in (10, 50, 90, 99)}
+    return {
+        "min": float(lengths.min()),
+        "mean": float(lengths.mean()),
+        **percentiles,
+        "max": float(lengths.max()),
+    }
 
 
 def _length_histogram(lengths: np.ndarray) -> dict[str, int]:

@@ -1,11 +1,7 @@
 """``fmsdata state show DIR``: what a saved loader state holds, without writing code.
 
-Reads a loader checkpoint folder (``loader_rank_*.fms``), a folder of automatic
-checkpoints (the newest complete ``step_*``), a single state file, or a
-``torch.distributed.checkpoint`` folder holding a loader entry. Nothing is unpickled that
-could build arbitrary objects: DCP's ``.metadata`` pickle goes through an allow-list of
-DCP's own metadata classes, tensors through ``torch.load(weights_only=True)``, the rest
-is JSON.
+``SHOW_DESCRIPTION`` (its ``--help``) says which folders and files it reads, and how
+without unpickling anything that could build arbitrary objects.
 """
 
 from __future__ import annotations
@@ -39,6 +35,12 @@ SHOW_DESCRIPTION = (
     "metadata classes, tensors through torch.load(weights_only=True), the rest is JSON."
 )
 SHOW_HELP = "epochs, documents and tokens seen per dataset and logical shard"
+# A logical shard's figures per dataset in the summary, from the names its report gives.
+_SHARD_FIELDS = [
+    (key, {"docs": "delivered_docs", "tokens": "delivered_tokens"}.get(key, key))
+    for key in "epoch pos size docs skipped tokens buffered_docs buffered_tokens unsent_tokens "
+    "held_tokens dropped_docs dropped_tokens".split()
+]
 
 
 def add_show_parser(actions: argparse._SubParsersAction) -> None:
@@ -212,20 +214,7 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
             for name in names:
                 got = report.datasets[name]
                 size = got["size"]
-                info: dict[str, Any] = {
-                    "epoch": got["epoch"],
-                    "pos": got["pos"],
-                    "size": size,
-                    "docs": got["delivered_docs"],
-                    "skipped": got["skipped"],
-                    "tokens": got["delivered_tokens"],
-                    "buffered_docs": got["buffered_docs"],
-                    "buffered_tokens": got["buffered_tokens"],
-                    "unsent_tokens": got["unsent_tokens"],
-                    "held_tokens": got["held_tokens"],
-                    "dropped_docs": got["dropped_docs"],
-                    "dropped_tokens": got["dropped_tokens"],
-                }
+                info: dict[str, Any] = {key: got[field] for key, field in _SHARD_FIELDS}
                 info["epochs_done"] = info["epoch"] + info["pos"] / size if size > 0 else None
                 row["datasets"][name] = info
                 total = totals[name]
