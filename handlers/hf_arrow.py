@@ -26,8 +26,9 @@ class _RowsReader:
         self.path = path
         self.mapped = MappedFile(path)
         source = pa.py_buffer(self.mapped.bytes)
+        file_format = bytes(self.mapped.bytes[:6]) == b"ARROW1"  # else an IPC stream
         try:
-            if bytes(self.mapped.bytes[:6]) == b"ARROW1":
+            if file_format:
                 ipc: Any = pa.ipc.open_file(source)
                 batches = [ipc.get_batch(i) for i in range(ipc.num_record_batches)]
             else:
@@ -36,13 +37,12 @@ class _RowsReader:
             schema = ipc.schema
             schema.names  # noqa: B018  (field names that are not UTF-8: damage)
         except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
-            if bytes(self.mapped.bytes[:6]) == b"ARROW1":
-                raise ShardFormatError(
-                    f"{path}: {arrow_file_problem(self.mapped.bytes, err)}"
-                ) from None
-            raise ShardFormatError(
-                f"{path}: not a readable Arrow IPC stream, or one cut short ({err})"
-            ) from None
+            problem = (
+                arrow_file_problem(self.mapped.bytes, err)
+                if file_format
+                else f"not a readable Arrow IPC stream, or one cut short ({err})"
+            )
+            raise ShardFormatError(f"{path}: {problem}") from None
         col_name = pick_column(path, schema.names, col_name)
         column_type = schema.field(col_name).type
         if not (pa.types.is_list(column_type) or pa.types.is_large_list(column_type)) or not (

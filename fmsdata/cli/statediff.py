@@ -97,9 +97,7 @@ def diff_states(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) 
         after = second["datasets"].get(name)
         row: dict[str, Any] = {"in": [x is not None for x in (before, after)]}
         for key in _COUNTS:
-            va = (before or {}).get(key, 0) or 0
-            vb = (after or {}).get(key, 0) or 0
-            row[key] = {"a": va, "b": vb, "change": vb - va}
+            row[key] = _moved((before or {}).get(key, 0) or 0, (after or {}).get(key, 0) or 0)
         row["epochs_done"] = {
             "a": (before or {}).get("epochs_done"),
             "b": (after or {}).get("epochs_done"),
@@ -107,11 +105,7 @@ def diff_states(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) 
         row["new_epoch_shards"] = _new_epochs(first["shards"], second["shards"], name)
         datasets[name] = row
     return {
-        "steps": {
-            "a": first["steps"],
-            "b": second["steps"],
-            "change": second["steps"] - first["steps"],
-        },
+        "steps": _moved(first["steps"], second["steps"]),
         "world_size": {"a": first["world_size"], "b": second["world_size"]},
         "skips_added": added,
         "settings": settings,
@@ -120,6 +114,10 @@ def diff_states(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) 
         "stage_counts": _count_changes(first["stage_counts"], second["stage_counts"]),
         "left_out": [s["left_out"] for s in (first, second) if s["left_out"]],
     }
+
+
+def _moved(a: int, b: int) -> dict[str, int]:
+    return {"a": a, "b": b, "change": b - a}
 
 
 def _new_epochs(

@@ -3,12 +3,8 @@
 A process that finds its kernels in the cache loads them in milliseconds; one that does not
 serves its first batches in Python while it compiles them (``fmsdata.util.compiled``). Where
 every job starts on a fresh machine or container, run this once where the cache is kept:
-in the image build (``RUN fmsdata warm``; the cache is numba's ``__pycache__`` beside the
-installed package, or ``NUMBA_CACHE_DIR``), or on a shared cache folder. Kernels are
-compiled per argument type, so it takes batches of each config given (with and without
-DataLoader workers, through the shuffle buffers' fill and 256 batches more) and, without a
-config, of a set of small generated corpora that covers the built-in stages, outputs and
-token widths.
+in the image build (``RUN fmsdata warm``), or on a shared cache folder. Kernels are
+compiled per argument type: ``DESCRIPTION`` (its ``--help``) says what it runs for that.
 """
 
 from __future__ import annotations
