@@ -16,7 +16,7 @@ from fmsdata.handlers.arrow_index import (
     footer_blocks,
     footer_length,
 )
-from fmsdata.handlers.base import FileHandler, pick_column
+from fmsdata.handlers.base import MappedReaderHandler, pick_column
 from fmsdata.handlers.mapping import MappedFile
 
 __all__ = ["ArrowDocHandler", "arrow_file_problem", "write_arrow_docs"]
@@ -175,7 +175,7 @@ def _footer(
     return footer_blocks(np.frombuffer(tail, dtype=np.uint8))
 
 
-class ArrowDocHandler(FileHandler):
+class ArrowDocHandler(MappedReaderHandler):
     """Arrow IPC *file* format, one record batch per document, one integer token column.
 
     Documents are zero-copy views of the memory-mapped file.
@@ -187,18 +187,13 @@ class ArrowDocHandler(FileHandler):
 
     name = "arrow"
     extensions = (".arrow",)
+    described = ("col_name",)
 
     def __init__(self, col_name: str = "tokens") -> None:
         self.col_name = col_name
 
     def open(self, path: str) -> _DocBatchReader:
         return _DocBatchReader(path, self.col_name)
-
-    def num_docs(self, reader: _DocBatchReader) -> int:
-        return reader.n
-
-    def get(self, reader: _DocBatchReader, index: int) -> np.ndarray:
-        return reader.doc(index)
 
     def doc_lengths(self, reader: _DocBatchReader, indices: np.ndarray) -> np.ndarray:
         reader.locate(indices)
@@ -211,9 +206,6 @@ class ArrowDocHandler(FileHandler):
         if reader._copies:
             return None
         return reader.flat, reader.starts, reader.lengths
-
-    def release(self, reader: _DocBatchReader) -> None:
-        reader.mapped.release()
 
     def count_metadata(
         self, read: Callable[[str, int, int], bytes], path: str, size: int, tokens: bool
@@ -256,9 +248,6 @@ class ArrowDocHandler(FileHandler):
         k = max(1, int(np.searchsorted(ends - offsets[0], _FIRST_SPAN, side="right")))
         data = np.frombuffer(read(path, int(offsets[0]), int(ends[k - 1])), dtype=np.uint8)
         return batch_rows(data, offsets[:k] - offsets[0])
-
-    def describe(self) -> dict[str, Any]:
-        return {"file_type": self.name, "col_name": self.col_name}
 
 
 def write_arrow_docs(

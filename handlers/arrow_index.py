@@ -70,26 +70,11 @@ class RecordBatchIndex:
     @staticmethod
     def read(buf: np.ndarray) -> RecordBatchIndex | None:
         """The footer's batch list, or None when the file does not look like an Arrow file."""
-        size = len(buf)
-        if size < 32 or bytes(buf[:6]) != _MAGIC or bytes(buf[-6:]) != _MAGIC:
+        found = _batch_blocks(buf) if len(buf) >= 32 and bytes(buf[:6]) == _MAGIC else None
+        if found is None or found[2] < 8:
             return None
-        footer_len = int(_read(buf, np.array([size - 10]), "<i4")[0])
-        footer = size - 10 - footer_len
-        if footer_len <= 0 or footer < 8:
-            return None
-        try:
-            root = _deref(buf, np.array([footer]))
-            batches_field = _field(buf, root, 3)
-            if batches_field[0] == 0:
-                return None
-            vec = _deref(buf, root + batches_field)
-            n = int(_read(buf, vec, "<u4")[0])
-            blocks = vec[0] + 4 + 24 * np.arange(n, dtype=np.int64)
-            offsets = _read(buf, blocks, "<i8")
-            meta_lengths = _read(buf, blocks + 8, "<i4")
-        except IndexError:
-            return None
-        if n and (offsets.min() < 8 or (offsets + meta_lengths).max() > footer):
+        offsets, meta_lengths, footer = found
+        if len(offsets) and (offsets.min() < 8 or (offsets + meta_lengths).max() > footer):
             return None
         return RecordBatchIndex(offsets, meta_lengths, footer)
 
@@ -232,22 +217,26 @@ def footer_blocks(tail: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Byte offset and metadata length of every record batch, from the last bytes of an
     Arrow IPC file (``tail``, which must hold the whole footer); None when they do not
     end like one. Lets a remote file's documents be counted from a range request."""
-    size = len(tail)
-    if size < 10 or bytes(tail[-6:]) != _MAGIC:
+    found = _batch_blocks(tail)
+    return None if found is None else found[:2]
+
+
+def _batch_blocks(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """``footer_blocks`` and where in ``buf`` the footer starts."""
+    size = len(buf)
+    if size < 10 or bytes(buf[-6:]) != _MAGIC:
         return None
-    footer_len = int(_read(tail, np.array([size - 10]), "<i4")[0])
-    footer = size - 10 - footer_len
-    if footer_len <= 0 or footer < 0:
+    footer = size - 10 - int(_read(buf, np.array([size - 10]), "<i4")[0])
+    if footer >= size - 10 or footer < 0:
         return None
     try:
-        root = _deref(tail, np.array([footer]))
-        batches_field = _field(tail, root, 3)
+        root = _deref(buf, np.array([footer]))
+        batches_field = _field(buf, root, 3)
         if batches_field[0] == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        vec = _deref(tail, root + batches_field)
-        n = int(_read(tail, vec, "<u4")[0])
-        blocks = vec[0] + 4 + 24 * np.arange(n, dtype=np.int64)
-        return _read(tail, blocks, "<i8"), _read(tail, blocks + 8, "<i4")
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), footer
+        vec = _deref(buf, root + batches_field)
+        blocks = vec[0] + 4 + 24 * np.arange(int(_read(buf, vec, "<u4")[0]), dtype=np.int64)
+        return _read(buf, blocks, "<i8"), _read(buf, blocks + 8, "<i4"), footer
     except IndexError:
         return None
 

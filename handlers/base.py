@@ -16,7 +16,14 @@ import numpy as np
 
 from fmsdata.errors import ShardFormatError
 
-__all__ = ["FileHandler", "FlatBuffer", "FlatBufferHandler", "column_candidates", "pick_column"]
+__all__ = [
+    "FileHandler",
+    "FlatBuffer",
+    "FlatBufferHandler",
+    "MappedReaderHandler",
+    "column_candidates",
+    "pick_column",
+]
 
 
 def column_candidates(col_name: str) -> tuple[str, ...]:
@@ -60,6 +67,8 @@ class FileHandler(ABC):
     # (flat streams split on it, Modalities .pbin): a loader adding its own EOS then
     # replaces that one instead of doubling it (see fmsdata.data.rootconfig).
     documents_end_with_eos: ClassVar[bool] = False
+    # The attributes (options) that decide what the handler reads: ``describe`` names them.
+    described: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def is_legal(cls, path: str) -> bool:
@@ -179,7 +188,21 @@ class FileHandler(ABC):
 
     def describe(self) -> dict[str, Any]:
         """The options that decide what this handler reads, for state fingerprints."""
-        return {"file_type": self.name}
+        return {"file_type": self.name, **{name: getattr(self, name) for name in self.described}}
+
+
+class MappedReaderHandler(FileHandler):
+    """A handler whose readers hold ``n`` documents, return document ``i`` from ``doc(i)``
+    and map their file as ``mapped`` (a ``MappedFile``, released under memory pressure)."""
+
+    def num_docs(self, reader: Any) -> int:
+        return reader.n
+
+    def get(self, reader: Any, index: int) -> np.ndarray:
+        return reader.doc(index)
+
+    def release(self, reader: Any) -> None:
+        reader.mapped.release()
 
 
 class FlatBuffer:

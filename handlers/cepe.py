@@ -11,8 +11,6 @@ tokens without any error. A file whose count and lengths do not add up to its si
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from fmsdata.errors import ShardFormatError
@@ -67,6 +65,3 @@ class CepeHandler(FlatBufferHandler):
 
     def open(self, path: str) -> FlatBuffer:
         return _open_counted(path)
-
-    def describe(self) -> dict[str, Any]:
-        return {"file_type": self.name}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
 
 import numpy as np
 
@@ -146,6 +145,7 @@ class FlatTokensHandler(FlatBufferHandler):
     name = "npy"
     extensions = (".npy", ".bin", ".ds")
     documents_end_with_eos = True  # a document runs up to and including its separator
+    described = ("token_dtype", "separator")
 
     def __init__(
         self,
@@ -187,10 +187,3 @@ class FlatTokensHandler(FlatBufferHandler):
     def open(self, path: str) -> FlatBuffer:
         dtype, source = self._dtype(path)
         return _open_flat(path, dtype, self.separator, self.cache_dir, source)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "file_type": self.name,
-            "token_dtype": self.token_dtype,
-            "separator": self.separator,
-        }

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from fmsdata.errors import ShardFormatError
 from fmsdata.handlers.arrow import arrow_file_problem
-from fmsdata.handlers.base import FileHandler, pick_column
+from fmsdata.handlers.base import MappedReaderHandler, pick_column
 from fmsdata.handlers.mapping import MappedFile
 
 __all__ = ["HFArrowHandler"]
@@ -26,8 +26,9 @@ class _RowsReader:
         self.path = path
         self.mapped = MappedFile(path)
         source = pa.py_buffer(self.mapped.bytes)
+        file_format = bytes(self.mapped.bytes[:6]) == b"ARROW1"  # else an IPC stream
         try:
-            if bytes(self.mapped.bytes[:6]) == b"ARROW1":
+            if file_format:
                 ipc: Any = pa.ipc.open_file(source)
                 batches = [ipc.get_batch(i) for i in range(ipc.num_record_batches)]
             else:
@@ -36,13 +37,12 @@ class _RowsReader:
             schema = ipc.schema
             schema.names  # noqa: B018  (field names that are not UTF-8: damage)
         except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
-            if bytes(self.mapped.bytes[:6]) == b"ARROW1":
-                raise ShardFormatError(
-                    f"{path}: {arrow_file_problem(self.mapped.bytes, err)}"
-                ) from None
-            raise ShardFormatError(
-                f"{path}: not a readable Arrow IPC stream, or one cut short ({err})"
-            ) from None
+            problem = (
+                arrow_file_problem(self.mapped.bytes, err)
+                if file_format
+                else f"not a readable Arrow IPC stream, or one cut short ({err})"
+            )
+            raise ShardFormatError(f"{path}: {problem}") from None
         col_name = pick_column(path, schema.names, col_name)
         column_type = schema.field(col_name).type
         if not (pa.types.is_list(column_type) or pa.types.is_large_list(column_type)) or not (
@@ -158,7 +158,7 @@ def _check_layout(path: str, col_name: str, batch: int, buffers: list[pa.Buffer 
             )
 
 
-class HFArrowHandler(FileHandler):
+class HFArrowHandler(MappedReaderHandler):
     """Arrow IPC stream or file, many rows per batch, a ``list<int>`` token column.
 
     Args:
@@ -167,18 +167,13 @@ class HFArrowHandler(FileHandler):
 
     name = "hf_arrow"
     extensions = (".arrow",)
+    described = ("col_name",)
 
     def __init__(self, col_name: str = "input_ids"):
         self.col_name = col_name
 
     def open(self, path: str) -> _RowsReader:
         return _RowsReader(path, self.col_name)
-
-    def num_docs(self, reader: _RowsReader) -> int:
-        return reader.n
-
-    def get(self, reader: _RowsReader, index: int) -> np.ndarray:
-        return reader.doc(index)
 
     def doc_lengths(self, reader: _RowsReader, indices: np.ndarray) -> np.ndarray:
         return reader.lengths[indices]
@@ -187,9 +182,3 @@ class HFArrowHandler(FileHandler):
         if reader.flat is None:
             return None
         return reader.flat, reader.starts, reader.lengths
-
-    def release(self, reader: _RowsReader) -> None:
-        reader.mapped.release()
-
-    def describe(self) -> dict[str, Any]:
-        return {"file_type": self.name, "col_name": self.col_name}

@@ -143,12 +143,7 @@ class JsonlHandler(CachedTokensHandler):
                 damage,
                 reader.meta["documents"],
             )
-        if reader.meta["skipped_records"]:
-            logger.warning(
-                "%s: skipped %d malformed line(s) (set strict to fail on them)",
-                path,
-                reader.meta["skipped_records"],
-            )
+        self.warn_skipped(reader, "malformed line(s)")
         return reader
 
     def describe(self) -> dict[str, Any]:

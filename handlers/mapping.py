@@ -106,8 +106,8 @@ class MappedFile:
         """
         self.bytes = self._CLOSED
         self._map = None
-        with contextlib.suppress(AttributeError, TypeError):  # shutdown: globals are gone
-            _forget_collected_now()
+        with contextlib.suppress(AttributeError, TypeError), _LOCK:  # shutdown: globals gone
+            _forget_collected()  # (one just closed without views left among them)
         return self._CLOSED
 
 
@@ -285,13 +285,6 @@ _COLLECTED: collections.deque[int] = collections.deque()
 
 def _collected(key: int) -> None:
     _COLLECTED.append(key)
-
-
-def _forget_collected_now() -> None:
-    """Forget the mappings collected so far (one just closed without views left among
-    them), under the lock."""
-    with _LOCK:
-        _forget_collected()
 
 
 def _forget_collected() -> None:

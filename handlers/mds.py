@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fmsdata.errors import ConfigError, ShardFormatError
-from fmsdata.handlers.base import FileHandler, pick_column
+from fmsdata.handlers.base import MappedReaderHandler, pick_column
 from fmsdata.handlers.compressed import zstd_blocks
 from fmsdata.handlers.derived import default_cache_dir, derived_path
 from fmsdata.handlers.mapping import MappedFile
@@ -263,7 +263,7 @@ class _MdsReader:
         )
 
 
-class MdsHandler(FileHandler):
+class MdsHandler(MappedReaderHandler):
     """MDS shards; the folder's ``index.json`` describes their columns.
 
     Args:
@@ -274,6 +274,7 @@ class MdsHandler(FileHandler):
 
     name = "mds"
     extensions = (".mds", ".mds.zstd")
+    described = ("col_name", "token_dtype")
 
     def __init__(
         self, col_name: str = "tokens", token_dtype: str | None = None, cache_dir: str | None = None
@@ -317,12 +318,6 @@ class MdsHandler(FileHandler):
                 return int(shard["samples"]), -1
         return None
 
-    def num_docs(self, reader: _MdsReader) -> int:
-        return reader.n
-
-    def get(self, reader: _MdsReader, index: int) -> np.ndarray:
-        return reader.doc(index)
-
     def doc_lengths(self, reader: _MdsReader, indices: np.ndarray) -> np.ndarray:
         if reader.buffer is not None:
             return reader.buffer[2][indices]
@@ -330,9 +325,3 @@ class MdsHandler(FileHandler):
 
     def token_buffer(self, reader: _MdsReader) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         return reader.buffer
-
-    def release(self, reader: _MdsReader) -> None:
-        reader.mapped.release()
-
-    def describe(self) -> dict[str, Any]:
-        return {"file_type": self.name, "col_name": self.col_name, "token_dtype": self.token_dtype}

@@ -148,9 +148,6 @@ class MegatronHandler(FlatBufferHandler):
         index = parse_index(read(path, 0, size), path)
         return index.documents, index.tokens
 
-    def describe(self) -> dict[str, Any]:
-        return {"file_type": self.name}
-
 
 def write_megatron(prefix: str, docs: Any, dtype: Any = np.uint16) -> None:
     """Write documents as ``prefix.bin`` + ``prefix.idx``, one sequence per document (the

@@ -9,7 +9,6 @@ there: every later read is a view, in any worker or run.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,8 +29,6 @@ from fmsdata.handlers.text import (
 )
 
 __all__ = ["ParquetHandler"]
-
-logger = logging.getLogger(__name__)
 
 TEXT_COLUMNS = ("text", "contents", "raw_content")
 
@@ -189,12 +186,7 @@ class ParquetHandler(CachedTokensHandler):
         reader = cache.load(
             path, lambda: text_chunks(path, column, tokenizer, self.strict), tokenizer.dtype
         )
-        if reader.meta["skipped_records"]:
-            logger.warning(
-                "%s: skipped %d row(s) without text (set strict to fail on them)",
-                path,
-                reader.meta["skipped_records"],
-            )
+        self.warn_skipped(reader, "row(s) without text")
         return reader
 
     def describe(self) -> dict[str, Any]:

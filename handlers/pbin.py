@@ -97,6 +97,3 @@ class PbinHandler(FlatBufferHandler):
         data_len, token_size = _header(read(path, 0, _HEADER), size, path)
         pairs = read_int_pairs(read(path, _HEADER + data_len, size), f"{path} (index)")
         return len(pairs), int(pairs[:, 1].sum()) // token_size if len(pairs) else 0
-
-    def describe(self) -> dict[str, Any]:
-        return {"file_type": self.name}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
@@ -33,6 +34,8 @@ __all__ = [
     "CachedTokensHandler",
     "encode_texts",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class TextTokenizer:
@@ -204,3 +207,12 @@ class CachedTokensHandler(FlatBufferHandler):
 
     def damage(self, reader: CachedTokens) -> str | None:
         return reader.meta.get("damage") or None
+
+    @staticmethod
+    def warn_skipped(reader: CachedTokens, records: str) -> None:
+        """Log how many ``records`` (``"malformed line(s)"``) a lenient read skipped."""
+        if reader.meta["skipped_records"]:
+            skipped = reader.meta["skipped_records"]
+            logger.warning(
+                "%s: skipped %d %s (set strict to fail on them)", reader.path, skipped, records
+            )

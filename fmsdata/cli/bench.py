@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
-from fmsdata.cli.parser import PathArg, non_negative_int, positive_int
+from fmsdata.cli.parser import PathArg, add_command, int_list, non_negative_int, positive_int
 
 if TYPE_CHECKING:
     from fmsdata.loader import FmsDataLoader
@@ -46,18 +46,16 @@ __all__ = [
 
 # Worker counts whose rates differ by less than this are not ranked against each other.
 TIE = 0.05
+HELP = "measure a loader config: first batch, steady tokens/s, state size and save/load"
+DESCRIPTION = (
+    "Build the loader of CONFIG (a YAML file) on this machine and time it: the first "
+    "batch, then, once this rank's shuffle buffers are full and --warmup more batches "
+    "have passed, a window of at least --batches batches and --seconds seconds."
+)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "bench",
-        help="measure a loader config: first batch, steady tokens/s, state size and save/load",
-        description=(
-            "Build the loader of CONFIG (a YAML file) on this machine and time it: the first "
-            "batch, then, once this rank's shuffle buffers are full and --warmup more batches "
-            "have passed, a window of at least --batches batches and --seconds seconds."
-        ),
-    )
+    parser = add_command(commands, "bench", run, HELP, DESCRIPTION)
     parser.add_argument("config", type=PathArg("local"), help="loader config YAML")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     parser.add_argument("--batches", type=positive_int, default=200, help="batches timed, at least")
@@ -70,22 +68,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--workers",
-        type=worker_counts,
+        type=int_list,
         help="comma-separated num_workers values to measure in turn, e.g. 0,1,2,4 "
         "(default: the config's)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.set_defaults(run=run)
-
-
-def worker_counts(text: str) -> list[int]:
-    try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 0:
-        raise argparse.ArgumentTypeError(f"not a list of worker counts: {text!r} (e.g. 0,1,2)")
-    return counts
 
 
 def tokens_per_second(iterator: Iterator[dict[str, Any]], warmup: int, batches: int) -> float:

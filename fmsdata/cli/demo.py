@@ -15,25 +15,25 @@ import os
 import tempfile
 import time
 
-from fmsdata.cli.parser import PathArg, int_at_least, positive_int
+from fmsdata.cli.parser import PathArg, add_command, int_at_least, positive_int
 
 __all__ = ["add_parser", "run", "write_raw", "next_steps"]
 
 RAW_FILES = 4
 
 
+HELP = "tokenize the stdlib's docstrings and stream them: the whole path, end to end"
+DESCRIPTION = (
+    "Write the standard library's docstrings as JSONL, tokenize them with the "
+    "bundled BPE tokenizer into Arrow shards, index them, stream batches (decoded "
+    "samples, throughput), save the loader state, resume it and verify the batches "
+    "match. With --dir, a rerun reuses what is there; it ends with a loader config "
+    "for the output and the commands to use it."
+)
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "demo",
-        help="tokenize the stdlib's docstrings and stream them: the whole path, end to end",
-        description=(
-            "Write the standard library's docstrings as JSONL, tokenize them with the "
-            "bundled BPE tokenizer into Arrow shards, index them, stream batches (decoded "
-            "samples, throughput), save the loader state, resume it and verify the batches "
-            "match. With --dir, a rerun reuses what is there; it ends with a loader config "
-            "for the output and the commands to use it."
-        ),
-    )
+    parser = add_command(commands, "demo", run, HELP, DESCRIPTION)
     parser.add_argument(
         "--dir",
         type=PathArg("local"),
@@ -49,7 +49,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--workers", type=positive_int, default=2, help="tokenizer and loader workers"
     )
-    parser.set_defaults(run=run)
 
 
 def write_raw(folder: str) -> tuple[int, int]:

@@ -6,23 +6,22 @@ import argparse
 import sys
 import threading
 
-from fmsdata.cli.parser import PathArg, positive_int
+from fmsdata.cli.parser import PathArg, add_command, positive_int
 from fmsdata.cli.progress import Progress, human_bytes
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 
+HELP = "copy shards from S3 (or any fsspec URL) to a local folder, resumably"
+DESCRIPTION = (
+    "Copy every file under SRC to DEST, keeping the key layout. Complete files are "
+    "skipped (size and ETag), interrupted ones continue, each file is verified "
+    "(size, and MD5 where the ETag allows it) before it appears under its name. "
+    "Keys that would land outside DEST are refused. Exit status 1 when any file "
+    "failed or was refused."
+)
+
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "download",
-        help="copy shards from S3 (or any fsspec URL) to a local folder, resumably",
-        description=(
-            "Copy every file under SRC to DEST, keeping the key layout. Complete files are "
-            "skipped (size and ETag), interrupted ones continue, each file is verified "
-            "(size, and MD5 where the ETag allows it) before it appears under its name. "
-            "Keys that would land outside DEST are refused. Exit status 1 when any file "
-            "failed or was refused."
-        ),
-    )
+    parser = add_command(commands, "download", run, HELP, DESCRIPTION)
     parser.add_argument(
         "src", type=PathArg("read"), help="source URL or path (a prefix or a single object)"
     )
@@ -42,7 +41,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--dry-run", action="store_true", help="list what would be done")
     add_storage_options(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,21 +5,20 @@ from __future__ import annotations
 import argparse
 
 from fmsdata.cli.inspect_cmd import add_format_options, handler_from_args
-from fmsdata.cli.parser import PathArg, positive_int
+from fmsdata.cli.parser import PathArg, add_command, positive_int
 from fmsdata.cli.progress import Progress
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 
+HELP = "count documents and tokens of every shard into ROOT/meta/counts.csv"
+DESCRIPTION = (
+    "Open every shard under ROOT (all dataset folders, or --datasets) and write "
+    "ROOT/meta/counts.csv with header dataset/filename,documents,tokens, the "
+    "metadata the loader reads instead of opening files."
+)
+
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "index",
-        help="count documents and tokens of every shard into ROOT/meta/counts.csv",
-        description=(
-            "Open every shard under ROOT (all dataset folders, or --datasets) and write "
-            "ROOT/meta/counts.csv with header dataset/filename,documents,tokens, the "
-            "metadata the loader reads instead of opening files."
-        ),
-    )
+    parser = add_command(commands, "index", run, HELP, DESCRIPTION)
     parser.add_argument(
         "root",
         type=PathArg("write"),
@@ -29,7 +28,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_format_options(parser)
     add_storage_options(parser)
     parser.add_argument("--workers", type=positive_int, default=1, help="parallel processes")
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

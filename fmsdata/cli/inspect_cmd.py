@@ -10,7 +10,7 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from fmsdata.cli.parser import PathArg, non_negative_int
+from fmsdata.cli.parser import PathArg, add_command, non_negative_int
 from fmsdata.cli.progress import Progress
 from fmsdata.cli.storage_options import add_storage_options, remote_cache_dir, storage_from_args
 from fmsdata.util.textcorpus import TOKENIZER_HINT
@@ -74,12 +74,12 @@ def handler_from_args(args: argparse.Namespace):
     )
 
 
+HELP = "documents, tokens, length distribution and a decoded sample of shards"
+DESCRIPTION = "Read a shard file, or every shard of a dataset folder or data root."
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "inspect",
-        help="documents, tokens, length distribution and a decoded sample of shards",
-        description="Read a shard file, or every shard of a dataset folder or data root.",
-    )
+    parser = add_command(commands, "inspect", run, HELP, DESCRIPTION)
     parser.add_argument(
         "path", type=PathArg("read"), help="a shard file, a dataset folder or a data root"
     )
@@ -100,7 +100,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="also draw the document-length distribution and the tokens of each dataset "
         'into this image (needs matplotlib: pip install "fmsdata[plot]")',
     )
-    parser.set_defaults(run=run)
 
 
 def _files(path: str, handler, storage) -> tuple[str, dict[str, list[str]]]:
@@ -132,11 +131,13 @@ def _length_summary(lengths: np.ndarray) -> dict[str, float]:
 
     if not len(lengths):
         return {}
-    summary = {"min": float(lengths.min()), "mean": float(lengths.mean())}
-    for q in (10, 50, 90, 99):
-        summary[f"p{q}"] = float(np.percentile(lengths, q))
-    summary["max"] = float(lengths.max())
-    return summary
+    percentiles = {f"p{q}": float(np.percentile(lengths, q)) for q in (10, 50, 90, 99)}
+    return {
+        "min": float(lengths.min()),
+        "mean": float(lengths.mean()),
+        **percentiles,
+        "max": float(lengths.max()),
+    }
 
 
 def _length_histogram(lengths: np.ndarray) -> dict[str, int]:

@@ -10,6 +10,8 @@ from fmsdata.util.urls import local_path, location
 
 __all__ = [
     "ArgumentParser",
+    "add_command",
+    "int_list",
     "HelpFormatter",
     "PathArg",
     "int_at_least",
@@ -67,6 +69,33 @@ def int_at_least(low: int, why: str = "") -> Callable[[str], int]:
 
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated non-negative integers (``0,1,2``)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(
+            f"not comma-separated integers >= 0: {text!r} (e.g. 0,1,2)"
+        )
+    return values
+
+
+def add_command(
+    commands: argparse._SubParsersAction,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    summary: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """Add the (sub)command ``name`` that calls ``run(args)``; ``summary`` is its line in
+    the list of commands, ``description`` heads its ``--help``."""
+    parser = commands.add_parser(name, help=summary, description=description)
+    parser.set_defaults(run=run)
+    return parser
 
 
 class PathArg:

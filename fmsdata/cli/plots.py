@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fmsdata.cli.progress import human
 from fmsdata.errors import ConfigError
 from fmsdata.util.extras import require
 from fmsdata.util.urls import local_path
@@ -42,31 +43,13 @@ def _pyplot() -> Any:
     return plt
 
 
-def _plain_formatter() -> Any:
-    from matplotlib.ticker import FuncFormatter
-
-    return FuncFormatter(lambda v, _pos: _human(v) if v >= 1 else f"{v:g}")
-
-
-def _blank_formatter() -> Any:
-    from matplotlib.ticker import NullFormatter
-
-    return NullFormatter()
-
-
-def _human(n: float) -> str:
-    for unit in ("", "k", "M", "G", "T"):
-        if abs(n) < 1000 or unit == "T":
-            return f"{n:.0f}{unit}" if unit == "" else f"{n:.1f}{unit}"
-        n /= 1000
-    return f"{n:.1f}P"
-
-
 def plot_documents(lengths: Mapping[str, Any], path: str, title: str = "") -> None:
     """Document lengths (``{dataset: array of lengths}``) of a root into the image ``path``."""
     import numpy as np
 
     plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
     names = list(lengths)
     fig, (hist, bars) = plt.subplots(
         1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]}, layout="constrained"
@@ -80,10 +63,10 @@ def plot_documents(lengths: Mapping[str, Any], path: str, title: str = "") -> No
             hist.hist(values, bins=edges, histtype="step", linewidth=1.8, label=name)
     hist.set_xscale("log")
     hist.set_yscale("log")
-    plain = _plain_formatter()
+    plain = FuncFormatter(lambda v, _pos: human(v) if v >= 1 else f"{v:g}")
     hist.xaxis.set_major_formatter(plain)
     hist.yaxis.set_major_formatter(plain)
-    hist.yaxis.set_minor_formatter(_blank_formatter())
+    hist.yaxis.set_minor_formatter(NullFormatter())
     hist.set_xlabel("document length (tokens, log scale)")
     hist.set_ylabel("documents (log scale)")
     hist.set_title("document-length distribution per dataset")
@@ -100,14 +83,9 @@ def plot_documents(lengths: Mapping[str, Any], path: str, title: str = "") -> No
     bars.set_xlabel("tokens")
     bars.set_title("tokens per dataset")
     for y, (t, d) in enumerate(zip(tokens, docs)):
-        bars.annotate(
-            f" {_human(t)} tokens, {_human(d)} docs",
-            (t, y),
-            va="center",
-            fontsize="small",
-        )
+        bars.annotate(f" {human(t)} tokens, {human(d)} docs", (t, y), va="center", fontsize="small")
     bars.set_xlim(0, max(tokens, default=1) * 1.45 or 1)
-    bars.xaxis.set_major_formatter(lambda v, _pos: _human(v))
+    bars.xaxis.set_major_formatter(lambda v, _pos: human(v))
     if title:
         fig.suptitle(title)
     fig.savefig(path, dpi=110)
@@ -122,15 +100,11 @@ def plot_state(summary: Mapping[str, Any], path: str, title: str = "") -> None:
     names = list(summary["datasets"])
     shards: Sequence[Mapping[str, Any]] = summary["shards"]
     history = summary.get("mix_history") or []
-    if history:  # a mix that followed the loss: its weights over the run, third
-        fig, (progress, shares, trajectory) = plt.subplots(
-            1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [3, 2, 3]}, layout="constrained"
-        )
-        _plot_mix_history(trajectory, history, names, int(summary.get("steps") or 0))
-    else:
-        fig, (progress, shares) = plt.subplots(
-            1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]}, layout="constrained"
-        )
+    ratios = [3, 2, 3] if history else [3, 2]  # a mix that followed the loss: its weights third
+    shape = {"figsize": (5 * len(ratios) + 3, 4.8), "gridspec_kw": {"width_ratios": ratios}}
+    fig, (progress, shares, *mix) = plt.subplots(1, len(ratios), layout="constrained", **shape)
+    if history:
+        _plot_mix_history(mix[0], history, names, int(summary.get("steps") or 0))
     ids = np.array([int(row["id"]) for row in shards])
     few = len(ids) <= 32
     width = 0.8 / max(len(names), 1)

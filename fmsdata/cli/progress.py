@@ -6,16 +6,20 @@ import sys
 import time
 from typing import TextIO
 
-__all__ = ["Progress", "human_bytes"]
+__all__ = ["Progress", "human", "human_bytes"]
+
+
+def human(n: float, units: tuple[str, ...] = ("", "k", "M", "G", "T")) -> str:
+    """``1.5M`` style: powers of 1000 named by ``units``, whole numbers in the first."""
+    k = 0
+    while abs(n) >= 1000 and k < len(units) - 1:
+        n, k = n / 1000, k + 1
+    return f"{n:.{1 if k else 0}f}{units[k]}"
 
 
 def human_bytes(n: float) -> str:
     """``1.5 GB`` style (powers of 1000, as transfer tools print them)."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"
+    return human(n, (" B", " kB", " MB", " GB", " TB"))
 
 
 class Progress:

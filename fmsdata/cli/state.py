@@ -1,11 +1,7 @@
 """``fmsdata state show DIR``: what a saved loader state holds, without writing code.
 
-Reads a loader checkpoint folder (``loader_rank_*.fms``), a folder of automatic
-checkpoints (the newest complete ``step_*``), a single state file, or a
-``torch.distributed.checkpoint`` folder holding a loader entry. Nothing is unpickled that
-could build arbitrary objects: DCP's ``.metadata`` pickle goes through an allow-list of
-DCP's own metadata classes, tensors through ``torch.load(weights_only=True)``, the rest
-is JSON.
+``SHOW_DESCRIPTION`` (its ``--help``) says which folders and files it reads, and how
+without unpickling anything that could build arbitrary objects.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fmsdata.cli.parser import PathArg
+from fmsdata.cli.parser import PathArg, add_command
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 from fmsdata.errors import ConfigError, StateMismatchError
 from fmsdata.util.urls import is_url, local_path, location, url_scheme
@@ -38,15 +34,18 @@ SHOW_DESCRIPTION = (
     "could build arbitrary objects: DCP's .metadata goes through an allow-list of DCP's own "
     "metadata classes, tensors through torch.load(weights_only=True), the rest is JSON."
 )
+SHOW_HELP = "epochs, documents and tokens seen per dataset and logical shard"
+# A logical shard's figures per dataset in the summary, from the names its report gives.
+_SHARD_FIELDS = [
+    (key, {"docs": "delivered_docs", "tokens": "delivered_tokens"}.get(key, key))
+    for key in "epoch pos size docs skipped tokens buffered_docs buffered_tokens unsent_tokens "
+    "held_tokens dropped_docs dropped_tokens".split()
+]
 
 
 def add_show_parser(actions: argparse._SubParsersAction) -> None:
     """``fmsdata state show PATH`` among the actions of ``fmsdata state``."""
-    show = actions.add_parser(
-        "show",
-        help="epochs, documents and tokens seen per dataset and logical shard",
-        description=SHOW_DESCRIPTION,
-    )
+    show = add_command(actions, "show", run_show, SHOW_HELP, SHOW_DESCRIPTION)
     show.add_argument(
         "path",
         type=PathArg("read"),
@@ -75,7 +74,6 @@ def add_show_parser(actions: argparse._SubParsersAction) -> None:
         "name, found from the current folder too)",
     )
     add_storage_options(show)
-    show.set_defaults(run=run_show)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,20 +214,7 @@ def summarize(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
             for name in names:
                 got = report.datasets[name]
                 size = got["size"]
-                info: dict[str, Any] = {
-                    "epoch": got["epoch"],
-                    "pos": got["pos"],
-                    "size": size,
-                    "docs": got["delivered_docs"],
-                    "skipped": got["skipped"],
-                    "tokens": got["delivered_tokens"],
-                    "buffered_docs": got["buffered_docs"],
-                    "buffered_tokens": got["buffered_tokens"],
-                    "unsent_tokens": got["unsent_tokens"],
-                    "held_tokens": got["held_tokens"],
-                    "dropped_docs": got["dropped_docs"],
-                    "dropped_tokens": got["dropped_tokens"],
-                }
+                info: dict[str, Any] = {key: got[field] for key, field in _SHARD_FIELDS}
                 info["epochs_done"] = info["epoch"] + info["pos"] / size if size > 0 else None
                 row["datasets"][name] = info
                 total = totals[name]

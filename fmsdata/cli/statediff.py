@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fmsdata.cli.parser import PathArg
+from fmsdata.cli.parser import PathArg, add_command
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 
 __all__ = ["add_diff_parser", "run_diff", "diff_states"]
@@ -41,20 +41,18 @@ _SETTINGS = (
     "seed",
     "logical_shards",
 )
+DIFF_HELP = "what changed between two saved states"
+DIFF_DESCRIPTION = (
+    "Compare two saved loader states (A before B, as state show reads each): steps, "
+    "world size, skips added, the mix and the data, and per dataset the documents "
+    "and tokens delivered, buffered, held and dropped, the epochs, and the logical "
+    "shards that entered another epoch."
+)
 
 
 def add_diff_parser(actions: argparse._SubParsersAction) -> None:
     """``fmsdata state diff A B`` among the actions of ``fmsdata state``."""
-    diff = actions.add_parser(
-        "diff",
-        help="what changed between two saved states",
-        description=(
-            "Compare two saved loader states (A before B, as state show reads each): steps, "
-            "world size, skips added, the mix and the data, and per dataset the documents "
-            "and tokens delivered, buffered, held and dropped, the epochs, and the logical "
-            "shards that entered another epoch."
-        ),
-    )
+    diff = add_command(actions, "diff", run_diff, DIFF_HELP, DIFF_DESCRIPTION)
     for name in ("a", "b"):
         diff.add_argument(
             name,
@@ -75,7 +73,6 @@ def add_diff_parser(actions: argparse._SubParsersAction) -> None:
         help="with --config, the run's chain of stages when it is not the default",
     )
     add_storage_options(diff)
-    diff.set_defaults(run=run_diff)
 
 
 def diff_states(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -100,9 +97,7 @@ def diff_states(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) 
         after = second["datasets"].get(name)
         row: dict[str, Any] = {"in": [x is not None for x in (before, after)]}
         for key in _COUNTS:
-            va = (before or {}).get(key, 0) or 0
-            vb = (after or {}).get(key, 0) or 0
-            row[key] = {"a": va, "b": vb, "change": vb - va}
+            row[key] = _moved((before or {}).get(key, 0) or 0, (after or {}).get(key, 0) or 0)
         row["epochs_done"] = {
             "a": (before or {}).get("epochs_done"),
             "b": (after or {}).get("epochs_done"),
@@ -110,11 +105,7 @@ def diff_states(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) 
         row["new_epoch_shards"] = _new_epochs(first["shards"], second["shards"], name)
         datasets[name] = row
     return {
-        "steps": {
-            "a": first["steps"],
-            "b": second["steps"],
-            "change": second["steps"] - first["steps"],
-        },
+        "steps": _moved(first["steps"], second["steps"]),
         "world_size": {"a": first["world_size"], "b": second["world_size"]},
         "skips_added": added,
         "settings": settings,
@@ -123,6 +114,10 @@ def diff_states(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) 
         "stage_counts": _count_changes(first["stage_counts"], second["stage_counts"]),
         "left_out": [s["left_out"] for s in (first, second) if s["left_out"]],
     }
+
+
+def _moved(a: int, b: int) -> dict[str, int]:
+    return {"a": a, "b": b, "change": b - a}
 
 
 def _new_epochs(

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from fmsdata.cli.parser import PathArg, non_negative_int, positive_int
+from fmsdata.cli.parser import PathArg, add_command, non_negative_int, positive_int
 from fmsdata.cli.progress import Progress
 from fmsdata.util.textcorpus import TOKENIZER_HINT
 
@@ -31,20 +31,19 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * (1 << (10 * power)))
 
 
+HELP = "tokenize JSONL / Parquet / text files into token shards (Arrow, Megatron, flat, .pbin, MDS)"
+DESCRIPTION = (
+    "Tokenize raw text into a data root the loader reads: OUT/DATASET/shard-NNNNN.arrow "
+    "(Bamba layout: one record batch per document), OUT/meta/counts.csv and "
+    "OUT/metadata.json. The output is the same bytes whatever the number of workers, "
+    "SLURM tasks (--num-shards/--shard-id) or the backend; a rerun skips finished "
+    "shards (--restart starts over). Bad records are counted per file (or fatal "
+    "with --strict)."
+)
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "tokenize",
-        help="tokenize JSONL / Parquet / text files into token shards (Arrow, Megatron, flat, "
-        ".pbin, MDS)",
-        description=(
-            "Tokenize raw text into a data root the loader reads: OUT/DATASET/shard-NNNNN.arrow "
-            "(Bamba layout: one record batch per document), OUT/meta/counts.csv and "
-            "OUT/metadata.json. The output is the same bytes whatever the number of workers, "
-            "SLURM tasks (--num-shards/--shard-id) or the backend; a rerun skips finished "
-            "shards (--restart starts over). Bad records are counted per file (or fatal "
-            "with --strict)."
-        ),
-    )
+    parser = add_command(commands, "tokenize", run, HELP, DESCRIPTION)
     parser.add_argument(
         "inputs",
         nargs="+",
@@ -109,7 +108,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "records in meta/tokenize/DATASET, its rows of meta/counts.csv and metadata.json): "
         "to rerun with other settings or inputs",
     )
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from fmsdata.cli.parser import PathArg, positive_int
+from fmsdata.cli.parser import PathArg, add_command, positive_int
 from fmsdata.cli.storage_options import add_storage_options, storage_from_args
 from fmsdata.errors import ConfigError
 
@@ -32,12 +32,11 @@ DESCRIPTION = (
     "told from it, and steps up to it from the start of the run it records, checked to "
     "reach it."
 )
+HELP = "what step N trained on; when a document was seen"
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "trace", help="what step N trained on; when a document was seen", description=DESCRIPTION
-    )
+    parser = add_command(commands, "trace", run, HELP, DESCRIPTION)
     parser.add_argument(
         "--config", type=PathArg("local"), required=True, help="the run's loader config (YAML)"
     )
@@ -95,7 +94,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print JSON (one object)")
     add_storage_options(parser)
-    parser.set_defaults(run=run)
 
 
 def parse_document(text: str) -> tuple[str, str, int]:

@@ -8,24 +8,23 @@ import json
 import sys
 
 from fmsdata.cli.objects import load_object
-from fmsdata.cli.parser import PathArg, int_at_least
+from fmsdata.cli.parser import PathArg, add_command, int_at_least, int_list
 from fmsdata.errors import ConfigError
+
+HELP = "check that a pipeline (your stages included) resumes and rescales exactly"
+DESCRIPTION = (
+    "Run the loader of CONFIG unbroken, then saved and resumed at several points "
+    "(start, middle, both sides of an epoch boundary), with each worker count and "
+    "on each other world size, comparing every global step's tokens. Prints "
+    "'exact' with what was covered, or the first global step that differs, the "
+    "rank, and the stage whose state did not carry it. Point CONFIG at a small "
+    "slice of the data (a few files per dataset) and pick --steps so that an "
+    "epoch ends within them: a few minutes on a laptop. Exits 1 when not exact."
+)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "verify",
-        help="check that a pipeline (your stages included) resumes and rescales exactly",
-        description=(
-            "Run the loader of CONFIG unbroken, then saved and resumed at several points "
-            "(start, middle, both sides of an epoch boundary), with each worker count and "
-            "on each other world size, comparing every global step's tokens. Prints "
-            "'exact' with what was covered, or the first global step that differs, the "
-            "rank, and the stage whose state did not carry it. Point CONFIG at a small "
-            "slice of the data (a few files per dataset) and pick --steps so that an "
-            "epoch ends within them: a few minutes on a laptop. Exits 1 when not exact."
-        ),
-    )
+    parser = add_command(commands, "verify", run, HELP, DESCRIPTION)
     parser.add_argument("--config", required=True, type=PathArg("local"), help="loader config YAML")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     parser.add_argument(
@@ -46,29 +45,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--world-sizes",
-        type=_counts,
+        type=int_list,
         default=[1, 2],
         help="world sizes, comma-separated; the first is the reference, whose per-rank "
         "batch is the config's batch_size (the global batch stays the same)",
     )
     parser.add_argument(
         "--workers",
-        type=_counts,
+        type=int_list,
         default=[0, 2],
         help="DataLoader worker counts, comma-separated; the first is the reference's",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(run=run)
-
-
-def _counts(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"non-negative integers, got {text!r}")
-    return values
 
 
 def run(args: argparse.Namespace) -> int:

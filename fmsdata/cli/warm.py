@@ -3,12 +3,8 @@
 A process that finds its kernels in the cache loads them in milliseconds; one that does not
 serves its first batches in Python while it compiles them (``fmsdata.util.compiled``). Where
 every job starts on a fresh machine or container, run this once where the cache is kept:
-in the image build (``RUN fmsdata warm``; the cache is numba's ``__pycache__`` beside the
-installed package, or ``NUMBA_CACHE_DIR``), or on a shared cache folder. Kernels are
-compiled per argument type, so it takes batches of each config given (with and without
-DataLoader workers, through the shuffle buffers' fill and 256 batches more) and, without a
-config, of a set of small generated corpora that covers the built-in stages, outputs and
-token widths.
+in the image build (``RUN fmsdata warm``), or on a shared cache folder. Kernels are
+compiled per argument type: ``DESCRIPTION`` (its ``--help``) says what it runs for that.
 """
 
 from __future__ import annotations
@@ -20,23 +16,23 @@ import tempfile
 import time
 from typing import Any
 
-from fmsdata.cli.parser import PathArg
+from fmsdata.cli.parser import PathArg, add_command
 
 __all__ = ["add_parser", "run", "warm_config", "builtin_configs"]
 
 
+HELP = "compile the loader's kernels into the disk cache (container builds, fresh hosts)"
+DESCRIPTION = (
+    "Compile fmsdata's numba kernels into numba's disk cache, so that later processes "
+    "load them instead of compiling them: for each CONFIG given (batches with 0 and 1 "
+    "workers), and with no CONFIG for small generated corpora covering the built-in "
+    "stages and outputs. The cache is numba's: __pycache__ beside the installed "
+    "package, or NUMBA_CACHE_DIR."
+)
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "warm",
-        help="compile the loader's kernels into the disk cache (container builds, fresh hosts)",
-        description=(
-            "Compile fmsdata's numba kernels into numba's disk cache, so that later processes "
-            "load them instead of compiling them: for each CONFIG given (batches with 0 and 1 "
-            "workers), and with no CONFIG for small generated corpora covering the built-in "
-            "stages and outputs. The cache is numba's: __pycache__ beside the installed "
-            "package, or NUMBA_CACHE_DIR."
-        ),
-    )
+    parser = add_command(commands, "warm", run, HELP, DESCRIPTION)
     parser.add_argument(
         "configs",
         nargs="*",
@@ -47,7 +43,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--overrides", nargs="*", default=[], help="config overrides, key=value (every CONFIG)"
     )
-    parser.set_defaults(run=run)
 
 
 def warm_config(config: Any, extra_batches: int = 256) -> int:
