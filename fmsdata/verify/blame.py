@@ -155,22 +155,23 @@ def _line_key(line: np.ndarray) -> tuple[int, ...]:
     return tuple(spans.ravel().tolist())
 
 
-def _token_line(pipeline: ShardPipeline, stages: list[TokenStage], writer: LineWriter) -> Any:
-    spans = next(pipeline.lines)
+def _written(spans: np.ndarray, writer: LineWriter) -> tuple[np.ndarray, int, TokenLine]:
+    """A line of spans materialized as a worker writes it: its row, content and token line."""
     row = np.empty((1, writer.line_length), dtype=np.int32)
     content = int(writer.write([spans], row)[0])
-    line = TokenLine.of(spans, writer.bol is not None, writer.eol is not None)
+    return row[0], content, TokenLine.of(spans, writer.bol is not None, writer.eol is not None)
+
+
+def _token_line(pipeline: ShardPipeline, stages: list[TokenStage], writer: LineWriter) -> Any:
+    row, content, line = _written(next(pipeline.lines), writer)
     for stage in stages:
-        content = int(stage.apply(row[0], content, line))
-    return (content, tuple(row[0, :content].tolist()))
+        content = int(stage.apply(row, content, line))
+    return (content, tuple(row[:content].tolist()))
 
 
 def _advance(pipeline: ShardPipeline, lines: int, writer: LineWriter) -> None:
     """Run the whole chain ``lines`` lines, token stages included (as a worker does)."""
-    row = np.empty((1, writer.line_length), dtype=np.int32)
     for _ in range(lines):
         spans = next(pipeline)
         if pipeline.token_stages:
-            content = int(writer.write([spans], row)[0])
-            line = TokenLine.of(spans, writer.bol is not None, writer.eol is not None)
-            pipeline.apply_tokens(row[0], content, line)
+            pipeline.apply_tokens(*_written(spans, writer))

@@ -152,50 +152,40 @@ class _Recording:
         return (self.factory or default_stages)(shard)
 
 
-class _Runner:
-    """Loaders for every rank of a world size, from one config, run step by step."""
-
-    def __init__(self, config: LoaderConfig, factory: StageFactory | None, global_batch: int):
-        self.config = config
-        self.factory = factory
-        self.global_batch = global_batch
-
-    def loaders(self, world_size: int, workers: int, states: Any = None) -> list[Any]:
-        config = self.config.replace(
-            batch_size=self.global_batch // world_size, num_workers=workers
-        )
-        loaders = [
-            build_dataloader(config, rank=r, world_size=world_size, stages=self.factory)
-            for r in range(world_size)
-        ]
+def _run(
+    config: LoaderConfig,
+    factory: StageFactory | None,
+    world_size: int,
+    steps: int,
+    states: Any = None,
+    save: Callable[[int, list[Any]], None] | None = None,
+) -> list[Step]:
+    """``steps`` global steps of every rank's loader of ``world_size``, loaded from ``states``
+    when given; ``save(k, loaders)`` after each step's batches when given (and before the
+    first)."""
+    loaders = [
+        build_dataloader(config, rank=r, world_size=world_size, stages=factory)
+        for r in range(world_size)
+    ]
+    for loader in loaders:
         if states is not None:
-            for loader in loaders:
-                loader.load_state_dict(_copy(states))
-        return loaders
-
-    def run(
-        self,
-        world_size: int,
-        workers: int,
-        steps: int,
-        states: Any = None,
-        save: Callable[[int, list[Any]], None] | None = None,
-    ) -> list[Step]:
-        """``steps`` global steps; ``save(k, loaders)`` after each step's batches when given
-        (and before the first)."""
-        loaders = self.loaders(world_size, workers, states)
-        iterators = [iter(loader) for loader in loaders]
-        out: list[Step] = []
-        try:
-            for k in range(steps):
-                if save is not None:
-                    save(k, loaders)
-                out.append([_batch(next(it)) for it in iterators])
+            loader.load_state_dict(_copy(states))
+    iterators = [iter(loader) for loader in loaders]
+    out: list[Step] = []
+    try:
+        for k in range(steps):
             if save is not None:
-                save(steps, loaders)
-        finally:
-            del iterators
-        return out
+                save(k, loaders)
+            out.append([_batch(next(it)) for it in iterators])
+        if save is not None:
+            save(steps, loaders)
+    finally:
+        del iterators
+    return out
+
+
+class _Differs(Exception):
+    """The first difference found: no further run is checked."""
 
 
 def verify(
@@ -237,32 +227,7 @@ def verify(
                 "world size must divide the global batch and be at most logical_shards"
             )
     tell = progress or (lambda what: None)
-    runner = _Runner(config, stages, global_batch)
     report = VerifyReport(steps=steps, covered=[], epoch_step=None)
-
-    def check(what: str, got: list[Step], want: list[Step], world: int, as_sets: bool) -> bool:
-        found = (_first_set_difference if as_sets else _first_difference)(got, want)
-        if found is None:
-            report.covered.append(what)
-            return True
-        step, rank, detail = found
-        first = steps - len(want) + step
-        report.difference = Difference(what, first, world, rank, detail)
-        return False
-
-    def describe(world: int, n_workers: int) -> str:
-        return f"{world} rank(s) x {n_workers} worker(s)"
-
-    tell(f"unbroken run, {describe(size0, workers0)}")
-    reference = runner.run(size0, workers0, steps)
-    tell("a second unbroken run")
-    ok = check(
-        f"a second unbroken run ({describe(size0, workers0)})",
-        runner.run(size0, workers0, steps),
-        reference,
-        size0,
-        False,
-    )
     saved: dict[int, list[Any]] = {}
     epochs: dict[int, int] = {}
 
@@ -270,16 +235,32 @@ def verify(
         saved[k] = [_copy(loader.state_dict()) for loader in loaders]
         epochs[k] = max(_epochs(loader) for loader in loaders)
 
-    if ok:
+    def run(world: int, n_workers: int, at: int | None = None, **kw: Any) -> list[Step]:
+        """The run on ``world`` ranks, resumed from the state saved at step ``at`` (None:
+        unbroken, all ``steps``)."""
+        per_rank = config.replace(batch_size=global_batch // world, num_workers=n_workers)
+        states = None if at is None else saved[at]
+        return _run(per_rank, stages, world, steps - (at or 0), states, **kw)
+
+    def check(what: str, world: int, got: list[Step], at: int = 0, as_sets: bool = False) -> None:
+        found = _first_difference(got, reference[at:], as_sets)
+        if found is not None:
+            step, rank, detail = found
+            raise _Differs(Difference(what, at + step, world, rank, detail))
+        report.covered.append(what)
+
+    def describe(world: int, n_workers: int) -> str:
+        return f"{world} rank(s) x {n_workers} worker(s)"
+
+    tell(f"unbroken run, {describe(size0, workers0)}")
+    reference = run(size0, workers0)
+    try:
+        tell("a second unbroken run")
+        what = f"a second unbroken run ({describe(size0, workers0)})"
+        check(what, size0, run(size0, workers0))
         tell("a run saving its state at every step")
-        ok = check(
-            f"a run saving its state at every step ({describe(size0, workers0)})",
-            runner.run(size0, workers0, steps, save=keep),
-            reference,
-            size0,
-            False,
-        )
-    if ok:
+        what = f"a run saving its state at every step ({describe(size0, workers0)})"
+        check(what, size0, run(size0, workers0, save=keep))
         crossed = [k for k in sorted(epochs) if epochs[k] > epochs[0]]
         report.epoch_step = crossed[0] if crossed else None
         if report.epoch_step is None:
@@ -288,51 +269,35 @@ def verify(
                 "epoch boundary were not covered (more --steps, or a smaller slice)"
             )
         middle = steps // 2
-        points = sorted({0, middle} | _around(report.epoch_step, steps))
-        for k in points:
+        for k in sorted({0, middle} | _around(report.epoch_step, steps)):
             for n in workers if k == middle else workers[:1]:
                 what = f"resumed at step {k}, {describe(size0, n)}"
                 tell(what)
-                resumed = runner.run(size0, n, steps - k, states=saved[k])
-                if not check(what, resumed, reference[k:], size0, False):
-                    ok = False
-                    break
-            if not ok:
-                break
-    if ok:
+                check(what, size0, run(size0, n, k), k)
         for n in workers[1:]:
             what = f"unbroken run, {describe(size0, n)}"
             tell(what)
-            if not check(what, runner.run(size0, n, steps), reference, size0, False):
-                ok = False
-                break
-    others = list(world_sizes[1:])
-    if ok and others and global_batch % config.logical_shards:
-        report.notes.append(
-            f"other world sizes not compared: the global batch ({global_batch}) is not a "
-            f"multiple of logical_shards ({config.logical_shards}), so a global step's "
-            "sequences depend on the world size"
-        )
-        others = []
-    for world in others if ok else []:
-        what = f"unbroken run, {describe(world, workers0)}"
-        tell(what)
-        if not check(what, runner.run(world, workers0, steps), reference, world, True):
-            ok = False
-            break
-        for k in sorted({steps // 2} | _around(report.epoch_step, steps) - {0}):
-            what = f"rescaled from {size0} to {world} rank(s) at step {k}"
+            check(what, size0, run(size0, n))
+        if len(world_sizes) > 1 and global_batch % config.logical_shards:
+            report.notes.append(
+                f"other world sizes not compared: the global batch ({global_batch}) is not a "
+                f"multiple of logical_shards ({config.logical_shards}), so a global step's "
+                "sequences depend on the world size"
+            )
+            return report
+        for world in world_sizes[1:]:
+            what = f"unbroken run, {describe(world, workers0)}"
             tell(what)
-            got = runner.run(world, workers0, steps - k, states=saved[k])
-            if not check(what, got, reference[k:], world, True):
-                ok = False
-                break
-        if not ok:
-            break
-    if report.difference is not None:
+            check(what, world, run(world, workers0), as_sets=True)
+            for k in sorted({steps // 2} | _around(report.epoch_step, steps) - {0}):
+                what = f"rescaled from {size0} to {world} rank(s) at step {k}"
+                tell(what)
+                check(what, world, run(world, workers0, k), k, as_sets=True)
+    except _Differs as differs:
         tell("naming the stage")
+        found: Difference = differs.args[0]
         report.difference = dataclasses.replace(
-            report.difference, blame=_blame(config, stages, global_batch, report.difference)
+            found, blame=_blame(config, stages, global_batch, found)
         )
     return report
 
@@ -398,17 +363,27 @@ def _copy(state: Any) -> Any:
     return torch.load(data, weights_only=True)
 
 
-def _first_difference(got: list[Step], want: list[Step]) -> tuple[int, int, str] | None:
-    """``(step, rank, field)`` of the first batch that differs, every field compared."""
+def _first_difference(
+    got: list[Step], want: list[Step], as_sets: bool
+) -> tuple[int, int, str] | None:
+    """``(step, rank, what)`` of the first global step that differs: every field of every
+    batch compared, or with ``as_sets`` the step's rows as a multiset."""
     for s, (a, b) in enumerate(zip(got, want)):
-        for r, (x, y) in enumerate(zip(a, b)):
-            if x.keys() != y.keys():
-                return s, r, f"fields {sorted(x)} instead of {sorted(y)}"
-            for key in y:
-                if x[key].shape != y[key].shape or not torch.equal(x[key], y[key]):
-                    return s, r, f"{key!r} differs"
+        found = _set_difference(a, b) if as_sets else _batch_difference(a, b)
+        if found is not None:
+            return (s, *found)
     if len(got) != len(want):
         return min(len(got), len(want)), 0, "the run ended early"
+    return None
+
+
+def _batch_difference(a: Step, b: Step) -> tuple[int, str] | None:
+    for r, (x, y) in enumerate(zip(a, b)):
+        if x.keys() != y.keys():
+            return r, f"fields {sorted(x)} instead of {sorted(y)}"
+        for key in y:
+            if x[key].shape != y[key].shape or not torch.equal(x[key], y[key]):
+                return r, f"{key!r} differs"
     return None
 
 
@@ -421,15 +396,10 @@ def _rows(step: Step) -> Iterator[tuple[int, tuple[Any, ...]]]:
             yield rank, tuple(tuple(batch[k][i].reshape(-1).tolist()) for k in keys)
 
 
-def _first_set_difference(got: list[Step], want: list[Step]) -> tuple[int, int, str] | None:
-    """``(step, rank, what)`` of the first global step whose rows (as a multiset) differ."""
-    for s, (a, b) in enumerate(zip(got, want)):
-        mine = sorted(row for _, row in _rows(a))
-        theirs = sorted(row for _, row in _rows(b))
-        if mine != theirs:
-            wanted = set(theirs)
-            rank = next((r for r, row in _rows(a) if row not in wanted), 0)
-            return s, rank, "rows that the unbroken run's step does not hold"
-    if len(got) != len(want):
-        return min(len(got), len(want)), 0, "the run ended early"
-    return None
+def _set_difference(a: Step, b: Step) -> tuple[int, str] | None:
+    theirs = sorted(row for _, row in _rows(b))
+    if sorted(row for _, row in _rows(a)) == theirs:
+        return None
+    wanted = set(theirs)
+    rank = next((r for r, row in _rows(a) if row not in wanted), 0)
+    return rank, "rows that the unbroken run's step does not hold"
