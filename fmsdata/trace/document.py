@@ -18,7 +18,7 @@ import numpy as np
 from fmsdata.errors import ConfigError
 from fmsdata.stages.base import walk
 from fmsdata.trace.origin import Origin
-from fmsdata.trace.rows import LineTracer, RowTrace
+from fmsdata.trace.rows import RowTrace
 from fmsdata.trace.walker import StepWalker, line_tracer
 from fmsdata.worker.chain import build_pipeline
 
@@ -165,9 +165,7 @@ def trace_document(
         until = last
     if until < 1:
         raise ConfigError(f"--until counts steps from 1, got {until}")
-    found = _Found()
-    followed: set[int] = set()
-    checked = path = None
+    found = DocumentTrace(dataset, "", doc, until, [], [], [], [], None, [])
     parts = [("before", min(until, last))] if last is not None else []
     if last is None or until > last:
         tracer.check_known(until)
@@ -177,74 +175,52 @@ def trace_document(
         if dataset not in [d.name for d in origin.dataset.catalog().datasets]:
             continue  # not in the mix on this side of the checkpoint: never delivered here
         ds, f = find_document(origin, dataset, file, doc)
-        path = origin.dataset.catalog().datasets[ds].paths[f]
+        found.file = str(origin.dataset.catalog().datasets[ds].paths[f])
         shards = reading_shards(origin, ds, f, doc)
-        followed.update(shards)
+        found.shards.extend(shards)
         with StepWalker(origin, follow=shards) as walker:
             _scan(walker, end, (ds, f, doc), found)
             if which == "before":
                 tracer.check_reaches(walker)
-                checked = (
+                found.checked = (
                     f"steps up to {end} replayed from {origin.label}; the replay reaches the "
                     f"checkpoint's state (step {last}) in the shards followed"
                 )
-    if path is None:  # the message names the datasets there are
+    if not found.file:  # the message names the datasets there are
         find_document(tracer.origin("after"), dataset, file, doc)
-    order = operator.itemgetter("step", "rank", "row", "start")
-    return DocumentTrace(
-        dataset,
-        str(path),
-        doc,
-        until,
-        sorted(found.seen, key=order),
-        sorted(found.passed_over, key=order),
-        sorted(found.dropped, key=order),
-        sorted(followed),
-        checked,
-        sorted(found.not_followed),
-    )
+    for entries in (found.seen, found.passed_over, found.dropped):
+        entries.sort(key=operator.itemgetter("step", "rank", "row", "start"))
+    found.shards = sorted(set(found.shards))
+    found.not_followed = sorted(set(found.not_followed))
+    return found
 
 
-@dataclasses.dataclass
-class _Found:
-    seen: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    passed_over: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    dropped: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    not_followed: set[str] = dataclasses.field(default_factory=set)
-
-
-def _scan(walker: StepWalker, until: int, key: tuple[int, int, int], found: _Found) -> None:
+def _scan(walker: StepWalker, until: int, key: tuple[int, int, int], found: DocumentTrace) -> None:
     """Walk to ``until``, pulling the followed shards' lines and telling each that holds
     the document ``key`` (dataset, file, doc in the walk's numbering)."""
-    tracer = line_tracer(walker)
     # Per followed shard, (step, rank, row, skip) of each line dealt and not pulled yet.
     slots: dict[int, list[tuple[int, int, int, Any]]] = {s: [] for s in walker.follow}
-    pending = 0
     while walker.steps < until:
         if walker.change_due(walker.steps):  # the run's weights changed here
-            _pull(walker, slots, key, tracer, found)
-            pending = 0
+            _pull(walker, slots, key, found)
             walker.apply_changes(walker.steps)
-            tracer = line_tracer(walker)
         deal = walker.next_deal()
         for rank, shards in enumerate(deal.shards):
             for row, shard in enumerate(shards or ()):
                 if shard in slots:
                     slots[shard].append((deal.step, rank, row, deal.skipped))
-                    pending += 1
-        if pending >= _FLUSH_LINES:
-            _pull(walker, slots, key, tracer, found)
-            pending = 0
-    _pull(walker, slots, key, tracer, found)
+        if sum(map(len, slots.values())) >= _FLUSH_LINES:
+            _pull(walker, slots, key, found)
+    _pull(walker, slots, key, found)
 
 
 def _pull(
     walker: StepWalker,
     slots: dict[int, list[tuple[int, int, int, Any]]],
     key: tuple[int, int, int],
-    tracer: LineTracer,
-    found: _Found,
+    found: DocumentTrace,
 ) -> None:
+    tracer = line_tracer(walker)
     for shard, dealt in slots.items():
         if not dealt:
             continue
@@ -256,24 +232,16 @@ def _pull(
             lines = np.repeat(np.arange(len(block)), block.counts)[hit]
             for k in np.unique(lines).tolist():
                 step, rank, row, skipped = dealt[k]
-                traced = tracer.row(
-                    block.line(k),
-                    walker.pipeline(shard).token_stages,
-                    walker.ahead(shard, first + k),
-                    rank,
-                    row,
-                    shard,
-                    first + k,
-                )
+                traced = walker.told(tracer, block.line(k), rank, row, shard, first + k)
                 _record(traced, step, skipped, key, found)
         dealt.clear()
 
 
 def _record(
-    row: RowTrace, step: int, skipped: Any, key: tuple[int, int, int], found: _Found
+    row: RowTrace, step: int, skipped: Any, key: tuple[int, int, int], found: DocumentTrace
 ) -> None:
     """File the pieces of the document in a told row."""
-    found.not_followed.update(row.not_followed)
+    found.not_followed.extend(row.not_followed)
     where: dict[str, Any] = {"step": step, "rank": row.rank, "row": row.row}
     into = found.passed_over if skipped is not None else found.seen
     for at, part in row.placed():

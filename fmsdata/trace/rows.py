@@ -110,10 +110,11 @@ def _document(part: Part, accesses: Sequence[Any]) -> dict[str, Any]:
     }
 
 
+@dataclasses.dataclass
 class LineTracer:
     """Tells a shard's lines as rows of parts.
 
-    Args:
+    Attributes:
         accesses: The datasets' files, by the dataset index of spans.
         decoration: BOS/EOS and stripping.
         line_length: Tokens in a row.
@@ -121,19 +122,12 @@ class LineTracer:
         pad: The padding token of ``packing: pad`` (None: lines are full).
     """
 
-    def __init__(
-        self,
-        accesses: Sequence[Any],
-        decoration: Decoration,
-        line_length: int,
-        bol: int | None,
-        eol: int | None,
-        pad: int | None,
-    ):
-        self.accesses = list(accesses)
-        self.decoration = decoration
-        self.line_length = line_length
-        self.bol, self.eol, self.pad = bol, eol, pad
+    accesses: Sequence[Any]
+    decoration: Decoration
+    line_length: int
+    bol: int | None
+    eol: int | None
+    pad: int | None
 
     def row(
         self,
@@ -157,16 +151,8 @@ class LineTracer:
             except NotTraceable:
                 not_followed = [stage_label(s) for s in token_stages[k:]]
                 break
-        return RowTrace(
-            rank,
-            row,
-            shard,
-            line,
-            traced.parts(),
-            traced.content,
-            traced.dropped,
-            not_followed,
-        )
+        parts, content, dropped = traced.parts(), traced.content, traced.dropped
+        return RowTrace(rank, row, shard, line, parts, content, dropped, not_followed)
 
     def line(self, spans: np.ndarray, ahead: int = 0) -> TracedLine:
         """The line of ``spans`` as parts, before any token stage.

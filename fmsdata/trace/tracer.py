@@ -323,18 +323,7 @@ def step_rows(walker: StepWalker, deal: StepDeal, tracer: LineTracer) -> list[Ro
             first, block = pulled[shard]
             k = used[shard]
             used[shard] += 1
-            line = first + k
-            rows.append(
-                tracer.row(
-                    block.line(k),
-                    walker.pipeline(shard).token_stages,
-                    walker.ahead(shard, line),
-                    rank,
-                    row,
-                    shard,
-                    line,
-                )
-            )
+            rows.append(walker.told(tracer, block.line(k), rank, row, shard, first + k))
     return rows
 
 

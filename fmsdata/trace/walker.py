@@ -32,7 +32,7 @@ from fmsdata.stages.lineblock import LineBlock
 from fmsdata.state.format import ShardEntry
 from fmsdata.state.remix import remix
 from fmsdata.trace.origin import Origin
-from fmsdata.trace.rows import LineTracer
+from fmsdata.trace.rows import LineTracer, RowTrace
 from fmsdata.worker.chain import ShardPipeline
 from fmsdata.worker.dataset import RankLineDataset, ShardContext
 from fmsdata.worker.topology import RowDealer, owned_shards
@@ -125,10 +125,15 @@ class StepWalker:
         start)."""
         return self._next_line[shard]
 
-    def ahead(self, shard: int, line: int) -> int:
-        """Lines between the shard's loaded state (its token stages' state) and ``line``."""
+    def told(
+        self, tracer: LineTracer, spans: np.ndarray, rank: int, row: int, shard: int, line: int
+    ) -> RowTrace:
+        """The row that ``line`` of ``shard`` (its ``spans``) became at ``rank``'s ``row``,
+        through the shard's token stages (their state loaded ``ahead`` lines before it)."""
         state = self.origin.start.states.get(shard)
-        return line - (int(state["emitted"]) if state is not None else 0)
+        ahead = line - (int(state["emitted"]) if state is not None else 0)
+        stages = self.pipeline(shard).token_stages
+        return tracer.row(spans, stages, ahead, rank, row, shard, line)
 
     def pipeline(self, shard: int) -> ShardPipeline:
         """The shard's chain, opened at the origin on first use."""
@@ -175,10 +180,7 @@ class StepWalker:
         recorded = [dict(stage) for stage in old.layout()[0]]
         carried, space = remix(entries, recorded, new.mix_names, space, rebase=True)
         new.drain(space[len(new.mix_names) :])
-        if self._context is not None:
-            self._context.close()
-            self._context = None
-        self._pipelines.clear()
+        self.close()
         self.dataset = new
         context = self.context()
         for s in shards:
