@@ -137,11 +137,11 @@ def run(args: argparse.Namespace) -> int:
         return _document(tracer, args)
     if args.batch:
         return _batch(tracer, args)
-    trace = tracer.step(args.step)
+    told = tracer.step(args.step).to_plain()
     if args.json:
-        print(json.dumps(trace.to_plain(), indent=1))
-        return 0
-    _print_step(trace.to_plain())
+        print(json.dumps(told, indent=1))
+    else:
+        _print_step(told)
     return 0
 
 
@@ -178,21 +178,19 @@ def _print_step(told: dict[str, Any]) -> None:
 def _row_lines(row: dict[str, Any]) -> list[tuple[int, str]]:
     """``(position, what)`` of each part of a row."""
     lines = [(p["at"], _piece_text(p)) for p in row["pieces"]]
-    lines += [
-        (p["at"], f"{p['kind']} x{p['length']} (token {p['token']})")
-        if p["length"] > 1
-        else (p["at"], f"{p['kind']} (token {p['token']})")
-        for p in row["inserted"]
-    ]
+    for p in row["inserted"]:
+        times = f" x{p['length']}" if p["length"] > 1 else ""
+        lines.append((p["at"], f"{p['kind']}{times} (token {p['token']})"))
     return lines
+
+
+def _tokens_text(p: dict[str, Any]) -> str:
+    return f"tokens {p['start']}..{p['start'] + p['length'] - 1} ({p['length']})"
 
 
 def _piece_text(p: dict[str, Any]) -> str:
     role = f" [{p['role']}]" if p.get("role") else ""
-    return (
-        f"{p['dataset']}  {p['file']}  doc {p['doc']}  tokens {p['start']}.."
-        f"{p['start'] + p['length'] - 1} ({p['length']}){role}"
-    )
+    return f"{p['dataset']}  {p['file']}  doc {p['doc']}  {_tokens_text(p)}{role}"
 
 
 def _document(tracer: Any, args: argparse.Namespace) -> int:
@@ -223,10 +221,8 @@ def _document(tracer: Any, args: argparse.Namespace) -> int:
 
 def _seen_text(entry: dict[str, Any]) -> str:
     at = f" at {entry['at']}" if "at" in entry else ""
-    return (
-        f"step {entry['step']:>8}  rank {entry['rank']:>4}  row {entry['row']:>4}  tokens "
-        f"{entry['start']}..{entry['start'] + entry['length'] - 1} ({entry['length']}){at}"
-    )
+    where = f"step {entry['step']:>8}  rank {entry['rank']:>4}  row {entry['row']:>4}"
+    return f"{where}  {_tokens_text(entry)}{at}"
 
 
 def _batch(tracer: Any, args: argparse.Namespace) -> int:
@@ -241,26 +237,22 @@ def _batch(tracer: Any, args: argparse.Namespace) -> int:
         os.makedirs(args.out, exist_ok=True)
         np.save(os.path.join(args.out, "input_ids.npy"), inputs)
         np.save(os.path.join(args.out, "labels.npy"), labels)
+        shape = list(inputs.shape)
         if args.json:
-            print(json.dumps({"step": args.step, "out": args.out, "shape": list(inputs.shape)}))
+            print(json.dumps({"step": args.step, "out": args.out, "shape": shape}))
         else:
-            print(
-                f"step {args.step}: input_ids and labels {list(inputs.shape)} written to {args.out}"
-            )
+            print(f"step {args.step}: input_ids and labels {shape} written to {args.out}")
         return 0
     if args.json:
-        print(
-            json.dumps({"step": args.step, "input_ids": inputs.tolist(), "labels": labels.tolist()})
-        )
+        tokens = {"input_ids": inputs.tolist(), "labels": labels.tolist()}
+        print(json.dumps({"step": args.step, **tokens}))
         return 0
     tokenizer = _root_tokenizer(tracer.origin_of(args.step).config)
     how = "decoded with the root's tokenizer" if tokenizer else "token ids"
     print(f"step {args.step}: input_ids of {len(inputs)} rank(s) x {inputs.shape[1]} rows, {how}")
     for rank, rows in enumerate(inputs):
-        for row, ids in enumerate(rows):
-            shown = (
-                tokenizer.decode(ids.tolist()) if tokenizer else " ".join(map(str, ids.tolist()))
-            )
+        for row, ids in enumerate(rows.tolist()):
+            shown = tokenizer.decode(ids) if tokenizer else " ".join(map(str, ids))
             print(f"\nrank {rank} row {row}:\n{shown}")
     return 0
 

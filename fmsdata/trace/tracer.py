@@ -200,9 +200,8 @@ class Tracer:
             return
         if wanted[0] < 1:
             raise ConfigError(f"steps count from 1 (the first batch), got {wanted[0]}")
-        last = self.checkpoint_step
-        before = [s for s in wanted if last is not None and s <= last]
-        after = [s for s in wanted if last is None or s > last]
+        before = [s for s in wanted if s <= (self.checkpoint_step or 0)]
+        after = wanted[len(before) :]
         if before:
             checked = self.checked_before()
             with StepWalker(self.origin("before")) as walker:
@@ -238,15 +237,8 @@ class Tracer:
         tracer = line_tracer(walker)
         rows = step_rows(walker, deal, tracer)
         origin = walker.origin
-        trace = StepTrace(
-            step,
-            origin.world_size,
-            rows,
-            deal.skipped,
-            origin.label,
-            None,
-            list(tracer.accesses),
-        )
+        accesses = list(tracer.accesses)
+        trace = StepTrace(step, origin.world_size, rows, deal.skipped, origin.label, None, accesses)
         if tokens and deal.skipped is None:
             if trace.not_followed:
                 raise ConfigError(
@@ -254,14 +246,9 @@ class Tracer:
                     f"stage(s) {', '.join(trace.not_followed)} (define their trace(); "
                     "fmsdata.stages.base.TokenStage.trace)"
                 )
-            config = origin.config
+            ignore, dtype = origin.config.ignore_first_labels, origin.config.output_dtype
             trace.batches = [
-                batch_of(
-                    [row for row in rows if row.rank == rank],
-                    tracer,
-                    config.ignore_first_labels,
-                    config.output_dtype,
-                )
+                batch_of([row for row in rows if row.rank == rank], tracer, ignore, dtype)
                 for rank in range(origin.world_size)
             ]
         return trace

@@ -118,22 +118,11 @@ def verify_digests(tracer: Tracer, log: Mapping[int, Mapping[str, Any]]) -> Veri
                     "rank(s) there (pass --world-size)"
                 )
             if ranks[rank] != derived[rank]:
-                return VerifyReport(
-                    checked,
-                    step,
-                    rank,
-                    ranks[rank],
-                    derived[rank],
-                    f"rank {rank}'s batch at step {step} differs",
-                )
-        if "global" in logged and logged["global"] != combine_digests(derived):
-            return VerifyReport(
-                checked,
-                step,
-                None,
-                logged["global"],
-                combine_digests(derived),
-                f"the global batch of step {step} differs",
-            )
+                why = f"rank {rank}'s batch at step {step} differs"
+                return VerifyReport(checked, step, rank, ranks[rank], derived[rank], why)
+        combined = combine_digests(derived)
+        if "global" in logged and logged["global"] != combined:
+            why = f"the global batch of step {step} differs"
+            return VerifyReport(checked, step, None, logged["global"], combined, why)
         checked += 1
     return VerifyReport(checked)
