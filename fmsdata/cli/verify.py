@@ -78,14 +78,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"... {what}", file=sys.stderr, flush=True)
 
-    report = verify(
-        config,
-        stages=stages,
-        steps=args.steps,
-        world_sizes=args.world_sizes,
-        workers=args.workers,
-        progress=progress,
-    )
+    report = verify(config, stages, args.steps, args.world_sizes, args.workers, progress)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

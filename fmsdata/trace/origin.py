@@ -85,11 +85,10 @@ def _world_size(config: LoaderConfig, world_size: int | None, saved: int | None)
     Raises:
         ConfigError: None of them says it, or it does not fit the logical shards.
     """
-    if world_size is None:
-        world_size = saved
-    if world_size is None and config.global_batch_size:
-        if config.global_batch_size % config.batch_size == 0:
-            world_size = config.global_batch_size // config.batch_size
+    world_size = saved if world_size is None else world_size
+    global_batch = config.global_batch_size
+    if world_size is None and global_batch and global_batch % config.batch_size == 0:
+        world_size = global_batch // config.batch_size
     if world_size is None:
         raise ConfigError(
             "the trace needs the run's world size to say which rank got which row: pass "
@@ -107,8 +106,7 @@ def run_start(
     config: LoaderConfig | Any, world_size: int | None = None, stages: StageFactory | None = None
 ) -> Origin:
     """The start of the run ``config`` describes (its ``skip_steps`` apply)."""
-    config = as_config(config)
-    loader = _loader(config, stages)
+    loader = _loader(as_config(config), stages)
     size = _world_size(loader.config, world_size, None)
     skip_steps = [list(skip) for skip in loader.config.skip_steps]
     return Origin(loader, loader.start_position(), 0, [], skip_steps, size, "the run's start")
@@ -123,21 +121,13 @@ def checkpoint_start(
     """A checkpoint (every rank's state), loaded into ``config`` as a resumed run loads it
     (a mix change on resume applied as ``allow_mix_change`` allows), continued on
     ``world_size`` ranks (default: the checkpoint's) with ``config``'s ``skip_steps``."""
-    config = as_config(config)
-    loader = _loader(config, stages)
+    loader = _loader(as_config(config), stages)
     saved = LoaderState.read(list(states), loader.config.logical_shards)
     loader.load_state_dict(list(states))
     size = _world_size(loader.config, world_size, saved.world_size)
     skip_steps = [list(skip) for skip in loader.config.skip_steps]
-    return Origin(
-        loader,
-        loader.start_position(),
-        loader.steps,
-        loader.skips,
-        skip_steps,
-        size,
-        f"the checkpoint at step {loader.steps}",
-    )
+    start, label = loader.start_position(), f"the checkpoint at step {loader.steps}"
+    return Origin(loader, start, loader.steps, loader.skips, skip_steps, size, label)
 
 
 def saved_mix(config: LoaderConfig | Any, states: Sequence[Any]) -> LoaderConfig:
@@ -163,13 +153,8 @@ def start_before(
     if history and history[0][0] <= 0:
         mixed = mixed.replace(weights=list(history[0][1]))
     loader = _loader(mixed, stages)
-    return Origin(
-        loader,
-        loader.start_position(),
-        0,
-        [],
-        [list(skip) for skip in saved.skips],
-        _world_size(loader.config, None, saved.world_size),
-        "the run's start (as the checkpoint records it)",
-        [(step, list(w)) for step, w in history if step > 0],
-    )
+    skips = [list(skip) for skip in saved.skips]
+    size = _world_size(loader.config, None, saved.world_size)
+    changes = [(step, list(w)) for step, w in history if step > 0]
+    label = "the run's start (as the checkpoint records it)"
+    return Origin(loader, loader.start_position(), 0, [], skips, size, label, changes)

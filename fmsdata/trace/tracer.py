@@ -1,11 +1,8 @@
 """``Tracer``: what global step N of a run trained on, from its config and a checkpoint.
 
-A run's data is a pure function of (config, seed, what the state records): each logical
-shard's lines come from its own chain, and each global step deals rows to shards by a
-fixed rule (``fmsdata.trace.walker``). So any step is told exactly, at span level, by
-replaying the shards' chains from the run's start or from a checkpoint, without a global
-index and without reading the lines' tokens (only what a token-level stage's decision
-looks at: ``fmsdata.stages.traced``).
+Any step is told exactly, at span level, by replaying the logical shards' chains and the
+deal of rows to them (``fmsdata.trace.walker``) from the run's start or from a checkpoint,
+reading no token but what a token-level stage's decision looks at (``fmsdata.stages.traced``).
 
 Steps after a checkpoint are told from it (its world size unless another is given, the
 config's mix as a resume applies it, the config's ``skip_steps``). Steps up to it are told
@@ -178,8 +175,7 @@ class Tracer:
         """Where step ``step`` is told from."""
         if step < 1:
             raise ConfigError(f"steps count from 1 (the first batch), got {step}")
-        before = self.checkpoint_step is not None and step <= self.checkpoint_step
-        return self.origin("before" if before else "after")
+        return self.origin("before" if step <= (self.checkpoint_step or 0) else "after")
 
     # -- steps -------------------------------------------------------------------------
 

@@ -162,10 +162,8 @@ class StepWalker:
         return bool(self._changes) and self._changes[0][0] <= through
 
     def apply_changes(self, through: int) -> None:
-        """Change the weights as the run did after each step up to ``through`` (every line
-        of those steps must be pulled): each followed shard's chain state carried over to
-        the new weights (``fmsdata.state.remix``, every share measured afresh), its chain
-        built again from there."""
+        """Change the weights as the run did after each step up to ``through`` (module
+        docstring); every line of those steps must be pulled."""
         while self.change_due(through):
             step, weights = self._changes.pop(0)
             self._change_weights(step, weights)

@@ -116,16 +116,9 @@ def _kind(stage: Stage) -> str | None:
     return None
 
 
-def _find(pipeline: ShardPipeline, path: tuple[str, ...]) -> Stage:
-    for found, stage in walk(pipeline.top):
-        if found == path:
-            return stage
-    raise KeyError(path)
-
-
 def _outputs(pipeline: ShardPipeline, path: tuple[str, ...], writer: LineWriter) -> list[Any]:
     """The next outputs of the stage at ``path`` of a chain, as comparable values."""
-    stage = _find(pipeline, path)
+    stage = dict(walk(pipeline.top))[path]
     kind = _kind(stage)
     if kind == "lines":
         return [_line_key(next(stage)) for _ in range(_OUTPUTS)]
