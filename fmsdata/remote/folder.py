@@ -20,7 +20,7 @@ listing cache is dropped first): another rank may have written a file a moment a
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import os
 import posixpath
 import shutil
@@ -172,16 +172,11 @@ class Folder:
     def delete(self, name: str) -> None:
         """Delete file ``name``; already gone is fine."""
         fs, path, where = self._fs(name)
-        if fs is None:
-            try:
+        with contextlib.suppress(FileNotFoundError):
+            if fs is None:
                 os.remove(path)
-            except FileNotFoundError:
-                pass
-            return
-        try:
-            retrying(self.storage.retry, where, fs.rm_file, path, what="delete")
-        except FileNotFoundError:
-            pass
+            else:
+                retrying(self.storage.retry, where, fs.rm_file, path, what="delete")
 
     def remove(self, first: tuple[str, ...] = ()) -> None:
         """Delete the folder and everything in it; already gone is fine.
@@ -203,10 +198,8 @@ class Folder:
             return
         for name in first:
             self.delete(name)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             retrying(self.storage.retry, where, fs.rm, path, recursive=True, what="delete")
-        except FileNotFoundError:
-            pass
 
 
 def _write_local(path: str, data: bytes) -> None:
@@ -220,9 +213,6 @@ def _write_local(path: str, data: bytes) -> None:
             os.fsync(handle.fileno())
         os.replace(partial, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(partial)
-        except OSError as err:
-            if err.errno != errno.ENOENT:
-                raise
         raise

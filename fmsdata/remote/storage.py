@@ -102,17 +102,14 @@ class Storage:
         protocol = get_protocol(url)
         kwargs: dict[str, Any] = dict(self.options)
         if protocol in _S3:
-            if self.endpoint_url:
-                kwargs["endpoint_url"] = self.endpoint_url
-            if self.profile:
-                kwargs["profile"] = self.profile
-            if self.anonymous:
-                kwargs["anon"] = True
-            config_kwargs = dict(kwargs.get("config_kwargs") or {})
-            config_kwargs.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
-            config_kwargs.setdefault("connect_timeout", 10)
-            config_kwargs.setdefault("read_timeout", 60)
-            kwargs["config_kwargs"] = config_kwargs
+            given = dict(endpoint_url=self.endpoint_url, profile=self.profile, anon=self.anonymous)
+            kwargs.update({key: value for key, value in given.items() if value})
+            kwargs["config_kwargs"] = {
+                "retries": {"max_attempts": 1, "mode": "standard"},
+                "connect_timeout": 10,
+                "read_timeout": 60,
+                **(kwargs.get("config_kwargs") or {}),
+            }
         cls = filesystem_class(protocol, url)
         path = cls._strip_protocol(url)
         key = (protocol, os.getpid(), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))

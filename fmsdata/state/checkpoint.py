@@ -20,6 +20,7 @@ which loads the whole checkpoint without running anything its files hold.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -70,14 +71,9 @@ def __getattr__(name: str) -> Any:
     """``LoadPlanner`` and ``SafeFileSystemReader``, imported when first asked for: they
     need ``torch.distributed.checkpoint``, whose import costs every process that loads
     fmsdata about 0.6 s (a DataLoader worker started with spawn, a CLI command)."""
-    if name == "LoadPlanner":
-        from fmsdata.state.dcp_plan import LoadPlanner
-
-        return LoadPlanner
-    if name == "SafeFileSystemReader":
-        from fmsdata.state.dcp_read import SafeFileSystemReader
-
-        return SafeFileSystemReader
+    module = {"LoadPlanner": "dcp_plan", "SafeFileSystemReader": "dcp_read"}.get(name)
+    if module is not None:
+        return getattr(importlib.import_module(f"fmsdata.state.{module}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -109,26 +109,27 @@ def read_metadata(folder: str | os.PathLike[str]) -> Metadata:
             metadata classes (nothing it names outside them is imported or called).
     """
     path = os.path.join(local_path(folder, "read_metadata(folder)", _LOCAL_ONLY), METADATA_FILE)
+    return _unpickle_metadata(open, path)
+
+
+def _unpickle_metadata(open_file: Callable[[str, str], Any], path: str) -> Metadata:
+    """The ``Metadata`` in the ``.metadata`` file at ``path`` (opened with ``open_file``),
+    through the allow-list."""
     try:
-        with open(path, "rb") as handle:
-            return _unpickle_metadata(handle, path)
+        with open_file(path, "rb") as handle:
+            try:
+                metadata = _MetadataUnpickler(handle).load()
+            except pickle.UnpicklingError as err:
+                raise StateMismatchError(
+                    f"{path}: refused to read this DCP metadata: {err} "
+                    "(only DCP's metadata classes are accepted; nothing in the file was run)"
+                ) from None
+            except Exception as err:  # a malformed stream fails in many ways in the unpickler
+                raise StateMismatchError(
+                    f"{path}: malformed DCP metadata ({type(err).__name__}: {err})"
+                ) from None
     except OSError as err:
         raise StateMismatchError(f"{path}: cannot read DCP metadata ({err})") from None
-
-
-def _unpickle_metadata(handle: Any, path: str) -> Metadata:
-    """The ``Metadata`` an open ``.metadata`` stream holds, through the allow-list."""
-    try:
-        metadata = _MetadataUnpickler(handle).load()
-    except pickle.UnpicklingError as err:
-        raise StateMismatchError(
-            f"{path}: refused to read this DCP metadata: {err} "
-            "(only DCP's metadata classes are accepted; nothing in the file was run)"
-        ) from None
-    except Exception as err:  # a malformed stream fails in many ways inside the unpickler
-        raise StateMismatchError(
-            f"{path}: malformed DCP metadata ({type(err).__name__}: {err})"
-        ) from None
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
         raise StateMismatchError(
             f"{path}: holds a {type(metadata).__name__}, not DCP checkpoint metadata"
@@ -187,11 +188,7 @@ class SafeFileSystemReader(FileSystemReader):
         self._checked = (path, self._unpickle(path)) if os.path.exists(path) else None
 
     def _unpickle(self, path: str) -> Metadata:
-        try:
-            with self.fs.create_stream(path, "rb") as handle:
-                return _unpickle_metadata(handle, path)
-        except OSError as err:
-            raise StateMismatchError(f"{path}: cannot read DCP metadata ({err})") from None
+        return _unpickle_metadata(self.fs.create_stream, path)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")

@@ -211,17 +211,22 @@ def _check_stages(
                 continue
             if before.get(key) != after.get(key):
                 path = _path_text(new.get("path"))
-                setting = (
-                    f"stage {new.get('role') or _short(new)!r} ({_short(new)} at {path}) with "
-                    f"{key}={before.get(key)!r} but this loader has {key}={after.get(key)!r}; "
-                    f"if the change is intended, load with allow_changes=[{key!r}]"
-                )
-                said = (
-                    f"{changed} (saved {setting})"
-                    if changed
-                    else f"saved loader state has {setting}"
-                )
-                raise StateMismatchError(said)
+                what = f"stage {new.get('role') or _short(new)!r} ({_short(new)} at {path})"
+                raise _setting_differs(changed, what, key, before, after)
+
+
+def _setting_differs(
+    changed: str, what: str, key: str, before: Mapping[str, Any], after: Mapping[str, Any]
+) -> StateMismatchError:
+    """The refusal of a setting ``key`` of ``what`` (a stage, the line writer) that differs,
+    after the config fields that differ (``changed``) when the state records them."""
+    setting = (
+        f"{what} with {key}={before.get(key)!r} but this loader has {key}={after.get(key)!r}; "
+        f"if the change is intended, load with allow_changes=[{key!r}]"
+    )
+    return StateMismatchError(
+        f"{changed} (saved {setting})" if changed else f"saved loader state has {setting}"
+    )
 
 
 def _path_text(path: Any) -> str:
@@ -266,14 +271,7 @@ def _check_writer(
         if key in allowed or before.get(key) == after.get(key):
             continue
         changed = _changed_config(fingerprint.get(CONFIG_KEY), now.get(CONFIG_KEY))
-        setting = (
-            f"the line writer with {key}={before.get(key)!r} but this loader has "
-            f"{key}={after.get(key)!r}; if the change is intended, load with "
-            f"allow_changes=[{key!r}]"
-        )
-        raise StateMismatchError(
-            f"{changed} (saved {setting})" if changed else f"saved loader state has {setting}"
-        )
+        raise _setting_differs(changed, "the line writer", key, before, after)
 
 
 def saved_seq_length(fingerprint: Mapping[str, Any]) -> int | None:
