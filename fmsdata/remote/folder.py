@@ -21,6 +21,7 @@ listing cache is dropped first): another rank may have written a file a moment a
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import posixpath
 import shutil
@@ -144,21 +145,17 @@ class Folder:
         if fs is None:
             _write_local(path, data)
             return where
+        call = functools.partial(retrying, self.storage.retry, where)
         try:
             if self.protocol in ATOMIC_PUT_PROTOCOLS:
-                retrying(self.storage.retry, where, fs.pipe_file, path, data, what="write")
+                call(fs.pipe_file, path, data, what="write")
             else:
                 partial = f"{path}.{os.getpid()}{_TMP_SUFFIX}"
-                retrying(
-                    self.storage.retry,
-                    where,
-                    fs.makedirs,
-                    posixpath.dirname(path),
-                    exist_ok=True,
-                    what="create the folder of",
+                call(
+                    fs.makedirs, posixpath.dirname(path), exist_ok=True, what="create the folder of"
                 )
-                retrying(self.storage.retry, where, fs.pipe_file, partial, data, what="write")
-                retrying(self.storage.retry, where, fs.mv, partial, path, what="rename")
+                call(fs.pipe_file, partial, data, what="write")
+                call(fs.mv, partial, path, what="rename")
         except FileNotFoundError as err:
             raise RemoteIOError(
                 f"write {where} failed: its bucket or folder does not exist ({err})"

@@ -9,11 +9,8 @@ from the storage files at the offsets the metadata gives, each with
 ``torch.load(weights_only=True)`` — again no arbitrary unpickling.
 
 ``SafeFileSystemReader`` puts the same rules under ``dcp.load`` itself, as its
-``storage_reader``: the metadata through the allow-list, tensors through torch's own
-``weights_only`` reads, and every non-tensor entry (DCP stores those as ``torch.save``
-bytes, which the default planner loads with ``weights_only=False``) checked with
-``torch.load(weights_only=True)`` first, so a checkpoint someone handed you can be loaded,
-model and optimizer included, without running anything it holds.
+``storage_reader``, so a checkpoint someone handed you can be loaded, model and optimizer
+included, without running anything it holds.
 """
 
 from __future__ import annotations
@@ -267,8 +264,7 @@ def read_tensors(
             continue
         if not isinstance(meta, TensorStorageMetadata) or len(meta.chunks) != 1:
             raise StateMismatchError(f"{folder}: DCP entry {key!r} is not a single saved tensor")
-        chunk = meta.chunks[0]
-        info = storage.get(MetadataIndex(key, chunk.offsets))
+        info = storage.get(MetadataIndex(key, meta.chunks[0].offsets))
         out[key] = _read_entry(folder, key, info, tuple(meta.size))
     return out
 
