@@ -96,12 +96,9 @@ class Folder:
         except (FileNotFoundError, NotADirectoryError):
             return []
         prefix = path.rstrip("/") + "/"
-        names = set()
-        for entry in entries:
-            full = str(entry["name"]).rstrip("/")
-            if full.startswith(prefix):  # a file at ``path`` itself lists as itself
-                names.add(full[len(prefix) :].split("/", 1)[0])
-        return sorted(names)
+        full = [str(entry["name"]).rstrip("/") for entry in entries]
+        # A file at ``path`` itself lists as itself: only names under ``prefix`` count.
+        return sorted({n[len(prefix) :].split("/", 1)[0] for n in full if n.startswith(prefix)})
 
     def read(self, name: str | None = None) -> bytes:
         """The bytes of file ``name`` (with None, of the file at the location itself).

@@ -49,7 +49,9 @@ def filesystem_class(protocol: str, url: str) -> type[fsspec.AbstractFileSystem]
     try:
         return fsspec.get_filesystem_class(protocol)
     except ImportError as err:
-        package = PROTOCOL_PACKAGES.get(protocol) or _package_named_by(protocol)
+        # Else the package fsspec's registry names as implementing it (``adlfs`` ...).
+        named = known_implementations.get(protocol, {}).get("class", protocol)
+        package = PROTOCOL_PACKAGES.get(protocol) or named.split(".")[0]
         raise missing(package, f"reading {protocol}:// URLs ({url!r})", err) from None
     except ValueError:
         known = sorted(fsspec.available_protocols())
@@ -60,12 +62,6 @@ def filesystem_class(protocol: str, url: str) -> type[fsspec.AbstractFileSystem]
             f"fsspec's protocols, e.g. s3://, gs://, file://, http:// "
             f"(all: python -c 'import fsspec; print(fsspec.available_protocols())')"
         ) from None
-
-
-def _package_named_by(protocol: str) -> str:
-    """The package fsspec's registry names as implementing ``protocol`` (``adlfs`` ...)."""
-    target = known_implementations.get(protocol, {}).get("class", protocol)
-    return target.split(".")[0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,8 +73,6 @@ def etag_matches(path: str, etag: str | None, chunk_bytes: int = CHUNK_BYTES) ->
         return None
     size, parts = os.path.getsize(path), int(match.group(2))
     candidates = [m << 20 for m in _PART_SIZES_MIB if -(-size // (m << 20)) == parts]
-    if not candidates:
-        return None
     for part in candidates:
         digests = []
         with open(path, "rb") as handle:

@@ -182,10 +182,8 @@ class SafeFileSystemReader(FileSystemReader):
         checkpoint without a global ``.metadata`` (per-rank metadata) is checked when read.
         """
         path = os.fspath(self.fs.concat_path(self.path, METADATA_FILE))
-        self._checked = (path, self._unpickle(path)) if os.path.exists(path) else None
-
-    def _unpickle(self, path: str) -> Metadata:
-        return _unpickle_metadata(self.fs.create_stream, path)
+        exists = os.path.exists(path)
+        self._checked = (path, _unpickle_metadata(self.fs.create_stream, path)) if exists else None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
@@ -193,10 +191,9 @@ class SafeFileSystemReader(FileSystemReader):
         name = METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}"
         path = os.fspath(self.fs.concat_path(self.path, name))
         checked, self._checked = self._checked, None
-        if checked is not None and checked[0] == path:
-            metadata = checked[1]
-        else:
-            metadata = self._unpickle(path)
+        if checked is None or checked[0] != path:
+            checked = (path, _unpickle_metadata(self.fs.create_stream, path))
+        metadata = checked[1]
         storage_meta = getattr(metadata, "storage_meta", None)
         if storage_meta is None:
             storage_meta = metadata.storage_meta = StorageMeta()

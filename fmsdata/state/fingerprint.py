@@ -75,9 +75,7 @@ def stream_fingerprint(
     writer's settings, as plain data (lists, dicts: as a state file gives it back), so
     fingerprints compare with ``==``."""
     values = config.to_dict()
-    fingerprint: dict[str, Any] = {"data": dict(data)}
-    for field in (*MIX_FIELDS, *_SHARD_FIELDS):
-        fingerprint[field] = values[field]
+    fingerprint = {"data": dict(data), **{f: values[f] for f in (*MIX_FIELDS, *_SHARD_FIELDS)}}
     fingerprint["datasets"] = list(names)
     fingerprint.update(handler.describe())
     fingerprint["stages"] = [dict(stage) for stage in stages]

@@ -130,12 +130,9 @@ def _subtract_held(
     unsent piece counts as unsent; a damaged split document that no stage holds a piece
     of counts as dropped."""
     for as_, spans, tokens in held:
-        per_ds = (
-            tokens
-            if tokens is not None
-            else np.bincount(spans[:, 0], weights=spans[:, LENGTH], minlength=1).tolist()
-        )
-        for ds, n in enumerate(per_ds):
+        if tokens is None:
+            tokens = np.bincount(spans[:, 0], weights=spans[:, LENGTH], minlength=1).tolist()
+        for ds, n in enumerate(tokens):
             name = span_datasets[ds] if ds < len(span_datasets) else None
             if name in datasets:
                 datasets[name][f"{as_}_tokens"] += int(n)
