@@ -127,9 +127,8 @@ class RemoteFiles:
         self._lock = threading.Lock()
         self._pending: dict[str, concurrent.futures.Future[str]] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        if rescan_bytes is None:
-            rescan_bytes = max(1, limit_bytes // 64)
-        self.usage = CacheUsage(cache_dir, limit_bytes, rescan_bytes, rescan_seconds)
+        rescan = rescan_bytes if rescan_bytes is not None else max(1, limit_bytes // 64)
+        self.usage = CacheUsage(cache_dir, limit_bytes, rescan, rescan_seconds)
 
     # -- paths and downloads ---------------------------------------------------------
 

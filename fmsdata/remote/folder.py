@@ -20,7 +20,8 @@ listing cache is dropped first): another rank may have written a file a moment a
 
 from __future__ import annotations
 
-import errno
+import contextlib
+import functools
 import os
 import posixpath
 import shutil
@@ -95,12 +96,9 @@ class Folder:
         except (FileNotFoundError, NotADirectoryError):
             return []
         prefix = path.rstrip("/") + "/"
-        names = set()
-        for entry in entries:
-            full = str(entry["name"]).rstrip("/")
-            if full.startswith(prefix):  # a file at ``path`` itself lists as itself
-                names.add(full[len(prefix) :].split("/", 1)[0])
-        return sorted(names)
+        full = [str(entry["name"]).rstrip("/") for entry in entries]
+        # A file at ``path`` itself lists as itself: only names under ``prefix`` count.
+        return sorted({n[len(prefix) :].split("/", 1)[0] for n in full if n.startswith(prefix)})
 
     def read(self, name: str | None = None) -> bytes:
         """The bytes of file ``name`` (with None, of the file at the location itself).
@@ -144,21 +142,17 @@ class Folder:
         if fs is None:
             _write_local(path, data)
             return where
+        call = functools.partial(retrying, self.storage.retry, where)
         try:
             if self.protocol in ATOMIC_PUT_PROTOCOLS:
-                retrying(self.storage.retry, where, fs.pipe_file, path, data, what="write")
+                call(fs.pipe_file, path, data, what="write")
             else:
                 partial = f"{path}.{os.getpid()}{_TMP_SUFFIX}"
-                retrying(
-                    self.storage.retry,
-                    where,
-                    fs.makedirs,
-                    posixpath.dirname(path),
-                    exist_ok=True,
-                    what="create the folder of",
+                call(
+                    fs.makedirs, posixpath.dirname(path), exist_ok=True, what="create the folder of"
                 )
-                retrying(self.storage.retry, where, fs.pipe_file, partial, data, what="write")
-                retrying(self.storage.retry, where, fs.mv, partial, path, what="rename")
+                call(fs.pipe_file, partial, data, what="write")
+                call(fs.mv, partial, path, what="rename")
         except FileNotFoundError as err:
             raise RemoteIOError(
                 f"write {where} failed: its bucket or folder does not exist ({err})"
@@ -172,16 +166,11 @@ class Folder:
     def delete(self, name: str) -> None:
         """Delete file ``name``; already gone is fine."""
         fs, path, where = self._fs(name)
-        if fs is None:
-            try:
+        with contextlib.suppress(FileNotFoundError):
+            if fs is None:
                 os.remove(path)
-            except FileNotFoundError:
-                pass
-            return
-        try:
-            retrying(self.storage.retry, where, fs.rm_file, path, what="delete")
-        except FileNotFoundError:
-            pass
+            else:
+                retrying(self.storage.retry, where, fs.rm_file, path, what="delete")
 
     def remove(self, first: tuple[str, ...] = ()) -> None:
         """Delete the folder and everything in it; already gone is fine.
@@ -203,10 +192,8 @@ class Folder:
             return
         for name in first:
             self.delete(name)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             retrying(self.storage.retry, where, fs.rm, path, recursive=True, what="delete")
-        except FileNotFoundError:
-            pass
 
 
 def _write_local(path: str, data: bytes) -> None:
@@ -220,9 +207,6 @@ def _write_local(path: str, data: bytes) -> None:
             os.fsync(handle.fileno())
         os.replace(partial, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(partial)
-        except OSError as err:
-            if err.errno != errno.ENOENT:
-                raise
         raise

@@ -111,6 +111,10 @@ def _save_manifest(dest: str, files: dict[str, dict[str, Any]]) -> None:
     os.replace(partial, path)
 
 
+def _matches(key: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(key, p) for p in patterns)
+
+
 def _local(dest: str, key: str) -> str:
     return os.path.join(dest, *key.split("/"))
 
@@ -169,10 +173,7 @@ def plan_mirror(
             continue
         # Exactly one separator after the prefix: "prefix//x" is the key "/x" (absolute).
         key = path[len(prefix) + 1 :] if prefix else path
-        if include and not any(fnmatch.fnmatchcase(key, p) for p in include):
-            excluded += 1
-            continue
-        if any(fnmatch.fnmatchcase(key, p) for p in exclude):
+        if (include and not _matches(key, include)) or _matches(key, exclude):
             excluded += 1
             continue
         reason = refusal(key)
@@ -219,29 +220,19 @@ def run_mirror(
         if on_bytes is not None:
             on_bytes(n)
 
-    def check(info: ObjectInfo) -> Callable[[str], str | None]:
-        def verify(partial: str) -> str | None:
-            if md5_of_etag(info.etag):
-                return None  # fetch checked the MD5 while the bytes arrived
-            matches = etag_matches(partial, info.etag)
-            return f"content does not match ETag {info.etag}" if matches is False else None
-
-        return verify
-
     def one(transfer: Transfer) -> None:
         target = _local(dest, transfer.key)
         url = f"{src.rstrip('/')}/{transfer.key}" if transfer.key else src
-        fetch(
-            fs,
-            transfer.path,
-            url,
-            target,
-            transfer.info,
-            storage.retry,
-            verify_md5=True,
-            on_bytes=moved,
-            check=check(transfer.info),
-        )
+        info = transfer.info
+        etag = info.etag
+
+        def check(partial: str) -> str | None:
+            if md5_of_etag(etag):
+                return None  # fetch checked the MD5 while the bytes arrived
+            matches = etag_matches(partial, etag)
+            return f"content does not match ETag {etag}" if matches is False else None
+
+        fetch(fs, transfer.path, url, target, info, storage.retry, on_bytes=moved, check=check)
         for stale in glob.glob(glob.escape(target) + ".*" + PARTIAL_SUFFIX):
             os.remove(stale)  # partials of older versions of the object
 

@@ -20,23 +20,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KINDS", "FIELDS", "note", "counts", "count_into", "as_dict", "listed"]
+__all__ = ["KINDS", "FIELDS", "note", "counts", "count_into", "as_dict"]
 
 KINDS = ("LIST", "HEAD", "GET", "PUT", "DELETE", "OTHER")
 FIELDS = (*KINDS, "bytes")  # the columns of a counts array
-_KIND_OF = {
-    "list": 0,
-    "stat": 1,
-    "look up": 1,
-    "read": 2,
-    "write": 3,
-    "delete": 4,
-}
+_KIND_OF = {"list": 0, "stat": 1, "look up": 1, "read": 2, "write": 3, "delete": 4}  # KINDS
 _BYTES = len(KINDS)
-_LISTED_KEPT = 64  # the listings remembered, first ones first (what was listed, for reports)
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"counts": np.zeros(len(FIELDS), dtype=np.int64), "listed": []}
+_state: dict[str, Any] = {"counts": np.zeros(len(FIELDS), dtype=np.int64)}
 
 
 def note(what: str, url: str, result: Any) -> None:
@@ -49,20 +41,12 @@ def note(what: str, url: str, result: Any) -> None:
         target[kind] += 1
         if size:
             target[_BYTES] += size
-        if kind == 0 and len(_state["listed"]) < _LISTED_KEPT:
-            _state["listed"].append(url)
 
 
 def counts() -> np.ndarray:
     """A copy of this process's counts (``FIELDS`` order)."""
     with _lock:
         return np.array(_state["counts"], copy=True)
-
-
-def listed() -> list[str]:
-    """The URLs this process listed (the first ``_LISTED_KEPT``)."""
-    with _lock:
-        return list(_state["listed"])
 
 
 def count_into(row: np.ndarray) -> None:

@@ -55,13 +55,7 @@ _TRANSIENT_ERRNOS = {
     errno.EPIPE,
     errno.EIO,
 }
-_THROTTLE_CODES = {
-    "SlowDown",
-    "Throttling",
-    "ThrottlingException",
-    "RequestTimeout",
-    "InternalError",
-}
+_THROTTLE_CODES = {*"SlowDown Throttling ThrottlingException RequestTimeout InternalError".split()}
 
 
 def is_transient(err: BaseException) -> bool:

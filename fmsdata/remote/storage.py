@@ -49,7 +49,9 @@ def filesystem_class(protocol: str, url: str) -> type[fsspec.AbstractFileSystem]
     try:
         return fsspec.get_filesystem_class(protocol)
     except ImportError as err:
-        package = PROTOCOL_PACKAGES.get(protocol) or _package_named_by(protocol)
+        # Else the package fsspec's registry names as implementing it (``adlfs`` ...).
+        named = known_implementations.get(protocol, {}).get("class", protocol)
+        package = PROTOCOL_PACKAGES.get(protocol) or named.split(".")[0]
         raise missing(package, f"reading {protocol}:// URLs ({url!r})", err) from None
     except ValueError:
         known = sorted(fsspec.available_protocols())
@@ -60,12 +62,6 @@ def filesystem_class(protocol: str, url: str) -> type[fsspec.AbstractFileSystem]
             f"fsspec's protocols, e.g. s3://, gs://, file://, http:// "
             f"(all: python -c 'import fsspec; print(fsspec.available_protocols())')"
         ) from None
-
-
-def _package_named_by(protocol: str) -> str:
-    """The package fsspec's registry names as implementing ``protocol`` (``adlfs`` ...)."""
-    target = known_implementations.get(protocol, {}).get("class", protocol)
-    return target.split(".")[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,17 +98,14 @@ class Storage:
         protocol = get_protocol(url)
         kwargs: dict[str, Any] = dict(self.options)
         if protocol in _S3:
-            if self.endpoint_url:
-                kwargs["endpoint_url"] = self.endpoint_url
-            if self.profile:
-                kwargs["profile"] = self.profile
-            if self.anonymous:
-                kwargs["anon"] = True
-            config_kwargs = dict(kwargs.get("config_kwargs") or {})
-            config_kwargs.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
-            config_kwargs.setdefault("connect_timeout", 10)
-            config_kwargs.setdefault("read_timeout", 60)
-            kwargs["config_kwargs"] = config_kwargs
+            given = dict(endpoint_url=self.endpoint_url, profile=self.profile, anon=self.anonymous)
+            kwargs.update({key: value for key, value in given.items() if value})
+            kwargs["config_kwargs"] = {
+                "retries": {"max_attempts": 1, "mode": "standard"},
+                "connect_timeout": 10,
+                "read_timeout": 60,
+                **(kwargs.get("config_kwargs") or {}),
+            }
         cls = filesystem_class(protocol, url)
         path = cls._strip_protocol(url)
         key = (protocol, os.getpid(), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))

@@ -67,18 +67,12 @@ def etag_matches(path: str, etag: str | None, chunk_bytes: int = CHUNK_BYTES) ->
     if not etag:
         return None
     if md5_of_etag(etag):
-        digest = hashlib.md5(usedforsecurity=False)
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(chunk_bytes), b""):
-                digest.update(block)
-        return digest.hexdigest() == etag
+        return _md5_of_file(path, hashlib.md5(usedforsecurity=False), chunk_bytes) == etag
     match = _MULTIPART_ETAG.match(etag)
     if not match:
         return None
     size, parts = os.path.getsize(path), int(match.group(2))
     candidates = [m << 20 for m in _PART_SIZES_MIB if -(-size // (m << 20)) == parts]
-    if not candidates:
-        return None
     for part in candidates:
         digests = []
         with open(path, "rb") as handle:
@@ -94,6 +88,14 @@ def etag_matches(path: str, etag: str | None, chunk_bytes: int = CHUNK_BYTES) ->
         if hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest() == match.group(1):
             return True
     return None  # an unknown part size: neither confirmed nor refuted
+
+
+def _md5_of_file(path: str, digest: Any, chunk_bytes: int) -> str:
+    """``digest`` updated with the bytes of the file at ``path``; its hex digest."""
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(chunk_bytes), b""):
+            digest.update(block)
+    return str(digest.hexdigest())
 
 
 def partial_path(target: str, info: ObjectInfo) -> str:
@@ -140,18 +142,15 @@ def fetch(
         os.remove(partial)
         done = 0
     if digest is not None and done:
-        with open(partial, "rb") as previous:
-            for block in iter(lambda: previous.read(chunk_bytes), b""):
-                digest.update(block)
+        _md5_of_file(partial, digest, chunk_bytes)
     moved = 0
     with open(partial, "ab") as out:
         while done < info.size:
             end = min(done + chunk_bytes, info.size)
-            start = done
-            data = retrying(policy, url, fs.cat_file, path, start=start, end=end)
-            if len(data) != end - start:
+            data = retrying(policy, url, fs.cat_file, path, start=done, end=end)
+            if len(data) != end - done:
                 raise RemoteIOError(
-                    f"read {url} bytes {start}-{end} returned {len(data)} bytes "
+                    f"read {url} bytes {done}-{end} returned {len(data)} bytes "
                     "(object changed or server misbehaves)"
                 )
             out.write(data)
@@ -165,12 +164,11 @@ def fetch(
         os.fsync(out.fileno())
     size = os.path.getsize(partial)
     if size != info.size:
-        os.remove(partial)
-        raise RemoteIOError(f"{url}: got {size} bytes, the listing says {info.size}")
-    if digest is not None and digest.hexdigest() != expected_md5:
-        os.remove(partial)
-        raise RemoteIOError(f"{url}: MD5 {digest.hexdigest()} does not match ETag {expected_md5}")
-    problem = check(partial) if check is not None else None
+        problem: str | None = f"got {size} bytes, the listing says {info.size}"
+    elif digest is not None and digest.hexdigest() != expected_md5:
+        problem = f"MD5 {digest.hexdigest()} does not match ETag {expected_md5}"
+    else:
+        problem = check(partial) if check is not None else None
     if problem is not None:
         os.remove(partial)
         raise RemoteIOError(f"{url}: {problem}")

@@ -214,12 +214,9 @@ def use_stamp(path: str) -> tuple[int, int] | None:
 
 
 def mark_used(path: str) -> None:
-    """Record a use of the cached file ``path`` for eviction order, on its lock file.
-
-    The file itself is never touched: a new mtime on the inode another process has mapped
-    reads to that process as the file rewritten under it. A use that cannot be recorded
-    (a cache folder another user owns) only leaves the file older in the eviction order.
-    """
+    """Record a use of the cached file ``path`` for eviction order, on its lock file (never
+    on the file: the module docstring). A use that cannot be recorded (a cache folder
+    another user owns) only leaves the file older in the eviction order."""
     lock = path + LOCK_SUFFIX
     try:
         try:

@@ -20,6 +20,7 @@ which loads the whole checkpoint without running anything its files hold.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -70,14 +71,9 @@ def __getattr__(name: str) -> Any:
     """``LoadPlanner`` and ``SafeFileSystemReader``, imported when first asked for: they
     need ``torch.distributed.checkpoint``, whose import costs every process that loads
     fmsdata about 0.6 s (a DataLoader worker started with spawn, a CLI command)."""
-    if name == "LoadPlanner":
-        from fmsdata.state.dcp_plan import LoadPlanner
-
-        return LoadPlanner
-    if name == "SafeFileSystemReader":
-        from fmsdata.state.dcp_read import SafeFileSystemReader
-
-        return SafeFileSystemReader
+    module = {"LoadPlanner": "dcp_plan", "SafeFileSystemReader": "dcp_read"}.get(name)
+    if module is not None:
+        return getattr(importlib.import_module(f"fmsdata.state.{module}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -234,9 +230,8 @@ class AutoCheckpointer:
     Only rank 0 removes old folders, and only complete ones beyond the newest ``keep``
     complete saves (``keep`` 0 keeps all), plus incomplete ones older than those (saves
     abandoned by a crash): the newest complete checkpoint is never removed before the next
-    one is complete on every rank. A local folder is renamed out of the ``step_*``
-    namespace before it is deleted; on an object store rank 0's marker goes first, so a
-    folder being deleted is incomplete to every reader.
+    one is complete on every rank, and a folder being deleted is incomplete to every
+    reader (``checkpointsave.remove_save``).
     """
 
     def __init__(self, root: str, every: int, keep: int = 2, storage: Storage | None = None):
@@ -305,9 +300,8 @@ class AutoCheckpointer:
                 remove_save(self.folder.sub(name))
 
     def wait(self) -> None:
-        """Block until the save in flight is written; re-raise its error, if any. A save
-        whose folder was removed while it was written is not an error: a
-        ``CheckpointWarning`` naming the folder (the run goes on).
+        """Block until the save in flight is written; re-raise its error, if any (a save
+        whose folder was removed meanwhile only warns: the class docstring).
 
         Raises:
             FmsDataError: The error of the save in flight, whatever its class.

@@ -103,9 +103,8 @@ def write_save(snapshot: dict[str, Any], folder: Folder) -> str:
     marker = marker_name(save)
     folder.write(marker, b"")
     names = folder.names()
-    for name in names:
-        match = _MARKER.match(name)
-        if match and int(match.group(1)) == save.rank and name != marker:
+    for name, old in _markers(names):
+        if old.rank == save.rank and name != marker:
             folder.delete(name)
     # The listing that finds older markers also shows the folder still holds what was
     # written: one removed meanwhile (by hand, by a cleanup job) is recreated by a later
@@ -122,12 +121,12 @@ def write_save(snapshot: dict[str, Any], folder: Folder) -> str:
 
 def state_names(names: Iterable[str]) -> dict[int, str]:
     """Rank -> name of the state files among ``names``."""
-    found = {}
-    for name in names:
-        match = _RANK_FILE.match(name)
-        if match:
-            found[int(match.group(1))] = name
-    return found
+    return {int(m.group(1)): name for name in names if (m := _RANK_FILE.match(name))}
+
+
+def _markers(names: Iterable[str]) -> list[tuple[str, Save]]:
+    """The markers among ``names``, with the save each names."""
+    return [(n, Save(*map(int, m.groups()))) for n in names if (m := _MARKER.match(n))]
 
 
 def _saves_in(folder: Folder, names: Sequence[str]) -> dict[int, set[Save]]:
@@ -141,11 +140,8 @@ def _saves_in(folder: Folder, names: Sequence[str]) -> dict[int, set[Save]]:
     """
     files = state_names(names)
     marked: dict[int, set[Save]] = {}
-    for name in names:
-        match = _MARKER.match(name)
-        if match:
-            save = Save(*(int(g) for g in match.groups()))
-            marked.setdefault(save.rank, set()).add(save)
+    for _, save in _markers(names):
+        marked.setdefault(save.rank, set()).add(save)
     if marked:
         return {rank: marked.get(rank, set()) for rank in files}
     saves = {}
@@ -269,5 +265,5 @@ def remove_save(folder: Folder) -> None:
     delete on, every reader sees the folder incomplete, never a save with files missing."""
     names = folder.names()
     zero = rank_name(0)
-    first = [n for n in names if _MARKER.match(n) and n.startswith(zero.removesuffix(".fms"))]
+    first = [name for name, save in _markers(names) if save.rank == 0]
     folder.remove(first=(*first, zero) if zero in names else tuple(first))

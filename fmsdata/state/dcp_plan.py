@@ -7,7 +7,6 @@ asked for.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -44,11 +43,8 @@ class LoadPlanner(DefaultLoadPlanner):
             resized = torch.empty(saved.size, dtype=torch.uint8)
             self.state_dict[fqn] = resized
             if getattr(self, "flatten_state_dict", False) and fqn in getattr(self, "mappings", {}):
-                _set_path(self.original_state_dict, self.mappings[fqn], resized)
-
-
-def _set_path(root: Any, path: Sequence[Any], value: Any) -> None:
-    node = root
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
+                *parents, last = self.mappings[fqn]  # its place in the nested state dict
+                node: Any = self.original_state_dict
+                for key in parents:
+                    node = node[key]
+                node[last] = resized

@@ -9,11 +9,8 @@ from the storage files at the offsets the metadata gives, each with
 ``torch.load(weights_only=True)`` — again no arbitrary unpickling.
 
 ``SafeFileSystemReader`` puts the same rules under ``dcp.load`` itself, as its
-``storage_reader``: the metadata through the allow-list, tensors through torch's own
-``weights_only`` reads, and every non-tensor entry (DCP stores those as ``torch.save``
-bytes, which the default planner loads with ``weights_only=False``) checked with
-``torch.load(weights_only=True)`` first, so a checkpoint someone handed you can be loaded,
-model and optimizer included, without running anything it holds.
+``storage_reader``, so a checkpoint someone handed you can be loaded, model and optimizer
+included, without running anything it holds.
 """
 
 from __future__ import annotations
@@ -109,26 +106,27 @@ def read_metadata(folder: str | os.PathLike[str]) -> Metadata:
             metadata classes (nothing it names outside them is imported or called).
     """
     path = os.path.join(local_path(folder, "read_metadata(folder)", _LOCAL_ONLY), METADATA_FILE)
+    return _unpickle_metadata(open, path)
+
+
+def _unpickle_metadata(open_file: Callable[[str, str], Any], path: str) -> Metadata:
+    """The ``Metadata`` in the ``.metadata`` file at ``path`` (opened with ``open_file``),
+    through the allow-list."""
     try:
-        with open(path, "rb") as handle:
-            return _unpickle_metadata(handle, path)
+        with open_file(path, "rb") as handle:
+            try:
+                metadata = _MetadataUnpickler(handle).load()
+            except pickle.UnpicklingError as err:
+                raise StateMismatchError(
+                    f"{path}: refused to read this DCP metadata: {err} "
+                    "(only DCP's metadata classes are accepted; nothing in the file was run)"
+                ) from None
+            except Exception as err:  # a malformed stream fails in many ways in the unpickler
+                raise StateMismatchError(
+                    f"{path}: malformed DCP metadata ({type(err).__name__}: {err})"
+                ) from None
     except OSError as err:
         raise StateMismatchError(f"{path}: cannot read DCP metadata ({err})") from None
-
-
-def _unpickle_metadata(handle: Any, path: str) -> Metadata:
-    """The ``Metadata`` an open ``.metadata`` stream holds, through the allow-list."""
-    try:
-        metadata = _MetadataUnpickler(handle).load()
-    except pickle.UnpicklingError as err:
-        raise StateMismatchError(
-            f"{path}: refused to read this DCP metadata: {err} "
-            "(only DCP's metadata classes are accepted; nothing in the file was run)"
-        ) from None
-    except Exception as err:  # a malformed stream fails in many ways inside the unpickler
-        raise StateMismatchError(
-            f"{path}: malformed DCP metadata ({type(err).__name__}: {err})"
-        ) from None
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
         raise StateMismatchError(
             f"{path}: holds a {type(metadata).__name__}, not DCP checkpoint metadata"
@@ -184,14 +182,8 @@ class SafeFileSystemReader(FileSystemReader):
         checkpoint without a global ``.metadata`` (per-rank metadata) is checked when read.
         """
         path = os.fspath(self.fs.concat_path(self.path, METADATA_FILE))
-        self._checked = (path, self._unpickle(path)) if os.path.exists(path) else None
-
-    def _unpickle(self, path: str) -> Metadata:
-        try:
-            with self.fs.create_stream(path, "rb") as handle:
-                return _unpickle_metadata(handle, path)
-        except OSError as err:
-            raise StateMismatchError(f"{path}: cannot read DCP metadata ({err})") from None
+        exists = os.path.exists(path)
+        self._checked = (path, _unpickle_metadata(self.fs.create_stream, path)) if exists else None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
@@ -199,10 +191,9 @@ class SafeFileSystemReader(FileSystemReader):
         name = METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}"
         path = os.fspath(self.fs.concat_path(self.path, name))
         checked, self._checked = self._checked, None
-        if checked is not None and checked[0] == path:
-            metadata = checked[1]
-        else:
-            metadata = self._unpickle(path)
+        if checked is None or checked[0] != path:
+            checked = (path, _unpickle_metadata(self.fs.create_stream, path))
+        metadata = checked[1]
         storage_meta = getattr(metadata, "storage_meta", None)
         if storage_meta is None:
             storage_meta = metadata.storage_meta = StorageMeta()
@@ -270,8 +261,7 @@ def read_tensors(
             continue
         if not isinstance(meta, TensorStorageMetadata) or len(meta.chunks) != 1:
             raise StateMismatchError(f"{folder}: DCP entry {key!r} is not a single saved tensor")
-        chunk = meta.chunks[0]
-        info = storage.get(MetadataIndex(key, chunk.offsets))
+        info = storage.get(MetadataIndex(key, meta.chunks[0].offsets))
         out[key] = _read_entry(folder, key, info, tuple(meta.size))
     return out
 

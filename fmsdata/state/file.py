@@ -44,6 +44,7 @@ _REMOTE_HINT = "loader checkpoint folders may be URLs (fmsdata.checkpoint)"
 _JSON = "state.json"
 _ARRAY_KEY = "__array__"
 _REF_KEYS = {_ARRAY_KEY, "at", "shape", "order"}
+_UNREADABLE = (zipfile.BadZipFile, KeyError, ValueError, EOFError, UnicodeDecodeError)
 
 
 class _Arrays:
@@ -63,9 +64,7 @@ class _Arrays:
         # better than rows that interleave them.
         order: Literal["C", "F"] = "F" if array.ndim > 1 and array.flags.f_contiguous else "C"
         ref: dict[str, Any] = {_ARRAY_KEY: name, "at": self.sizes.get(name, 0)}
-        ref["shape"] = list(array.shape)
-        if order == "F":
-            ref["order"] = "F"
+        ref.update(shape=list(array.shape), **({"order": "F"} if order == "F" else {}))
         self.groups.setdefault(name, []).append(array.ravel(order=order))
         self.sizes[name] = ref["at"] + array.size
         return ref
@@ -156,9 +155,7 @@ def state_from_bytes(data: bytes, source: str = "<bytes>") -> Any:
                         arrays[info.filename[:-4]] = npy_from_bytes(
                             handle.read(), f"{source}:{info.filename}"
                         )
-    except (zipfile.BadZipFile, KeyError, ValueError, EOFError, UnicodeDecodeError) as err:
-        raise StateMismatchError(f"{source}: not a readable loader state file ({err})") from None
-    except ShardFormatError as err:  # an array member's header or size
+    except (*_UNREADABLE, ShardFormatError) as err:  # ShardFormatError: an array's header
         raise StateMismatchError(f"{source}: not a readable loader state file ({err})") from None
     try:
         return _restore(tree, arrays)
@@ -216,5 +213,5 @@ def _header(handle: Any, source: str) -> Any:
     try:
         with zipfile.ZipFile(handle) as archive:
             return json.loads(archive.read(_JSON).decode("utf-8"))
-    except (zipfile.BadZipFile, KeyError, ValueError, EOFError, UnicodeDecodeError) as err:
+    except _UNREADABLE as err:
         raise StateMismatchError(f"{source}: not a readable loader state file ({err})") from None

@@ -75,9 +75,7 @@ def stream_fingerprint(
     writer's settings, as plain data (lists, dicts: as a state file gives it back), so
     fingerprints compare with ``==``."""
     values = config.to_dict()
-    fingerprint: dict[str, Any] = {"data": dict(data)}
-    for field in (*MIX_FIELDS, *_SHARD_FIELDS):
-        fingerprint[field] = values[field]
+    fingerprint = {"data": dict(data), **{f: values[f] for f in (*MIX_FIELDS, *_SHARD_FIELDS)}}
     fingerprint["datasets"] = list(names)
     fingerprint.update(handler.describe())
     fingerprint["stages"] = [dict(stage) for stage in stages]
@@ -211,17 +209,22 @@ def _check_stages(
                 continue
             if before.get(key) != after.get(key):
                 path = _path_text(new.get("path"))
-                setting = (
-                    f"stage {new.get('role') or _short(new)!r} ({_short(new)} at {path}) with "
-                    f"{key}={before.get(key)!r} but this loader has {key}={after.get(key)!r}; "
-                    f"if the change is intended, load with allow_changes=[{key!r}]"
-                )
-                said = (
-                    f"{changed} (saved {setting})"
-                    if changed
-                    else f"saved loader state has {setting}"
-                )
-                raise StateMismatchError(said)
+                what = f"stage {new.get('role') or _short(new)!r} ({_short(new)} at {path})"
+                raise _setting_differs(changed, what, key, before, after)
+
+
+def _setting_differs(
+    changed: str, what: str, key: str, before: Mapping[str, Any], after: Mapping[str, Any]
+) -> StateMismatchError:
+    """The refusal of a setting ``key`` of ``what`` (a stage, the line writer) that differs,
+    after the config fields that differ (``changed``) when the state records them."""
+    setting = (
+        f"{what} with {key}={before.get(key)!r} but this loader has {key}={after.get(key)!r}; "
+        f"if the change is intended, load with allow_changes=[{key!r}]"
+    )
+    return StateMismatchError(
+        f"{changed} (saved {setting})" if changed else f"saved loader state has {setting}"
+    )
 
 
 def _path_text(path: Any) -> str:
@@ -266,14 +269,7 @@ def _check_writer(
         if key in allowed or before.get(key) == after.get(key):
             continue
         changed = _changed_config(fingerprint.get(CONFIG_KEY), now.get(CONFIG_KEY))
-        setting = (
-            f"the line writer with {key}={before.get(key)!r} but this loader has "
-            f"{key}={after.get(key)!r}; if the change is intended, load with "
-            f"allow_changes=[{key!r}]"
-        )
-        raise StateMismatchError(
-            f"{changed} (saved {setting})" if changed else f"saved loader state has {setting}"
-        )
+        raise _setting_differs(changed, "the line writer", key, before, after)
 
 
 def saved_seq_length(fingerprint: Mapping[str, Any]) -> int | None:

@@ -81,42 +81,16 @@ __all__ = [
 ]
 
 STATE_VERSION = 6
-# Versions read: 3 by rewriting its chain record (``_chain_of_v3``), 3 and 4 by moving the
-# line writer's record out of the chain (``_writer_of_v4``), 3 to 5 without a feedback mix.
-_READ_VERSIONS = (3, 4, 5, 6)
-# Added by version 6 (absent before: None).
-_FEEDBACK_KEY = "mix_feedback"
+_READ_VERSIONS = (3, 4, 5, 6)  # how each older one reads: the module docstring
+_FEEDBACK_KEY = "mix_feedback"  # added by version 6 (absent before: None)
 # The mix fields version 6 added to the fingerprint (a feedback mix and its parameters).
 _FEEDBACK_FIELDS = (
-    "mix_policy",
-    "mix_update_every",
-    "odm_smoothing",
-    "odm_exploration",
-    "doremi_reference_losses",
-    "doremi_step_size",
-    "doremi_smoothing",
-    "mix_policy_options",
-)
-TOP_KEYS = (
-    "version",
-    "fingerprint",
-    "rank",
-    "world_size",
-    "steps",
-    "skips",
-    "span_datasets",
-    "shards",
-)
+    "mix_policy mix_update_every odm_smoothing odm_exploration doremi_reference_losses "
+    "doremi_step_size doremi_smoothing mix_policy_options"
+).split()
+TOP_KEYS = tuple("version fingerprint rank world_size steps skips span_datasets shards".split())
 # The fields every rank of a save shares: the packed form's meta entry.
-_META_FIELDS = (
-    "version",
-    "fingerprint",
-    "world_size",
-    "steps",
-    "skips",
-    "span_datasets",
-    _FEEDBACK_KEY,
-)
+_META_FIELDS = (*(k for k in TOP_KEYS if k not in ("rank", "shards")), _FEEDBACK_KEY)
 META_KEY = "fmsdata_meta"
 SHARD_PREFIX = "fmsdata_shard_"
 
@@ -199,13 +173,8 @@ class LoaderState:
         _check_chain_record(fingerprint, join(path, "fingerprint"))
         skips = []
         for i, skip in enumerate(need_list(value["skips"], join(path, "skips"))):
-            at, n = need_list(skip, join(path, f"skips[{i}]"), 2)
-            skips.append(
-                [
-                    need_count(at, join(path, f"skips[{i}][0]")),
-                    need_int(n, join(path, f"skips[{i}][1]"), 1),
-                ]
-            )
+            at, n = need_list(skip, where := join(path, f"skips[{i}]"), 2)
+            skips.append([need_count(at, where + "[0]"), need_int(n, where + "[1]", 1)])
         names = need_list(value["span_datasets"], join(path, "span_datasets"))
         for i, name in enumerate(names):
             if not isinstance(name, str):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from typing import Any
 
 from fmsdata.util.statecheck import fail, join, need_count, need_keys, need_list, need_mapping
@@ -104,8 +103,3 @@ def _numbers(value: Any, path: str) -> list[float]:
     ):
         raise fail(path, f"expected finite numbers, got {list(items)!r}")
     return [float(x) for x in items]
-
-
-def as_record(value: Mapping[str, Any] | MixRecord) -> MixRecord:
-    """``value`` as a record (a plain one is read)."""
-    return value if isinstance(value, MixRecord) else MixRecord.from_plain(value, "mix_feedback")

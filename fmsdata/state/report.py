@@ -41,23 +41,14 @@ from fmsdata.stages.spans import LENGTH, SAVED_SPAN_WIDTH, START
 __all__ = ["DELIVERY_KEYS", "ShardReport", "shard_report"]
 
 # Per dataset: taken (by the document source), held (by the stages after it, by kind),
-# dropped (by token stages), delivered = taken - buffered - unsent - held - dropped.
-DELIVERY_KEYS = (
-    "taken_tokens",
-    "taken_docs",
-    "buffered_tokens",
-    "buffered_docs",
-    "unsent_tokens",
-    "unsent_docs",
-    "held_tokens",
-    "held_docs",
-    "dropped_tokens",
-    "dropped_docs",
-    "delivered_tokens",
-    "delivered_docs",
-)
+# dropped (by token stages), delivered = taken - buffered - unsent - held - dropped; each in
+# tokens and in documents ("taken_tokens", "taken_docs", "buffered_tokens", ...).
 _HELD_AS = ("buffered", "unsent", "held")
 _TAKEN_OUT = (*_HELD_AS, "dropped")
+_UNITS = ("tokens", "docs")
+DELIVERY_KEYS = tuple(f"{k}_{u}" for k in ("taken", *_TAKEN_OUT, "delivered") for u in _UNITS)
+# What a dataset's stream reports besides (as the document source reports them).
+_STREAM_KEYS = {"epoch": 0, "pos": 0, "size": -1, "skipped": 0}
 
 
 class ShardReport:
@@ -74,14 +65,7 @@ class ShardReport:
 
     def __init__(self, names: Sequence[str]):
         self.datasets: dict[str, dict[str, int]] = {
-            name: {
-                **dict.fromkeys(DELIVERY_KEYS, 0),
-                "epoch": 0,
-                "pos": 0,
-                "size": -1,
-                "skipped": 0,
-            }
-            for name in names
+            name: {**dict.fromkeys(DELIVERY_KEYS, 0), **_STREAM_KEYS} for name in names
         }
         self.counts: dict[str, dict[str, int]] = {}
         self.ratios: dict[str, dict[str, tuple[str, str]]] = {}
@@ -120,7 +104,7 @@ def shard_report(
             out.ratios[stage.label] = {
                 str(k): (str(top), str(bottom)) for k, (top, bottom) in report["ratios"].items()
             }
-        for unit in ("tokens", "docs"):
+        for unit in _UNITS:
             for ds, n in enumerate(report.get(f"dropped_{unit}") or ()):
                 name = span_datasets[ds] if ds < len(span_datasets) else None
                 if name in out.datasets:
@@ -146,12 +130,9 @@ def _subtract_held(
     unsent piece counts as unsent; a damaged split document that no stage holds a piece
     of counts as dropped."""
     for as_, spans, tokens in held:
-        per_ds = (
-            tokens
-            if tokens is not None
-            else np.bincount(spans[:, 0], weights=spans[:, LENGTH], minlength=1).tolist()
-        )
-        for ds, n in enumerate(per_ds):
+        if tokens is None:
+            tokens = np.bincount(spans[:, 0], weights=spans[:, LENGTH], minlength=1).tolist()
+        for ds, n in enumerate(tokens):
             name = span_datasets[ds] if ds < len(span_datasets) else None
             if name in datasets:
                 datasets[name][f"{as_}_tokens"] += int(n)
@@ -175,7 +156,7 @@ def _subtract_held(
         if name in datasets and (ds, file, doc) not in pieces:
             datasets[name]["dropped_docs"] += 1
     for entry in datasets.values():
-        for unit in ("tokens", "docs"):
+        for unit in _UNITS:
             entry[f"delivered_{unit}"] = entry[f"taken_{unit}"] - sum(
                 entry[f"{as_}_{unit}"] for as_ in _TAKEN_OUT
             )

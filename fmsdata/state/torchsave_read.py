@@ -38,15 +38,13 @@ class Opaque:
     and what the pickle passed to it (never called)."""
 
     global_name = "?"
+    args: tuple[Any, ...]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Opaque:
         self = object.__new__(cls)
         self.args = args
         self.state = None
         return self
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args = args
 
     def __setstate__(self, state: Any) -> None:
         self.state = state
@@ -100,15 +98,11 @@ class _InertUnpickler(pickle._Unpickler):  # the Python unpickler: its dispatch 
         return self._placeholders[key]
 
     def persistent_load(self, pid: Any) -> Any:
-        return _storage()
+        return _Storage()
 
 
 class _Storage(Opaque):
     global_name = "tensor storage"
-
-
-def _storage() -> Opaque:
-    return _Storage()
 
 
 def is_torch_save(stream: BinaryIO) -> bool:
