@@ -67,9 +67,9 @@ BATCH = 8
 SHARDS, WINDOW, WARMUP = 64, 156, 1300
 DATA = os.path.join(tempfile.gettempdir(), "fmsdata-bench")  # where the corpora are written
 # A state holds the buffers as of the last round's end (fmsdata.transport.rounds.item_rounds: in
-# process here, from batch 191, rounds of 1,024 batches on long and short documents and of
-# 256 on 60-token ones), plus the lines consumed since: it is taken where the last round
-# ended with the buffers full (batch 2239 on every corpus).
+# process here, from batch 191, rounds of 1,024 batches on long, short and 60-token
+# documents), plus the lines consumed since: it is taken where the last round ended with
+# the buffers full (batch 2239 on every corpus).
 STATE_AT = 2300
 
 
