@@ -32,6 +32,16 @@ def make_lines(sizes, first=0):
     return lines
 
 
+def pushes_for(store, n, window):
+    """Lines ``n`` steps of a store holding ``len(store)`` lines push (two a step while
+    below ``window``, then one)."""
+    pushes, size = 0, len(store)
+    for _ in range(n):
+        push = min(2, max(window - size, 0))
+        pushes, size = pushes + push, size + push - 1
+    return pushes
+
+
 def same_lines(block, lines):
     got = block.lines()
     assert len(got) == len(lines) == len(block)
@@ -91,12 +101,7 @@ def test_the_store_steps_as_a_list_of_lines_does(window, takes, seed, key):
     want, held = store_model(window, key, sum(takes), sizes)
     store, source, got, step = LineStore(window), iter(make_lines(sizes)), [], 0
     for n in takes:
-        pushes = 0
-        size = len(store)
-        for _ in range(n):
-            push = min(2, max(window - size, 0))
-            pushes, size = pushes + push, size + push - 1
-        pushed = LineBlock.of([next(source) for _ in range(pushes)])
+        pushed = LineBlock.of([next(source) for _ in range(pushes_for(store, n, window))])
         start, count = store.steps(pushed, hash_array(key, step, n), window)
         got += store.gather(start, count).lines()
         step += n
@@ -120,11 +125,7 @@ def test_a_snapshot_stays_as_it_was_while_the_store_goes_on(window, takes, seed)
     sizes = rng.integers(0, 30, size=2 * sum(takes) + 2).tolist()
     store, source, step, snapshots = LineStore(window), iter(make_lines(sizes)), 0, []
     for n in takes:
-        pushes, size = 0, len(store)
-        for _ in range(n):
-            push = min(2, max(window - size, 0))
-            pushes, size = pushes + push, size + push - 1
-        pushed = LineBlock.of([next(source) for _ in range(pushes)])
+        pushed = LineBlock.of([next(source) for _ in range(pushes_for(store, n, window))])
         store.steps(pushed, hash_array(seed, step, n), window)
         step += n
         held = [line.copy() for line in store.lines()]
@@ -202,11 +203,7 @@ def test_a_large_take_leaves_no_large_store_behind():
 
     def take(n):
         nonlocal step
-        pushes, size = 0, len(store)
-        for _ in range(n):
-            push = min(2, max(window - size, 0))
-            pushes, size = pushes + push, size + push - 1
-        block = LineBlock.of([next(lines) for _ in range(pushes)])
+        block = LineBlock.of([next(lines) for _ in range(pushes_for(store, n, window))])
         store.steps(block, hash_array(key, step, n), window)
         step += n
 
