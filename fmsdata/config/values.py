@@ -60,7 +60,7 @@ def to_number(field: str, value: Any, kind: type) -> Any:
         raise ConfigError(f"{field} must be {expected}, got {value!r}")
     try:
         number = kind(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int("inf")
         raise ConfigError(f"{field} must be {expected}, got {value!r}") from None
     if kind is int and isinstance(value, float) and value != number:
         raise ConfigError(f"{field} must be an integer, got {value!r}")

@@ -303,3 +303,17 @@ def test_next_stage_resumes_own_checkpoints_from_ckpt_load_path(resume, data, tm
         got = _digests(values, rank, run["world_size"], 4, order=None)
         assert got == run["digests"][str(rank)][:4], f"{resume} rank {rank}"
         assert os.listdir(tmp_path / f"next{rank}" / "fmsdata_fms_order") == ["step_3_ckp"]
+
+
+def test_an_unreadable_arrow_file_is_refused_by_name(tmp_path):
+    """A listed file that is gone, or is not an Arrow file, is a ShardFormatError naming
+    it (the fms-order reader opens files through fmsdata's Arrow handler)."""
+    from fmsdata.compat.fms_order.arrowdocs import ArrowDocs
+    from fmsdata.errors import ShardFormatError
+
+    garbage = tmp_path / "bad.arrow"
+    garbage.write_bytes(b"not arrow at all")
+    for path in (tmp_path / "gone.arrow", garbage):
+        docs = ArrowDocs([str(path)], ("tokens",), frozenset())
+        with pytest.raises(ShardFormatError, match=path.name):
+            docs.count(0)

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagecheck import check_stage_resume
@@ -164,3 +165,28 @@ def test_a_deferred_state_is_the_state_of_when_it_was_taken(window, sizes):
             for key, value in full["buffer"].items():
                 assert np.array_equal(state["buffer"][key], value), key
                 assert state["buffer"][key].dtype == value.dtype, key
+
+
+class WithExtra(ShuffleBuffer):
+    """A user's buffer that saves a field of its own."""
+
+    def own_state(self):
+        return {**super().own_state(), "extra": 7}
+
+    def load_own_state(self, state):
+        super().load_own_state({k: v for k, v in state.items() if k != "extra"})
+
+
+@pytest.mark.parametrize("cls", [EveryOtherLine, WithExtra])
+def test_a_user_subclass_gives_its_own_plain_state_at_a_round_end(cls):
+    """A worker takes states deferred at each round's end: a subclass of the built-in
+    buffer (a user's class, whose state is checked as plain data, or one that adds to
+    own_state) gives what its own_state gives."""
+    buffer = cls(Counter(), 8, 5)
+    buffer.take(5)
+    deferred, full = buffer.state_dict(deferred=True), buffer.state_dict()
+    assert deferred.keys() == full.keys()
+    for key, value in full["buffer"].items():
+        assert np.array_equal(deferred["buffer"][key], value)
+    if cls is WithExtra:
+        assert deferred["extra"] == 7

@@ -49,7 +49,10 @@ class ArrowDocs:
                     f"{path}: only Arrow shards are read in fms-fsdp order (hf_parquet is not yet)"
                 )
             # dropped, not closed, when evicted: documents handed out stay views of the map
-            f = self._handler.open(path), set()
+            try:
+                f = self._handler.open(path), set()
+            except OSError as err:
+                raise ShardFormatError(f"{path}: cannot open ({err})") from None
             if len(self._open) >= self.max_open:
                 self._open.popitem(last=False)
             self._open[fid] = f
