@@ -219,15 +219,18 @@ class Stage(IterableDataset):
         """Own fields plus each child's state under its key.
 
         Args:
-            deferred: May hold ``fmsdata.stages.deferred.Deferred`` parts, made when the
-                state is read (how a worker takes its shards' states every round).
+            deferred: A stage of fmsdata's own may leave ``fmsdata.stages.deferred.Deferred``
+                parts, made when the state is read (how a worker takes its shards' states
+                every round); a stage of yours (a subclass of a built-in one too) always
+                gives its ``own_state``, plain.
 
         Raises:
             ConfigError: A stage not of fmsdata's own gave an ``own_state`` that is not a
                 dict of plain data (G6): it could not be saved, nor travel from a worker.
         """
-        state = self._own_state_deferred() if deferred else self.own_state()
-        if not type(self).__module__.startswith("fmsdata."):
+        own = type(self).__module__.startswith("fmsdata.")
+        state = self._own_state_deferred() if deferred and own else self.own_state()
+        if not own:
             _check_own_state(self, state)
         for key, child in self.children().items():
             state[key] = child.state_dict(deferred)

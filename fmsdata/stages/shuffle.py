@@ -128,14 +128,9 @@ class ShuffleBuffer(SpanStage):
         )
 
     def own_state(self) -> dict[str, Any]:
-        return made(self._state_of_now())
+        return made(self._own_state_deferred())
 
     def _own_state_deferred(self) -> dict[str, Any]:
-        if self._changed_from(ShuffleBuffer, "own_state") or not _own_class(self):
-            return self.own_state()  # a subclass's own_state is taken at its word, plain
-        return self._state_of_now()
-
-    def _state_of_now(self) -> dict[str, Any]:
         """The own state with the buffer's lines a snapshot, packed when made."""
         if self._open:
             raise self._unmeasured()
@@ -269,9 +264,3 @@ def _pushes(size: int, window: int, steps: int) -> int:
         total += push
         size += push - 1
     return total
-
-
-def _own_class(stage: SpanStage) -> bool:
-    """Whether ``stage`` is of a class of fmsdata's own (a user's class has its state
-    checked as plain data, ``Stage.state_dict``: it never leaves a part deferred)."""
-    return type(stage).__module__.startswith("fmsdata.")
