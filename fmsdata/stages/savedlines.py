@@ -158,8 +158,9 @@ def pack_rows(
     """``pack_lines`` of lines held as runs of span rows: line ``k`` is
     ``rows[start[k]:start[k] + count[k]]`` (runtime columns), or, where ``count[k]`` is -1,
     line ``start[k]`` of ``saved``. How a shuffle buffer saves its store
-    (``fmsdata.stages.linestore``): one compiled pass, no array per line. A worker saves
-    every shard it visits once a round, so this runs for every buffered span a round."""
+    (``fmsdata.stages.linestore``): one compiled pass, no array per line. It runs when a
+    state is read or leaves a worker (``PackedLater``): with workers, for every buffered
+    span of every shard a round visits."""
     if saved is None:
         saved = _NONE_SAVED
     columns, offsets, tokens, low, high = _saved_form(
